@@ -1,0 +1,48 @@
+//! `eplb-core`: the sans-IO core of the eplb expert-parallelism load balancer.
+//!
+//! Shapes and their validation, placements `[L][R][S]` with their expert maps and `log2phy`,
+//! the initial layouts, the heat window, the metrics (rank loads, PAR, hotness, lower bound),
+//! the heat-stage filter and the cycle state machine.
+//!
+//! **Invariant:** no allocation: every buffer is a caller's slice or a fixed-size value.
+//!
+//! **Invariant:** no panics on input: bad input is an [`Error`] that says what and where
+//! (the panic-free clippy lints are denied outside tests).
+//!
+//! **Invariant:** no I/O, no clock, no threads, no `unsafe`; logging only through `log` at
+//! debug/trace level.
+#![no_std]
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod cycle;
+mod error;
+pub mod heat;
+pub mod layout;
+pub mod metrics;
+pub mod placement;
+mod shape;
+pub mod stage;
+
+pub use cycle::{Cycle, Phase, Step};
+pub use error::Error;
+pub use heat::HeatWindow;
+pub use layout::Layout;
+pub use metrics::{Hotness, Routing};
+pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placement, ReplicaChoice};
+pub use shape::Shape;
+pub use stage::{HeatStage, IterationStage, StageClassifier};

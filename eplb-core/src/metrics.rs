@@ -1,0 +1,213 @@
+//! Rank loads, peak-to-average ratio (PAR), the hotness numbers and the lower bound.
+
+use crate::placement::check_len;
+use crate::{Error, LayerPlacement, Placement, Shape};
+
+/// How an expert's tokens are split over its replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Each of the `c_e` slots of `e` gets `w_e / c_e` (vLLM's and SGLang's hash dispatch, and
+    /// the assumption of vLLM-Ascend's hotness log).
+    Even,
+    /// vLLM-Ascend's static `log2phy` choice: tokens originate evenly over the `R` source ranks,
+    /// source `q` sends all of `e` to its `q mod d`-th distinct holder, so holder `j` receives
+    /// `m_j / R` with `m_j = floor((R - 1 - j) / d) + 1`; a second slot on one rank gets nothing.
+    #[default]
+    Log2Phy,
+}
+
+/// Scratch length (in `u32`) that [`rank_loads`] and [`hotness`] need: `2 * N`.
+pub const fn scratch_len(shape: &Shape) -> usize {
+    2 * shape.experts()
+}
+
+/// Checks that every load is finite and non-negative.
+pub fn check_loads(layer: usize, loads: &[f64]) -> Result<(), Error> {
+    match loads.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
+        Some(index) => Err(Error::BadLoad {
+            layer: layer as u16,
+            index,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Writes the load of every rank (`[R]`) of one layer under `routing`, given logical loads `[N]`.
+/// `scratch` needs [`scratch_len`] values.
+pub fn rank_loads(
+    layer: &LayerPlacement<'_>,
+    loads: &[f64],
+    routing: Routing,
+    scratch: &mut [u32],
+    out: &mut [f64],
+) -> Result<(), Error> {
+    let shape = *layer.shape();
+    let (n, r) = (shape.experts(), shape.ranks());
+    check_len("logical loads [N]", n, loads.len())?;
+    check_len("rank loads [R]", r, out.len())?;
+    check_len("metrics scratch [2N]", 2 * n, scratch.len())?;
+    check_loads(layer.index(), loads)?;
+    let (count, seen) = scratch.split_at_mut(n);
+    count.fill(0);
+    seen.fill(0);
+    match routing {
+        Routing::Even => {
+            for &e in layer.as_slice() {
+                if let Some(c) = count.get_mut(usize::from(e)) {
+                    *c += 1;
+                }
+            }
+            for (o, row) in out.iter_mut().zip(layer.rows()) {
+                *o = row
+                    .iter()
+                    .map(|&e| {
+                        let e = usize::from(e);
+                        let c = count.get(e).copied().unwrap_or(1).max(1);
+                        loads.get(e).copied().unwrap_or(0.0) / f64::from(c)
+                    })
+                    .sum();
+            }
+        }
+        Routing::Log2Phy => {
+            for row in layer.rows() {
+                for (s, &e) in row.iter().enumerate() {
+                    if is_first_in_row(row, s)
+                        && let Some(c) = count.get_mut(usize::from(e))
+                    {
+                        *c += 1;
+                    }
+                }
+            }
+            let rf = r as f64;
+            for (o, row) in out.iter_mut().zip(layer.rows()) {
+                let mut sum = 0.0;
+                for (s, &e) in row.iter().enumerate() {
+                    if !is_first_in_row(row, s) {
+                        continue;
+                    }
+                    let e = usize::from(e);
+                    let (Some(&d), Some(j), Some(&w)) = (count.get(e), seen.get_mut(e), loads.get(e))
+                    else {
+                        continue;
+                    };
+                    let d = d.max(1) as usize;
+                    let m = (r - 1 - (*j as usize).min(r - 1)) / d + 1;
+                    *j += 1;
+                    sum += w * m as f64 / rf;
+                }
+                *o = sum;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_first_in_row(row: &[u16], s: usize) -> bool {
+    match (row.get(s), row.get(..s)) {
+        (Some(e), Some(before)) => !before.contains(e),
+        _ => false,
+    }
+}
+
+/// Peak-to-average ratio `max / mean` of rank loads. A layer with no load is perfectly balanced:
+/// 1.0, never NaN.
+pub fn par(rank_loads: &[f64]) -> f64 {
+    let total: f64 = rank_loads.iter().sum();
+    if rank_loads.is_empty() || total <= 0.0 || !total.is_finite() {
+        return 1.0;
+    }
+    let max = rank_loads.iter().copied().fold(f64::MIN, f64::max);
+    max / (total / rank_loads.len() as f64)
+}
+
+/// PAR of one layer under `routing`. `scratch` needs [`scratch_len`] values, `rank_buf` `R`.
+pub fn layer_par(
+    layer: &LayerPlacement<'_>,
+    loads: &[f64],
+    routing: Routing,
+    scratch: &mut [u32],
+    rank_buf: &mut [f64],
+) -> Result<f64, Error> {
+    rank_loads(layer, loads, routing, scratch, rank_buf)?;
+    Ok(par(rank_buf))
+}
+
+/// Mean and max of per-layer PAR: the numbers of vLLM-Ascend's `[Expert Hotness]` log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hotness {
+    /// Mean PAR over layers.
+    pub mean: f64,
+    /// Max PAR over layers.
+    pub max: f64,
+}
+
+/// Per-layer PAR of `placement` under `loads` (`[L][N]`), written to `per_layer` (`[L]`), and the
+/// mean and max over layers. `scratch` needs [`scratch_len`] values, `rank_buf` `R`.
+pub fn hotness(
+    placement: &Placement<'_>,
+    loads: &[f64],
+    routing: Routing,
+    scratch: &mut [u32],
+    rank_buf: &mut [f64],
+    per_layer: &mut [f64],
+) -> Result<Hotness, Error> {
+    let shape = placement.shape();
+    check_len("logical loads [L][N]", shape.loads_len(), loads.len())?;
+    check_len("per-layer PAR [L]", shape.layers(), per_layer.len())?;
+    let mut sum = 0.0;
+    let mut max = 1.0f64;
+    for ((layer, w), p) in placement
+        .layers()
+        .zip(loads.chunks_exact(shape.experts()))
+        .zip(per_layer.iter_mut())
+    {
+        *p = layer_par(&layer, w, routing, scratch, rank_buf)?;
+        sum += *p;
+        max = max.max(*p);
+    }
+    Ok(Hotness {
+        mean: sum / shape.layers() as f64,
+        max,
+    })
+}
+
+/// The per-layer lower bound on PAR for any placement and any split (`research/peers.md` §4):
+/// `max(W/R, m*) / (W/R)`, where `m*` is the smallest possible max per-copy load with at most one
+/// copy per rank and `R * S` copies in all, found exactly by greedy apportionment (each extra copy
+/// goes to the uncapped expert with the largest `w_e / c_e`). `copies` is scratch of `N` values.
+/// A layer with no load gives 1.0. `O(X * N)`.
+pub fn lower_bound_par(shape: &Shape, loads: &[f64], copies: &mut [u16]) -> Result<f64, Error> {
+    let (n, r) = (shape.experts(), shape.ranks());
+    check_len("logical loads [N]", n, loads.len())?;
+    check_len("lower-bound scratch [N]", n, copies.len())?;
+    check_loads(0, loads)?;
+    let total: f64 = loads.iter().sum();
+    if total <= 0.0 {
+        return Ok(1.0);
+    }
+    copies.fill(1);
+    let cap = r.min(usize::from(u16::MAX)) as u16;
+    for _ in 0..shape.redundant() {
+        let mut best: Option<(usize, f64)> = None;
+        for (e, (&w, &c)) in loads.iter().zip(copies.iter()).enumerate() {
+            if c >= cap {
+                continue;
+            }
+            let u = w / f64::from(c);
+            if best.is_none_or(|(_, b)| u > b) {
+                best = Some((e, u));
+            }
+        }
+        match best.and_then(|(e, _)| copies.get_mut(e)) {
+            Some(c) => *c += 1,
+            None => break,
+        }
+    }
+    let m_star = loads
+        .iter()
+        .zip(copies.iter())
+        .map(|(&w, &c)| w / f64::from(c.max(1)))
+        .fold(0.0f64, f64::max);
+    let avg = total / r as f64;
+    Ok(avg.max(m_star) / avg)
+}

@@ -1,0 +1,416 @@
+//! Placements `[L][R][S]` over caller-owned slices, and what derives from them per layer and
+//! rank: the expert map and `log2phy`.
+
+use crate::{Error, Shape};
+
+/// Expert, rank and slot ids are `u16`.
+pub type ExpertId = u16;
+
+/// The expert map's "not on this rank", as on the wire (`int32`).
+pub const NOT_HERE: i32 = -1;
+
+/// Flag used while building `log2phy` in place; physical ids are below `i32::MAX` (see [`Shape`]).
+const FOUND: u32 = 1 << 31;
+
+/// How a rank chooses among the `k` replicas of an expert when it builds `log2phy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicaChoice {
+    /// vLLM-Ascend's default: replica `ep_rank % k` (replicas in ascending rank order).
+    #[default]
+    Plain,
+    /// The TP/DP-aware rotation of vLLM-Ascend PR #9239 with this TP size:
+    /// `(ep_rank % tp + ep_rank / tp + e) % k`. A TP size of 0 or 1 behaves as [`Plain`](Self::Plain).
+    TpRotation(u16),
+}
+
+impl ReplicaChoice {
+    /// The index (in ascending rank order) of the replica that `ep_rank` routes expert `e` to.
+    pub fn index(self, ep_rank: usize, expert: usize, copies: usize) -> usize {
+        if copies == 0 {
+            return 0;
+        }
+        match self {
+            ReplicaChoice::TpRotation(tp) if tp > 1 => {
+                let tp = usize::from(tp);
+                (ep_rank % tp + ep_rank / tp + expert) % copies
+            }
+            _ => ep_rank % copies,
+        }
+    }
+}
+
+/// A structurally valid placement of all layers: a view of a caller's `[L][R][S]` slice.
+///
+/// Structurally valid means: the slice has `L * R * S` ids, every id is below `N`, and every
+/// expert has at least one slot in every layer. Co-located copies (an expert twice on one rank)
+/// are allowed here and counted by [`Placement::colocated_rows`]; [`Placement::check_servable`]
+/// rejects them.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    shape: Shape,
+    slots: &'a [ExpertId],
+}
+
+impl<'a> Placement<'a> {
+    /// Validates `slots` against `shape` (structural level) and wraps it.
+    pub fn new(shape: Shape, slots: &'a [ExpertId]) -> Result<Self, Error> {
+        if slots.len() != shape.placement_len() {
+            return Err(Error::Length {
+                what: "placement [L][R][S]",
+                expected: shape.placement_len(),
+                got: slots.len(),
+            });
+        }
+        for (l, layer) in slots.chunks_exact(shape.slots_per_layer()).enumerate() {
+            validate_layer(&shape, l, layer)?;
+        }
+        Ok(Self { shape, slots })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The whole `[L][R][S]` slice.
+    pub fn as_slice(&self) -> &'a [ExpertId] {
+        self.slots
+    }
+
+    /// One layer, or `None` when `layer >= L`.
+    pub fn layer(&self, layer: usize) -> Option<LayerPlacement<'a>> {
+        let n = self.shape.slots_per_layer();
+        let start = layer.checked_mul(n)?;
+        let slots = self.slots.get(start..start.checked_add(n)?)?;
+        Some(LayerPlacement {
+            shape: self.shape,
+            layer,
+            slots,
+        })
+    }
+
+    /// One layer, or an index error.
+    pub fn try_layer(&self, layer: usize) -> Result<LayerPlacement<'a>, Error> {
+        self.layer(layer).ok_or(Error::Index {
+            what: "layer",
+            index: layer,
+            bound: self.shape.layers(),
+        })
+    }
+
+    /// All layers in order.
+    pub fn layers(&self) -> impl Iterator<Item = LayerPlacement<'a>> + 'a {
+        let shape = self.shape;
+        self.slots
+            .chunks_exact(shape.slots_per_layer())
+            .enumerate()
+            .map(move |(layer, slots)| LayerPlacement {
+                shape,
+                layer,
+                slots,
+            })
+    }
+
+    /// Number of `(layer, rank)` rows that hold some expert twice.
+    pub fn colocated_rows(&self) -> usize {
+        self.layers().map(|l| l.colocated_rows()).sum()
+    }
+
+    /// `Ok` when no rank holds an expert twice in any layer; otherwise the first such place.
+    pub fn check_servable(&self) -> Result<(), Error> {
+        self.layers().try_for_each(|l| l.check_servable())
+    }
+}
+
+/// One layer of a placement: `[R][S]`.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerPlacement<'a> {
+    shape: Shape,
+    layer: usize,
+    slots: &'a [ExpertId],
+}
+
+impl<'a> LayerPlacement<'a> {
+    /// Validates one layer `[R][S]` on its own (structural level); `layer` is used in errors.
+    pub fn new(shape: Shape, layer: usize, slots: &'a [ExpertId]) -> Result<Self, Error> {
+        validate_layer(&shape, layer, slots)?;
+        Ok(Self {
+            shape,
+            layer,
+            slots,
+        })
+    }
+
+    /// The layer index.
+    pub fn index(&self) -> usize {
+        self.layer
+    }
+
+    /// The `[R][S]` slice.
+    pub fn as_slice(&self) -> &'a [ExpertId] {
+        self.slots
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The `S` ids of one rank, or an empty slice when `rank >= R`.
+    pub fn rank(&self, rank: usize) -> &'a [ExpertId] {
+        let s = self.shape.slots_per_rank();
+        rank.checked_mul(s)
+            .and_then(|a| self.slots.get(a..a.checked_add(s)?))
+            .unwrap_or(&[])
+    }
+
+    /// The ranks in order, each as its `S` ids.
+    pub fn rows(&self) -> core::slice::ChunksExact<'a, ExpertId> {
+        self.slots.chunks_exact(self.shape.slots_per_rank())
+    }
+
+    /// Number of ranks whose row holds some expert twice.
+    pub fn colocated_rows(&self) -> usize {
+        self.rows().filter(|row| first_duplicate(row).is_some()).count()
+    }
+
+    /// `Ok` when no rank holds an expert twice; otherwise the first rank (and expert).
+    pub fn check_servable(&self) -> Result<(), Error> {
+        for (r, row) in self.rows().enumerate() {
+            if let Some(expert) = first_duplicate(row) {
+                return Err(Error::ColocatedCopies {
+                    layer: self.layer as u16,
+                    rank: r as u16,
+                    expert,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the expert map of `rank` into `out` (`[N]`): the local slot of each logical expert,
+    /// or [`NOT_HERE`]. When a rank holds an expert twice the last slot wins, as in vLLM-Ascend.
+    pub fn expert_map(&self, rank: usize, out: &mut [i32]) -> Result<(), Error> {
+        self.check_rank(rank)?;
+        check_len("expert map [N]", self.shape.experts(), out.len())?;
+        out.fill(NOT_HERE);
+        for (s, &e) in self.rank(rank).iter().enumerate() {
+            if let Some(o) = out.get_mut(usize::from(e)) {
+                *o = s as i32;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `log2phy` of `rank` into `out` (`[N]`): the physical id `holder * S + slot` this
+    /// rank routes each logical expert to, chosen among the distinct holders in ascending rank
+    /// order by `choice` (the slot is the holder's last slot of that expert, as its expert map
+    /// keeps). `O(R * S^2 + N)`, no scratch.
+    pub fn log2phy(&self, rank: usize, choice: ReplicaChoice, out: &mut [u32]) -> Result<(), Error> {
+        self.check_rank(rank)?;
+        check_len("log2phy [N]", self.shape.experts(), out.len())?;
+        let s_len = self.shape.slots_per_rank();
+        // Pass 1: distinct holders per expert.
+        out.fill(0);
+        for row in self.rows() {
+            for (s, &e) in row.iter().enumerate() {
+                if is_last_in_row(row, s)
+                    && let Some(o) = out.get_mut(usize::from(e))
+                {
+                    *o = o.saturating_add(1);
+                }
+            }
+        }
+        // Pass 2: the replica index to pick, as a countdown.
+        for (e, o) in out.iter_mut().enumerate() {
+            *o = choice.index(rank, e, *o as usize) as u32;
+        }
+        // Pass 3: walk holders in ascending rank order.
+        for (h, row) in self.rows().enumerate() {
+            for (s, &e) in row.iter().enumerate() {
+                if !is_last_in_row(row, s) {
+                    continue;
+                }
+                if let Some(o) = out.get_mut(usize::from(e)) {
+                    if *o & FOUND != 0 {
+                        continue;
+                    }
+                    if *o == 0 {
+                        *o = FOUND | (h * s_len + s) as u32;
+                    } else {
+                        *o -= 1;
+                    }
+                }
+            }
+        }
+        for o in out.iter_mut() {
+            *o &= !FOUND;
+        }
+        Ok(())
+    }
+
+    /// Writes the number of slots of each logical expert into `out` (`[N]`), co-located copies
+    /// included.
+    pub fn copies(&self, out: &mut [u16]) -> Result<(), Error> {
+        check_len("copies [N]", self.shape.experts(), out.len())?;
+        out.fill(0);
+        for &e in self.slots {
+            if let Some(o) = out.get_mut(usize::from(e)) {
+                *o = o.saturating_add(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `rank` holds `expert` in some slot.
+    pub fn holds(&self, rank: usize, expert: ExpertId) -> bool {
+        self.rank(rank).contains(&expert)
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<(), Error> {
+        if rank >= self.shape.ranks() {
+            return Err(Error::Index {
+                what: "rank",
+                index: rank,
+                bound: self.shape.ranks(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `true` when `row[s]` is the last slot of its expert in `row`.
+fn is_last_in_row(row: &[ExpertId], s: usize) -> bool {
+    match (row.get(s), row.get(s + 1..)) {
+        (Some(e), Some(rest)) => !rest.contains(e),
+        _ => false,
+    }
+}
+
+/// The first expert that appears twice in `row`, if any.
+pub fn first_duplicate(row: &[ExpertId]) -> Option<ExpertId> {
+    row.iter()
+        .enumerate()
+        .find(|&(i, e)| row.get(i + 1..).is_some_and(|rest| rest.contains(e)))
+        .map(|(_, &e)| e)
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Error> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::Length {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+/// Structural check of one layer `[R][S]`: length, ids below `N`, every expert present.
+/// Uses a 4096-bit stack bitset, scanning the layer once per 4096 experts.
+pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result<(), Error> {
+    check_len("placement layer [R][S]", shape.slots_per_layer(), slots.len())?;
+    let n = shape.experts();
+    let s_len = shape.slots_per_rank();
+    for (i, &e) in slots.iter().enumerate() {
+        if usize::from(e) >= n {
+            return Err(Error::ExpertOutOfRange {
+                layer: layer as u16,
+                rank: (i / s_len) as u16,
+                slot: (i % s_len) as u16,
+                expert: e,
+                experts: n as u16,
+            });
+        }
+    }
+    const CHUNK: usize = 4096;
+    let mut base = 0;
+    while base < n {
+        let mut seen = [0u64; CHUNK / 64];
+        for &e in slots {
+            let e = usize::from(e);
+            if e >= base && e < base + CHUNK {
+                let bit = e - base;
+                if let Some(w) = seen.get_mut(bit / 64) {
+                    *w |= 1 << (bit % 64);
+                }
+            }
+        }
+        for e in base..n.min(base + CHUNK) {
+            let bit = e - base;
+            if seen.get(bit / 64).is_none_or(|w| w & (1 << (bit % 64)) == 0) {
+                return Err(Error::MissingExpert {
+                    layer: layer as u16,
+                    expert: e as u16,
+                });
+            }
+        }
+        base += CHUNK;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    #[test]
+    fn rejects_out_of_range_and_missing() {
+        let shape = Shape::new(1, 4, 2, 3).unwrap();
+        assert_eq!(
+            Placement::new(shape, &[0, 1, 2, 3, 9, 0]).unwrap_err(),
+            Error::ExpertOutOfRange {
+                layer: 0,
+                rank: 1,
+                slot: 1,
+                expert: 9,
+                experts: 4
+            }
+        );
+        assert_eq!(
+            Placement::new(shape, &[0, 1, 2, 0, 1, 2]).unwrap_err(),
+            Error::MissingExpert {
+                layer: 0,
+                expert: 3
+            }
+        );
+        assert!(matches!(
+            Placement::new(shape, &[0, 1, 2, 3]).unwrap_err(),
+            Error::Length { .. }
+        ));
+    }
+
+    #[test]
+    fn colocated_is_structural_but_not_servable() {
+        let shape = Shape::new(2, 4, 2, 3).unwrap();
+        let p = Placement::new(shape, &[0, 1, 2, 3, 0, 1, 0, 0, 1, 2, 3, 3]).unwrap();
+        assert_eq!(p.colocated_rows(), 2);
+        assert_eq!(
+            p.check_servable().unwrap_err(),
+            Error::ColocatedCopies {
+                layer: 1,
+                rank: 0,
+                expert: 0
+            }
+        );
+    }
+
+    #[test]
+    fn many_experts_use_several_bitset_chunks() {
+        let n: u16 = 5000;
+        let shape = Shape::new(1, n, 2, n).unwrap();
+        let mut v: Vec<u16> = (0..n).chain((0..n).rev()).collect();
+        assert!(Placement::new(shape, &v).is_ok());
+        v[4999] = 0;
+        v[5000] = 0;
+        assert_eq!(
+            Placement::new(shape, &v).unwrap_err(),
+            Error::MissingExpert {
+                layer: 0,
+                expert: 4999
+            }
+        );
+    }
+}
