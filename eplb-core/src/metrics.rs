@@ -211,3 +211,27 @@ pub fn lower_bound_par(shape: &Shape, loads: &[f64], copies: &mut [u16]) -> Resu
     let avg = total / r as f64;
     Ok(avg.max(m_star) / avg)
 }
+
+/// Weight fetches from `old` to `new` (both `[..][R][S]` rows of `slots_per_rank` ids): for each
+/// row, the distinct ids of the new row that the old row does not hold. Slot-only reshuffles
+/// within a rank count 0; a duplicate in the new row counts once. Ragged input counts only the
+/// whole rows both hold.
+pub fn moves(old: &[u16], new: &[u16], slots_per_rank: usize) -> usize {
+    if slots_per_rank == 0 {
+        return 0;
+    }
+    old.chunks_exact(slots_per_rank)
+        .zip(new.chunks_exact(slots_per_rank))
+        .map(|(o, n)| {
+            n.iter()
+                .enumerate()
+                .filter(|&(i, e)| is_first_in_row(n, i) && !o.contains(e))
+                .count()
+        })
+        .sum()
+}
+
+/// Slots whose content differs between `old` and `new` (intra-rank moves included).
+pub fn slot_writes(old: &[u16], new: &[u16]) -> usize {
+    old.iter().zip(new).filter(|(a, b)| a != b).count()
+}

@@ -1,8 +1,49 @@
 //! `eplb-policies`: the placement policies of eplb.
 //!
-//! **Invariant:** `no_std`, no allocation, no `unsafe`, no panics on input.
+//! Every policy implements [`Policy`]: given the shape, the current placement, the logical heat
+//! (and, for policies that use them, the per-window samples) and a seed, it writes a new placement
+//! into a caller buffer. [`rebalance`] wraps a policy: it checks every buffer, runs it, checks the
+//! result and reports per layer whether it changed and its PAR before and after.
 //!
-//! Status: the `Policy` trait and the policies arrive with the policies issue; this crate holds
-//! nothing yet.
+//! Memory is the caller's: per-call scratch of [`scratch_len`] words and a persistent state
+//! buffer of [`Policy::state_len`] words (FlashLB's history, for instance), both pure functions
+//! of the shape, so a host allocates them once and an AICPU uses static buffers. Buffers are
+//! `u64` words so that any carve-out ([`Arena`]) is aligned for `f64`.
+//!
+//! **Invariant:** `no_std`, no allocation, no `unsafe`, no panics on input: a bad input or too
+//! small a buffer is an [`Error`].
+//!
+//! **Invariant:** deterministic: the same input and seed give the same output on every platform.
 #![no_std]
 #![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
+
+#[cfg(test)]
+extern crate std;
+
+mod arena;
+pub mod common;
+pub mod deepseek;
+pub mod default;
+pub mod flashlb;
+pub mod random;
+pub mod swift;
+mod error;
+mod kind;
+mod policy;
+
+pub use arena::{Arena, words_f64, words_u16, words_u32};
+pub use error::Error;
+pub use kind::PolicyKind;
+pub use policy::{Input, LayerReport, Output, Policy, Samples, Summary, rebalance, scratch_len};

@@ -1,0 +1,82 @@
+//! The one error type of `eplb-policies`.
+
+use core::fmt;
+
+/// Everything that can go wrong in a policy call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A shape, placement or load problem found by `eplb-core`.
+    Core(eplb_core::Error),
+    /// The scratch buffer is too small.
+    Scratch {
+        /// Words needed.
+        needed: usize,
+        /// Words given.
+        got: usize,
+    },
+    /// The state buffer is too small.
+    State {
+        /// Words needed.
+        needed: usize,
+        /// Words given.
+        got: usize,
+    },
+    /// The policy needs per-window samples and none were given.
+    SamplesRequired {
+        /// The policy's name.
+        policy: &'static str,
+    },
+    /// The topology does not suit the policy (for example `N % groups != 0` for the
+    /// hierarchical DeepSeek policy).
+    Topology {
+        /// What is wrong.
+        what: &'static str,
+        /// The offending value.
+        value: usize,
+    },
+    /// The policy produced no valid placement for a layer.
+    NoPlacement {
+        /// Layer.
+        layer: u16,
+        /// Why.
+        why: &'static str,
+    },
+    /// The policy produced an invalid placement (a bug; the old placement should be kept).
+    InvalidOutput(eplb_core::Error),
+    /// An unknown policy name or number.
+    UnknownPolicy,
+}
+
+impl From<eplb_core::Error> for Error {
+    fn from(e: eplb_core::Error) -> Self {
+        Error::Core(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Core(e) => e.fmt(f),
+            Error::Scratch { needed, got } => {
+                write!(f, "scratch too small: {needed} words needed, {got} given")
+            }
+            Error::State { needed, got } => {
+                write!(f, "policy state too small: {needed} words needed, {got} given")
+            }
+            Error::SamplesRequired { policy } => {
+                write!(f, "policy {policy} needs per-window heat samples")
+            }
+            Error::Topology { what, value } => write!(f, "{what} (got {value})"),
+            Error::NoPlacement { layer, why } => {
+                write!(f, "layer {layer}: no valid placement: {why}")
+            }
+            Error::InvalidOutput(e) => write!(f, "policy produced an invalid placement: {e}"),
+            Error::UnknownPolicy => f.write_str(
+                "unknown policy: expected 0..4 or one of random, default, swift, flashlb, incremental, deepseek",
+            ),
+        }
+    }
+}
+
+impl core::error::Error for Error {}

@@ -1,0 +1,328 @@
+//! The `Policy` trait and the checked call around it.
+
+use eplb_core::metrics::{self, Routing};
+use eplb_core::{Placement, Shape};
+
+use crate::arena::{Arena, words_f64, words_u32};
+use crate::{Error, PolicyKind};
+
+/// Per-window logical loads `[T][L][N]` (FlashLB's samples), oldest first.
+#[derive(Debug, Clone, Copy)]
+pub struct Samples<'a> {
+    windows: usize,
+    layers: usize,
+    experts: usize,
+    data: &'a [f64],
+}
+
+impl<'a> Samples<'a> {
+    /// Wraps `data` (`[T][L][N]`, `T = windows >= 1`), checking its length and values.
+    pub fn new(shape: &Shape, windows: usize, data: &'a [f64]) -> Result<Self, Error> {
+        if windows == 0 {
+            return Err(eplb_core::Error::ZeroDimension { what: "windows" }.into());
+        }
+        let expected = windows * shape.loads_len();
+        if data.len() != expected {
+            return Err(eplb_core::Error::Length {
+                what: "heat samples [T][L][N]",
+                expected,
+                got: data.len(),
+            }
+            .into());
+        }
+        for (i, w) in data.chunks_exact(shape.experts()).enumerate() {
+            metrics::check_loads(i % shape.layers(), w)?;
+        }
+        Ok(Self {
+            windows,
+            layers: shape.layers(),
+            experts: shape.experts(),
+            data,
+        })
+    }
+
+    /// Number of windows `T`.
+    pub fn windows(&self) -> usize {
+        self.windows
+    }
+
+    /// The loads of window `t`, layer `layer` (`[N]`); empty when out of range.
+    pub fn get(&self, t: usize, layer: usize) -> &'a [f64] {
+        if t >= self.windows || layer >= self.layers {
+            return &[];
+        }
+        let start = (t * self.layers + layer) * self.experts;
+        self.data.get(start..start + self.experts).unwrap_or(&[])
+    }
+
+    /// The whole `[T][L][N]` slice.
+    pub fn as_slice(&self) -> &'a [f64] {
+        self.data
+    }
+}
+
+/// What a policy is given.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    current: Placement<'a>,
+    loads: &'a [f64],
+    samples: Option<Samples<'a>>,
+    seed: u64,
+}
+
+impl<'a> Input<'a> {
+    /// The current placement, logical loads `[L][N]` (finite, `>= 0`), optional per-window
+    /// samples and a seed.
+    pub fn new(
+        current: Placement<'a>,
+        loads: &'a [f64],
+        samples: Option<Samples<'a>>,
+        seed: u64,
+    ) -> Result<Self, Error> {
+        let shape = current.shape();
+        if loads.len() != shape.loads_len() {
+            return Err(eplb_core::Error::Length {
+                what: "logical loads [L][N]",
+                expected: shape.loads_len(),
+                got: loads.len(),
+            }
+            .into());
+        }
+        for (l, w) in loads.chunks_exact(shape.experts()).enumerate() {
+            metrics::check_loads(l, w)?;
+        }
+        if let Some(s) = &samples
+            && (s.layers != shape.layers() || s.experts != shape.experts())
+        {
+            return Err(eplb_core::Error::Length {
+                what: "heat samples layers x experts",
+                expected: shape.loads_len(),
+                got: s.layers * s.experts,
+            }
+            .into());
+        }
+        Ok(Self {
+            current,
+            loads,
+            samples,
+            seed,
+        })
+    }
+
+    /// The shape (with ranks per node and expert groups).
+    pub fn shape(&self) -> &Shape {
+        self.current.shape()
+    }
+    /// The current placement.
+    pub fn current(&self) -> &Placement<'a> {
+        &self.current
+    }
+    /// Logical loads `[L][N]`.
+    pub fn loads(&self) -> &'a [f64] {
+        self.loads
+    }
+    /// Logical loads of one layer (`[N]`; empty when out of range).
+    pub fn layer_loads(&self, layer: usize) -> &'a [f64] {
+        let n = self.shape().experts();
+        self.loads.get(layer * n..(layer + 1) * n).unwrap_or(&[])
+    }
+    /// Per-window samples, if given.
+    pub fn samples(&self) -> Option<&Samples<'a>> {
+        self.samples.as_ref()
+    }
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
+/// Where [`rebalance`] writes its results; every slice is the caller's.
+#[derive(Debug)]
+pub struct Output<'a> {
+    /// The new placement `[L][R][S]`.
+    pub placement: &'a mut [u16],
+    /// Per layer: whether the placement changed.
+    pub changed: &'a mut [bool],
+    /// Per layer: PAR of the current placement (even split over replicas).
+    pub par_before: &'a mut [f64],
+    /// Per layer: PAR of the new placement (even split over replicas).
+    pub par_after: &'a mut [f64],
+}
+
+/// Per-layer summary of one layer (for logs and tests).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerReport {
+    /// Whether the layer changed.
+    pub changed: bool,
+    /// PAR before.
+    pub par_before: f64,
+    /// PAR after.
+    pub par_after: f64,
+}
+
+/// What one [`rebalance`] call did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Layers whose placement changed.
+    pub changed_layers: usize,
+    /// (rank, expert) copies to fetch relative to the current placement.
+    pub moves: usize,
+    /// Rows (layer, rank) of the new placement holding an expert twice.
+    pub colocated_rows: usize,
+    /// Mean and max PAR before (the hotness log's "current").
+    pub before: eplb_core::Hotness,
+    /// Mean and max PAR after (the hotness log's "updated").
+    pub after: eplb_core::Hotness,
+}
+
+/// A placement policy. Implementations are `no_std` and allocation-free.
+pub trait Policy {
+    /// Which policy this is.
+    fn kind(&self) -> PolicyKind;
+
+    /// Scratch words (`u64`) that [`Policy::place`] needs for `shape`: a pure function of the
+    /// shape.
+    fn scratch_len(&self, shape: &Shape) -> usize;
+
+    /// State words (`u64`) kept across calls for `shape`: a pure function of the shape. A state
+    /// buffer of zeros is a fresh state; one written for another shape must be treated as fresh.
+    fn state_len(&self, _shape: &Shape) -> usize {
+        0
+    }
+
+    /// Whether the policy may put two copies of one expert on one rank (only DeepSeek's, to stay
+    /// exact). [`rebalance`] rejects such output from every other policy.
+    fn colocates(&self) -> bool {
+        false
+    }
+
+    /// Writes the new placement `[L][R][S]` into `out`. `scratch` has at least
+    /// [`Policy::scratch_len`] words (contents unspecified), `state` at least
+    /// [`Policy::state_len`].
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error>;
+}
+
+fn metrics_words(shape: &Shape) -> usize {
+    words_u32(metrics::scratch_len(shape)) + words_f64(shape.ranks())
+}
+
+/// Scratch words [`rebalance`] needs for `policy` on `shape`.
+pub fn scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
+    policy.scratch_len(shape).max(metrics_words(shape))
+}
+
+/// Runs `policy`, then checks its output and fills the per-layer report.
+///
+/// The new placement must be structurally valid, and free of co-located copies unless the policy
+/// [`colocates`](Policy::colocates); otherwise the result is [`Error::InvalidOutput`] and
+/// `out.placement` holds the current placement again.
+pub fn rebalance<P: Policy + ?Sized>(
+    policy: &mut P,
+    input: &Input<'_>,
+    scratch: &mut [u64],
+    state: &mut [u64],
+    out: Output<'_>,
+) -> Result<Summary, Error> {
+    let shape = *input.shape();
+    let l = shape.layers();
+    for (what, got) in [
+        ("changed [L]", out.changed.len()),
+        ("PAR before [L]", out.par_before.len()),
+        ("PAR after [L]", out.par_after.len()),
+    ] {
+        if got != l {
+            return Err(eplb_core::Error::Length {
+                what,
+                expected: l,
+                got,
+            }
+            .into());
+        }
+    }
+    if out.placement.len() != shape.placement_len() {
+        return Err(eplb_core::Error::Length {
+            what: "new placement [L][R][S]",
+            expected: shape.placement_len(),
+            got: out.placement.len(),
+        }
+        .into());
+    }
+    let needed = scratch_len(policy, &shape);
+    if scratch.len() < needed {
+        return Err(Error::Scratch {
+            needed,
+            got: scratch.len(),
+        });
+    }
+    let state_needed = policy.state_len(&shape);
+    if state.len() < state_needed {
+        return Err(Error::State {
+            needed: state_needed,
+            got: state.len(),
+        });
+    }
+
+    let current = input.current().as_slice();
+    if let Err(e) = policy.place(input, scratch, state, out.placement) {
+        out.placement.copy_from_slice(current);
+        return Err(e);
+    }
+    let checked = Placement::new(shape, out.placement).and_then(|p| {
+        if !policy.colocates() {
+            p.check_servable()?;
+        }
+        Ok(p.colocated_rows())
+    });
+    let colocated_rows = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            out.placement.copy_from_slice(current);
+            return Err(Error::InvalidOutput(e));
+        }
+    };
+    let new = Placement::new(shape, out.placement)?;
+
+    let mut arena = Arena::new(scratch);
+    let m_scratch = arena.u32s(metrics::scratch_len(&shape))?;
+    let rank_buf = arena.f64s(shape.ranks())?;
+    let before = metrics::hotness(
+        input.current(),
+        input.loads(),
+        Routing::Even,
+        m_scratch,
+        rank_buf,
+        out.par_before,
+    )?;
+    let after = metrics::hotness(
+        &new,
+        input.loads(),
+        Routing::Even,
+        m_scratch,
+        rank_buf,
+        out.par_after,
+    )?;
+    let per_layer = shape.slots_per_layer();
+    let mut changed_layers = 0;
+    for ((c, old), newl) in out
+        .changed
+        .iter_mut()
+        .zip(current.chunks_exact(per_layer))
+        .zip(new.as_slice().chunks_exact(per_layer))
+    {
+        *c = old != newl;
+        changed_layers += usize::from(*c);
+    }
+    Ok(Summary {
+        changed_layers,
+        moves: metrics::moves(current, new.as_slice(), shape.slots_per_rank()),
+        colocated_rows,
+        before,
+        after,
+    })
+}

@@ -1,0 +1,40 @@
+//! Every golden case loads, and our metrics reproduce its recorded PARs.
+
+use eplb_core::metrics::{self, Routing};
+use eplb_core::Placement;
+use eplb_tests::{GOLDEN_CASES, golden};
+
+fn even_pars(shape: eplb_core::Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
+    let p = Placement::new(shape, placement).unwrap();
+    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
+    let mut ranks = vec![0.0; shape.ranks()];
+    let mut per_layer = vec![0.0; shape.layers()];
+    metrics::hotness(&p, loads, Routing::Even, &mut scratch, &mut ranks, &mut per_layer).unwrap();
+    per_layer
+}
+
+#[test]
+fn golden_metrics_match_recorded_pars() {
+    for name in GOLDEN_CASES {
+        let case = golden(name);
+        let cur = even_pars(case.shape, &case.current, &case.loads);
+        for (a, b) in cur.iter().zip(&case.current_par) {
+            assert!((a - b).abs() < 1e-9, "{name}: current PAR {a} vs {b}");
+        }
+        let mut copies = vec![0u16; case.shape.experts()];
+        for (l, lb) in case.lower_bound.iter().enumerate() {
+            let n = case.shape.experts();
+            let ours =
+                metrics::lower_bound_par(&case.shape, &case.loads[l * n..(l + 1) * n], &mut copies)
+                    .unwrap();
+            assert!((ours - lb).abs() < 1e-9, "{name} layer {l}: lower bound {ours} vs {lb}");
+        }
+        for (peer, e) in &case.expected {
+            // DeepSeek placements may co-locate copies; PAR is defined for them all the same.
+            let got = even_pars(case.shape, &e.placement, &case.loads);
+            for (l, (a, b)) in got.iter().zip(&e.par).enumerate() {
+                assert!((a - b).abs() < 1e-9, "{name}/{peer} layer {l}: PAR {a} vs {b}");
+            }
+        }
+    }
+}
