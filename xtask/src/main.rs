@@ -1,1 +1,189 @@
-fn main() {}
+//! `cargo xtask`: every repeatable command of the eplb workspace.
+//!
+//! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, cross builds
+//!   when their targets are installed).
+//! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
+//!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
+//! - `cargo xtask bench`: runs the criterion benchmarks.
+#![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// Targets the no_std crates are cross-built for: bare metal, and the AICPU's aarch64 Linux.
+const CROSS_TARGETS: [&str; 2] = ["aarch64-unknown-none", "aarch64-unknown-linux-gnu"];
+
+/// Crates that must build without std.
+const NO_STD_CRATES: [&str; 3] = ["eplb-core", "eplb-policies", "eplb-map"];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let result = match cmd.as_str() {
+        "test" => test(rest),
+        "cross" => cross(true),
+        "bench" => bench(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprintln!("error: unknown task `{other}`\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <task>
+tasks:
+  test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
+  cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
+  bench   run the criterion benchmarks (extra args go to `cargo bench`)";
+
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+pub(crate) fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+pub(crate) fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("==> {what}");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+fn test(args: &[String]) -> Result<(), String> {
+    if let Some(a) = args.first() {
+        return Err(format!("`cargo xtask test` takes no arguments, got `{a}`"));
+    }
+    run("cargo fmt --check", cargo().args(["fmt", "--all", "--check"]))?;
+    run(
+        "cargo clippy (all targets, all features, warnings denied)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run(
+        "cargo test",
+        cargo().args(["test", "--workspace", "--all-features"]),
+    )?;
+    run(
+        "cargo doc (warnings denied)",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps", "--all-features"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    no_std_proof(None)?;
+    cross(false)
+}
+
+/// Builds the `#![no_std]` staticlib with its own panic handler that links the no_std crates.
+fn no_std_proof(target: Option<&str>) -> Result<(), String> {
+    let dir = root().join("tests").join("no-std-smoke");
+    let mut cmd = cargo();
+    cmd.current_dir(&dir)
+        .args(["build", "--release", "--quiet"])
+        .env("CARGO_TARGET_DIR", root().join("target").join("no-std-smoke"));
+    if let Some(t) = target {
+        cmd.args(["--target", t]);
+    }
+    run(
+        &format!(
+            "no_std proof: staticlib with its own panic handler links {} ({})",
+            NO_STD_CRATES.join(", "),
+            target.unwrap_or("host")
+        ),
+        &mut cmd,
+    )
+}
+
+fn installed_targets() -> Vec<String> {
+    Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Cross-builds the no_std crates. With `install`, tries `rustup target add` for missing
+/// targets first; a target that cannot be had is reported plainly and skipped.
+fn cross(install: bool) -> Result<(), String> {
+    let mut built = 0;
+    for target in CROSS_TARGETS {
+        if !installed_targets().iter().any(|t| t == target) {
+            if !install {
+                eprintln!("==> cross: target {target} is not installed; skipped (run `cargo xtask cross` to install it)");
+                continue;
+            }
+            eprintln!("==> cross: installing target {target} with rustup");
+            let ok = Command::new("rustup")
+                .args(["target", "add", target])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if !ok {
+                eprintln!(
+                    "==> cross: target {target} cannot be had here (rustup target add failed); skipped"
+                );
+                continue;
+            }
+        }
+        let mut cmd = cargo();
+        cmd.args(["build", "--release", "--quiet", "--target", target]);
+        for c in NO_STD_CRATES {
+            cmd.args(["-p", c]);
+        }
+        cmd.arg("--no-default-features");
+        run(&format!("cross: no_std crates for {target}"), &mut cmd)?;
+        no_std_proof(Some(target))?;
+        built += 1;
+    }
+    if install && built == 0 {
+        return Err("no cross target could be installed".into());
+    }
+    Ok(())
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    run(
+        "cargo bench",
+        cargo().args(["bench", "--workspace"]).args(args),
+    )
+}

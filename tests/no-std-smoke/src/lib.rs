@@ -1,0 +1,32 @@
+//! Links eplb-core, eplb-policies and eplb-map (no default features) into a `#![no_std]`
+//! staticlib with its own panic handler: if anything pulls in `std`, this fails to build
+//! (duplicate `panic_impl` lang item, or `std` not found on a bare-metal target).
+#![no_std]
+
+use eplb_core::{Layout, Placement, Shape};
+
+/// Builds the default layout of a small shape and reports its number of co-located rows
+/// (0), or `u32::MAX` on error. Exists so the linker keeps code from every crate.
+#[unsafe(no_mangle)]
+pub extern "C" fn eplb_no_std_smoke() -> u32 {
+    let Ok(shape) = Shape::new(2, 8, 2, 5) else {
+        return u32::MAX;
+    };
+    let mut buf = [0u16; 20];
+    if Layout::Default.fill(&shape, &mut buf).is_err() {
+        return u32::MAX;
+    }
+    let kind: Result<eplb_policies::PolicyKind, _> = "swift".parse();
+    if kind.is_err() {
+        return u32::MAX;
+    }
+    match Placement::new(shape, &buf) {
+        Ok(p) => p.colocated_rows() as u32,
+        Err(_) => u32::MAX,
+    }
+}
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    loop {}
+}
