@@ -6,12 +6,13 @@ use crate::{Error, Placement, Shape};
 /// The most buckets the ring keeps per layer (FlashLB's sample count).
 pub const MAX_WINDOWS: usize = 64;
 
-/// A ring of `W` buckets x `L` layers x `N` experts of token counts, over a caller's slice.
+/// A ring of `W` buckets x `L` layers x `N` experts of token counts, over caller storage `B`
+/// (a `&mut [u64]`, or any owner of a `[u64]` such as a `Vec<u64>` in std code).
 ///
 /// Each bucket sums `iters_per_bucket` consecutive counted iterations. Counts are folded from
 /// per-slot counts into logical experts through the placement they were measured on.
 #[derive(Debug)]
-pub struct HeatWindow<'a> {
+pub struct HeatWindow<B> {
     layers: usize,
     experts: usize,
     capacity: usize,
@@ -19,10 +20,10 @@ pub struct HeatWindow<'a> {
     head: usize,
     filled: usize,
     iters_in_head: u32,
-    storage: &'a mut [u64],
+    storage: B,
 }
 
-impl<'a> HeatWindow<'a> {
+impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
     /// Storage needed for `windows` buckets of `shape`: `windows * L * N` counts.
     pub const fn storage_len(shape: &Shape, windows: usize) -> usize {
         windows * shape.loads_len()
@@ -45,7 +46,7 @@ impl<'a> HeatWindow<'a> {
         shape: &Shape,
         windows: usize,
         iters_per_bucket: u32,
-        storage: &'a mut [u64],
+        mut storage: B,
     ) -> Result<Self, Error> {
         if windows == 0 {
             return Err(Error::ZeroDimension { what: "windows" });
@@ -58,9 +59,9 @@ impl<'a> HeatWindow<'a> {
         check_len(
             "heat storage [W][L][N]",
             Self::storage_len(shape, windows),
-            storage.len(),
+            storage.as_ref().len(),
         )?;
-        storage.fill(0);
+        storage.as_mut().fill(0);
         Ok(Self {
             layers: shape.layers(),
             experts: shape.experts(),
@@ -74,7 +75,7 @@ impl<'a> HeatWindow<'a> {
     }
 
     /// A ring sized for a heat interval of `h` iterations ([`Self::layout_for_interval`]).
-    pub fn for_interval(shape: &Shape, h: u32, storage: &'a mut [u64]) -> Result<Self, Error> {
+    pub fn for_interval(shape: &Shape, h: u32, storage: B) -> Result<Self, Error> {
         let (w, per) = Self::layout_for_interval(h)?;
         Self::new(shape, w, per, storage)
     }
@@ -91,7 +92,7 @@ impl<'a> HeatWindow<'a> {
 
     /// Forgets everything.
     pub fn reset(&mut self) {
-        self.storage.fill(0);
+        self.storage.as_mut().fill(0);
         self.head = 0;
         self.filled = 0;
         self.iters_in_head = 0;
@@ -103,7 +104,7 @@ impl<'a> HeatWindow<'a> {
             self.iters_in_head = 0;
             let len = self.layers * self.experts;
             let start = self.head * len;
-            if let Some(b) = self.storage.get_mut(start..start + len) {
+            if let Some(b) = self.storage.as_mut().get_mut(start..start + len) {
                 b.fill(0);
             }
         }
@@ -113,7 +114,7 @@ impl<'a> HeatWindow<'a> {
         self.open_bucket();
         let len = self.layers * self.experts;
         let start = self.head * len;
-        self.storage.get_mut(start..start + len).unwrap_or(&mut [])
+        self.storage.as_mut().get_mut(start..start + len).unwrap_or(&mut [])
     }
 
     /// Adds one rank's per-slot counts `[L][S]` (measured on `placement`) into the current bucket.
@@ -191,7 +192,7 @@ impl<'a> HeatWindow<'a> {
         }
         let idx = (self.head + self.capacity + 1 + i - self.filled) % self.capacity;
         let start = (idx * self.layers + layer) * self.experts;
-        self.storage.get(start..start + self.experts)
+        self.storage.as_ref().get(start..start + self.experts)
     }
 
     fn check_shape(&self, shape: &Shape) -> Result<(), Error> {

@@ -1,1 +1,623 @@
-//! Placeholder: see the policies issue.
+//! DeepSeek's open-source EPLB (`eplb.py`), exact in float64.
+//!
+//! # Algorithm
+//!
+//! Per layer, with `G` expert groups, `M` nodes, `R` ranks and `S` slots per rank
+//! (`research/peers.md` §1.1, `data/golden/README.md` "What exact means"):
+//!
+//! 1. **Mode.** Hierarchical when `G % M == 0` (`M = R / ranks_per_node`); it then needs
+//!    `N % G == 0`, else [`Error::Topology`]. Otherwise global: the same routine with one group
+//!    and one node.
+//! 2. **Groups to nodes.** The weight of group `g` is the f64 sum of the loads of experts
+//!    `g*N/G ..`, in id order. Balanced packing (below) puts `G/M` groups on each node.
+//! 3. **Renumbering.** Experts are renumbered node-major: a node's groups become contiguous, in
+//!    the order they entered the node's pack.
+//! 4. **Replication within a node.** Each of the node's `N/M` experts starts with one copy;
+//!    each of the `R*S/M - N/M` extra slots goes to `argmax_e w_e / c_e` (f64 division, first
+//!    index on ties), found with a binary max-heap. The physical order is the node's experts,
+//!    then the extra copies in the order they were chosen.
+//! 5. **Copies to ranks.** Each copy weighs `w_e / c_e` with the final count; balanced packing
+//!    puts `S` copies on each of the node's `R/M` ranks. Slot `rank * S + position in pack`.
+//!
+//! **Balanced packing** (`n` items into `m` packs of `n/m`): when `n/m == 1` item `i` goes to
+//! pack `i`. Otherwise the items are visited by weight, descending, with a stable order (equal
+//! weights keep index order), and each goes to the non-full pack with the smallest f64 weight,
+//! the lowest index on ties (a min tournament tree over the packs). A pack's weight is the sum of
+//! its items in insertion order.
+//!
+//! # Complexity
+//!
+//! Per layer `O(N log N + X log N + R S log R)` time (`X = R*S - N`); scratch
+//! `O(N + R*S/M + R)` words, a pure function of the shape ([`Policy::scratch_len`]).
+//!
+//! # Differences from the reference
+//!
+//! - Float64 throughout, as vLLM's and SGLang's ports and the golden vectors' definition;
+//!   DeepSeek's torch code sums pack loads in float32 and may decide near-ties the other way.
+//! - Equal weights are ordered by index (a stable sort); torch's sort does not promise it.
+//! - Group weights are summed sequentially (numpy sums pairwise); this changes values only in
+//!   the last bits, far below the decision margins of the golden cases.
+//! - The current placement is ignored, as upstream; co-located copies of one expert on a rank
+//!   are produced as upstream ([`Policy::colocates`] is `true`).
+//! - Only `phy2log` is produced; `log2phy` and the counts follow from the placement.
+
+use eplb_core::Shape;
+
+use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::{Error, Input, Policy, PolicyKind};
+
+/// "No pack" in the tournament tree.
+pub(crate) const NONE: u16 = u16::MAX;
+
+/// An order key for a non-negative `f64`: `-0.0` maps like `0.0`, larger values to larger keys.
+pub(crate) fn weight_bits(w: f64) -> u64 {
+    if w == 0.0 { 0 } else { w.to_bits() }
+}
+
+/// Words of a tournament tree over `n` boxes.
+pub(crate) fn tree_len(n: usize) -> usize {
+    2 * n.max(1).next_power_of_two()
+}
+
+/// A min tournament tree over boxes `0..n`: the root is the eligible box with the smallest
+/// weight, the lowest index on ties (strict `<` scanning boxes in order). Weights are read from
+/// the caller's slice at each update, so a box must be re-[`set`](MinTree::set) after its weight
+/// changes.
+pub(crate) struct MinTree<'a> {
+    tree: &'a mut [u16],
+    base: usize,
+}
+
+impl<'a> MinTree<'a> {
+    /// A tree over `n` boxes (`n < u16::MAX`) in `buf` (at least [`tree_len`] values), every
+    /// box eligible per `eligible`.
+    pub(crate) fn build(
+        buf: &'a mut [u16],
+        n: usize,
+        weights: &[f64],
+        eligible: impl Fn(usize) -> bool,
+    ) -> Result<Self, Error> {
+        let base = n.max(1).next_power_of_two();
+        let len = 2 * base;
+        let have = buf.len();
+        let Some(tree) = buf.get_mut(..len) else {
+            return Err(Error::Scratch {
+                needed: words_u16(len),
+                got: words_u16(have),
+            });
+        };
+        tree.fill(NONE);
+        if let Some(leaves) = tree.get_mut(base..) {
+            for (b, leaf) in leaves.iter_mut().enumerate().take(n) {
+                if eligible(b) {
+                    *leaf = b as u16;
+                }
+            }
+        }
+        let mut t = Self { tree, base };
+        for i in (1..base).rev() {
+            t.fix(i, weights);
+        }
+        Ok(t)
+    }
+
+    fn better(a: u16, b: u16, weights: &[f64]) -> u16 {
+        if a == NONE {
+            return b;
+        }
+        if b == NONE {
+            return a;
+        }
+        match (weights.get(usize::from(a)), weights.get(usize::from(b))) {
+            (Some(wa), Some(wb)) if wb < wa => b,
+            _ => a,
+        }
+    }
+
+    fn fix(&mut self, i: usize, weights: &[f64]) {
+        let l = self.tree.get(2 * i).copied().unwrap_or(NONE);
+        let r = self.tree.get(2 * i + 1).copied().unwrap_or(NONE);
+        if let Some(x) = self.tree.get_mut(i) {
+            *x = Self::better(l, r, weights);
+        }
+    }
+
+    /// Marks box `b` eligible or not and refreshes its path (also after a weight change).
+    pub(crate) fn set(&mut self, b: usize, eligible: bool, weights: &[f64]) {
+        let mut i = self.base + b;
+        if let Some(leaf) = self.tree.get_mut(i) {
+            *leaf = if eligible { b as u16 } else { NONE };
+        } else {
+            return;
+        }
+        while i > 1 {
+            i /= 2;
+            self.fix(i, weights);
+        }
+    }
+
+    /// The eligible box with the smallest weight (lowest index on ties).
+    pub(crate) fn min(&self) -> Option<usize> {
+        match self.tree.get(1).copied() {
+            Some(b) if b != NONE => Some(usize::from(b)),
+            _ => None,
+        }
+    }
+}
+
+/// Buffers of one balanced packing.
+struct Packing<'a> {
+    keys: &'a mut [[u64; 2]],
+    pack_w: &'a mut [f64],
+    pack_n: &'a mut [u32],
+    tree: &'a mut [u16],
+}
+
+impl Packing<'_> {
+    /// Packs `w` (`n` items) into `packs` packs of `n / packs` items: writes each item's pack and
+    /// position in it.
+    fn pack(
+        &mut self,
+        w: &[f64],
+        packs: usize,
+        pack_of: &mut [u16],
+        rank_of: &mut [u16],
+    ) -> Result<(), Error> {
+        let n = w.len();
+        let per = n / packs.max(1);
+        if per == 1 {
+            for (i, (p, r)) in pack_of.iter_mut().zip(rank_of.iter_mut()).enumerate() {
+                *p = i as u16;
+                *r = 0;
+            }
+            return Ok(());
+        }
+        let have = self.keys.len();
+        let keys = self.keys.get_mut(..n).ok_or(Error::Scratch {
+            needed: 2 * n,
+            got: 2 * have,
+        })?;
+        for (i, (k, &x)) in keys.iter_mut().zip(w).enumerate() {
+            *k = [!weight_bits(x), i as u64];
+        }
+        keys.sort_unstable();
+        let pack_w = self.pack_w.get_mut(..packs).unwrap_or_default();
+        let pack_n = self.pack_n.get_mut(..packs).unwrap_or_default();
+        pack_w.fill(0.0);
+        pack_n.fill(0);
+        let mut tree = MinTree::build(self.tree, packs, pack_w, |_| true)?;
+        for k in keys.iter() {
+            let i = k[1] as usize;
+            let (Some(p), Some(&x)) = (tree.min(), w.get(i)) else {
+                return Err(Error::NoPlacement {
+                    layer: 0,
+                    why: "balanced packing ran out of packs",
+                });
+            };
+            let (Some(pw), Some(pn)) = (pack_w.get_mut(p), pack_n.get_mut(p)) else {
+                continue;
+            };
+            if let (Some(po), Some(ro)) = (pack_of.get_mut(i), rank_of.get_mut(i)) {
+                *po = p as u16;
+                *ro = *pn as u16;
+            }
+            *pw += x;
+            *pn += 1;
+            let open = (*pn as usize) < per;
+            tree.set(p, open, pack_w);
+        }
+        Ok(())
+    }
+}
+
+/// The dimensions of one run: the hierarchical ones, or the global ones (one group, one node).
+#[derive(Debug, Clone, Copy)]
+struct Topo {
+    n: usize,
+    groups: usize,
+    nodes: usize,
+    /// Ranks per node.
+    rpn: usize,
+    /// Slots per rank.
+    s: usize,
+}
+
+impl Topo {
+    fn of(shape: &Shape) -> Result<Self, Error> {
+        let (n, g, m) = (shape.experts(), shape.groups(), shape.nodes());
+        if g % m == 0 {
+            if n % g != 0 {
+                return Err(Error::Topology {
+                    what: "hierarchical DeepSeek EPLB needs the experts to be a multiple of the groups",
+                    value: g,
+                });
+            }
+            Ok(Self {
+                n,
+                groups: g,
+                nodes: m,
+                rpn: shape.ranks_per_node(),
+                s: shape.slots_per_rank(),
+            })
+        } else {
+            Ok(Self::global(shape))
+        }
+    }
+
+    fn global(shape: &Shape) -> Self {
+        Self {
+            n: shape.experts(),
+            groups: 1,
+            nodes: 1,
+            rpn: shape.ranks(),
+            s: shape.slots_per_rank(),
+        }
+    }
+
+    /// Experts per node.
+    fn epn(&self) -> usize {
+        self.n / self.nodes
+    }
+    /// Slots per node.
+    fn spn(&self) -> usize {
+        self.rpn * self.s
+    }
+    /// Packs of the larger packing.
+    fn packs(&self) -> usize {
+        self.nodes.max(self.rpn)
+    }
+    fn items(&self) -> usize {
+        self.groups.max(self.spn())
+    }
+
+    fn words(&self) -> usize {
+        let (g, n, e, p, k) = (self.groups, self.n, self.epn(), self.spn(), self.packs());
+        2 * self.items()
+            + words_f64(g)
+            + 2 * words_u16(g)
+            + words_u16(n)
+            + 2 * words_f64(e)
+            + words_u32(e)
+            + words_u16(e)
+            + words_u16(p)
+            + words_f64(p)
+            + 2 * words_u16(p)
+            + words_f64(k)
+            + words_u32(k)
+            + words_u16(tree_len(k))
+    }
+}
+
+/// Per-call buffers, carved from the scratch.
+struct Bufs<'a> {
+    packing: Packing<'a>,
+    group_w: &'a mut [f64],
+    group_pack: &'a mut [u16],
+    group_rank: &'a mut [u16],
+    mlog2log: &'a mut [u16],
+    node_w: &'a mut [f64],
+    value: &'a mut [f64],
+    count: &'a mut [u32],
+    heap: &'a mut [u16],
+    phy: &'a mut [u16],
+    copy_w: &'a mut [f64],
+    copy_pack: &'a mut [u16],
+    copy_rank: &'a mut [u16],
+}
+
+impl<'a> Bufs<'a> {
+    fn carve(arena: &mut Arena<'a>, t: &Topo) -> Result<Self, Error> {
+        let (g, n, e, p, k) = (t.groups, t.n, t.epn(), t.spn(), t.packs());
+        let keys: &mut [[u64; 2]] = bytemuck::cast_slice_mut(arena.words(2 * t.items())?);
+        Ok(Self {
+            group_w: arena.f64s(g)?,
+            group_pack: arena.u16s(g)?,
+            group_rank: arena.u16s(g)?,
+            mlog2log: arena.u16s(n)?,
+            node_w: arena.f64s(e)?,
+            value: arena.f64s(e)?,
+            count: arena.u32s(e)?,
+            heap: arena.u16s(e)?,
+            phy: arena.u16s(p)?,
+            copy_w: arena.f64s(p)?,
+            copy_pack: arena.u16s(p)?,
+            copy_rank: arena.u16s(p)?,
+            packing: Packing {
+                keys,
+                pack_w: arena.f64s(k)?,
+                pack_n: arena.u32s(k)?,
+                tree: arena.u16s(tree_len(k))?,
+            },
+        })
+    }
+}
+
+/// `true` when heap entry `a` should sit above `b`: larger value, lower index on ties.
+fn above(a: u16, b: u16, value: &[f64]) -> bool {
+    match (value.get(usize::from(a)), value.get(usize::from(b))) {
+        (Some(va), Some(vb)) => va > vb || (va == vb && a < b),
+        _ => false,
+    }
+}
+
+fn sift_down(heap: &mut [u16], mut i: usize, value: &[f64]) {
+    let n = heap.len();
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut best = i;
+        let at = |j: usize| heap.get(j).copied().unwrap_or(NONE);
+        if l < n && above(at(l), at(best), value) {
+            best = l;
+        }
+        if r < n && above(at(r), at(best), value) {
+            best = r;
+        }
+        if best == i {
+            return;
+        }
+        heap.swap(i, best);
+        i = best;
+    }
+}
+
+/// DeepSeek's `replicate_experts` for one node: `phy[..slots]` gets the node-local expert of
+/// each physical copy (the experts first, then the extras in the order chosen), `count` the
+/// copies of each expert.
+fn replicate(
+    w: &[f64],
+    value: &mut [f64],
+    count: &mut [u32],
+    heap: &mut [u16],
+    phy: &mut [u16],
+) -> Result<(), Error> {
+    let e = w.len();
+    for (i, (((v, c), h), &x)) in value
+        .iter_mut()
+        .zip(count.iter_mut())
+        .zip(heap.iter_mut())
+        .zip(w)
+        .enumerate()
+    {
+        *c = 1;
+        *h = i as u16;
+        *v = x;
+    }
+    let heap = heap.get_mut(..e).unwrap_or_default();
+    for i in (0..e / 2).rev() {
+        sift_down(heap, i, value);
+    }
+    let (orig, extra) = phy.split_at_mut(e.min(phy.len()));
+    for (i, p) in orig.iter_mut().enumerate() {
+        *p = i as u16;
+    }
+    for p in extra.iter_mut() {
+        let Some(&top) = heap.first() else {
+            return Err(Error::NoPlacement {
+                layer: 0,
+                why: "no expert to replicate",
+            });
+        };
+        *p = top;
+        let t = usize::from(top);
+        if let (Some(c), Some(v), Some(&x)) = (count.get_mut(t), value.get_mut(t), w.get(t)) {
+            *c += 1;
+            *v = x / f64::from(*c);
+        }
+        sift_down(heap, 0, value);
+    }
+    Ok(())
+}
+
+/// One layer: writes `phy2log` (`[R*S]`) for loads `w` (`[N]`).
+fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), Error> {
+    let gs = t.n / t.groups;
+    let gpn = t.groups / t.nodes;
+    for (gw, chunk) in b.group_w.iter_mut().zip(w.chunks_exact(gs.max(1))) {
+        *gw = chunk.iter().fold(0.0, |a, &x| a + x);
+    }
+    b.packing
+        .pack(b.group_w, t.nodes, b.group_pack, b.group_rank)?;
+    for (g, (&p, &r)) in b.group_pack.iter().zip(b.group_rank.iter()).enumerate() {
+        let base = (usize::from(p) * gpn + usize::from(r)) * gs;
+        if let Some(dst) = b.mlog2log.get_mut(base..base + gs) {
+            for (o, d) in dst.iter_mut().enumerate() {
+                *d = (g * gs + o) as u16;
+            }
+        }
+    }
+    let (epn, spn) = (t.epn(), t.spn());
+    for (m2l, node_out) in b
+        .mlog2log
+        .chunks_exact(epn)
+        .zip(out.chunks_exact_mut(spn))
+    {
+        for (nw, &id) in b.node_w.iter_mut().zip(m2l) {
+            *nw = w.get(usize::from(id)).copied().unwrap_or(0.0);
+        }
+        replicate(b.node_w, b.value, b.count, b.heap, b.phy)?;
+        for (cw, &m) in b.copy_w.iter_mut().zip(b.phy.iter()) {
+            let m = usize::from(m);
+            let (x, c) = (
+                b.node_w.get(m).copied().unwrap_or(0.0),
+                b.count.get(m).copied().unwrap_or(1),
+            );
+            *cw = x / f64::from(c);
+        }
+        b.packing
+            .pack(b.copy_w, t.rpn, b.copy_pack, b.copy_rank)?;
+        for ((&m, &p), &r) in b.phy.iter().zip(b.copy_pack.iter()).zip(b.copy_rank.iter()) {
+            let slot = usize::from(p) * t.s + usize::from(r);
+            if let (Some(o), Some(&id)) = (node_out.get_mut(slot), m2l.get(usize::from(m))) {
+                *o = id;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// DeepSeek's EPLB: hierarchical when the groups divide into the nodes, otherwise global.
+/// Ignores the current placement; may co-locate copies (see the module documentation).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeepSeek;
+
+impl DeepSeek {
+    /// The policy.
+    pub fn new() -> Self {
+        Self
+    }
+
+    /// Whether `shape` runs hierarchically (`groups % nodes == 0`).
+    pub fn is_hierarchical(shape: &Shape) -> bool {
+        shape.groups() % shape.nodes() == 0
+    }
+}
+
+impl Policy for DeepSeek {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::DeepSeek
+    }
+
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        Topo::of(shape)
+            .unwrap_or_else(|_| Topo::global(shape))
+            .words()
+    }
+
+    fn colocates(&self) -> bool {
+        true
+    }
+
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        _state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error> {
+        let shape = *input.shape();
+        let t = Topo::of(&shape)?;
+        if out.len() != shape.placement_len() {
+            return Err(eplb_core::Error::Length {
+                what: "new placement [L][R][S]",
+                expected: shape.placement_len(),
+                got: out.len(),
+            }
+            .into());
+        }
+        let mut arena = Arena::new(scratch);
+        let mut bufs = Bufs::carve(&mut arena, &t)?;
+        for (l, o) in out.chunks_exact_mut(shape.slots_per_layer()).enumerate() {
+            layer(&t, input.layer_loads(l), &mut bufs, o).map_err(|e| match e {
+                Error::NoPlacement { why, .. } => Error::NoPlacement {
+                    layer: l as u16,
+                    why,
+                },
+                e => e,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Output, rebalance, scratch_len};
+    use eplb_core::{Layout, Placement};
+    use std::vec;
+    use std::vec::Vec;
+
+    fn run(shape: Shape, loads: &[f64]) -> Result<Vec<u16>, Error> {
+        let mut current = vec![0u16; shape.placement_len()];
+        Layout::default().fill(&shape, &mut current)?;
+        let cur = Placement::new(shape, &current)?;
+        let input = Input::new(cur, loads, None, 0)?;
+        let mut p = DeepSeek;
+        let mut scratch = vec![0u64; scratch_len(&p, &shape)];
+        let mut out = vec![0u16; shape.placement_len()];
+        let l = shape.layers();
+        let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
+        rebalance(
+            &mut p,
+            &input,
+            &mut scratch,
+            &mut [],
+            Output {
+                placement: &mut out,
+                changed: &mut ch,
+                par_before: &mut pb,
+                par_after: &mut pa,
+            },
+        )?;
+        Ok(out)
+    }
+
+    #[test]
+    fn readme_example() {
+        let shape = Shape::with_topology(2, 12, 8, 2, 4, 4).unwrap();
+        let loads: Vec<f64> = [
+            90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86, 20, 107, 104, 64, 19, 197, 187,
+            157, 172, 86, 16, 27,
+        ]
+        .iter()
+        .map(|&x| f64::from(x))
+        .collect();
+        let out = run(shape, &loads).unwrap();
+        assert_eq!(
+            out,
+            [
+                5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1, 7, 10, 6, 8, 6, 11, 8, 9, 2, 4,
+                5, 1, 5, 0, 3, 1
+            ]
+        );
+    }
+
+    #[test]
+    fn topology_errors_and_global_fallback() {
+        // 3 groups on 3 nodes but 8 experts: not a multiple.
+        let shape = Shape::with_topology(1, 8, 6, 2, 2, 3).unwrap();
+        let loads = [1.0; 8];
+        assert!(matches!(run(shape, &loads), Err(Error::Topology { .. })));
+        // 3 groups on 2 nodes: global.
+        let shape = Shape::with_topology(1, 9, 4, 3, 2, 3).unwrap();
+        assert!(!DeepSeek::is_hierarchical(&shape));
+        let loads: Vec<f64> = (0..9).map(f64::from).collect();
+        assert!(run(shape, &loads).is_ok());
+    }
+
+    #[test]
+    fn small_scratch_is_an_error() {
+        let shape = Shape::new(1, 8, 4, 3).unwrap();
+        let mut current = vec![0u16; shape.placement_len()];
+        Layout::default().fill(&shape, &mut current).unwrap();
+        let loads = [1.0; 8];
+        let input = Input::new(Placement::new(shape, &current).unwrap(), &loads, None, 0).unwrap();
+        let mut p = DeepSeek;
+        let need = p.scratch_len(&shape);
+        let mut scratch = vec![0u64; need - 1];
+        let mut out = vec![0u16; shape.placement_len()];
+        assert!(matches!(
+            p.place(&input, &mut scratch, &mut [], &mut out),
+            Err(Error::Scratch { .. })
+        ));
+        let mut scratch = vec![0u64; need];
+        assert!(p.place(&input, &mut scratch, &mut [], &mut out).is_ok());
+    }
+
+    #[test]
+    fn min_tree_prefers_lowest_index_on_ties() {
+        let w = [3.0, 1.0, 1.0, 2.0, 1.0];
+        let mut buf = vec![0u16; tree_len(5)];
+        let mut t = MinTree::build(&mut buf, 5, &w, |_| true).unwrap();
+        assert_eq!(t.min(), Some(1));
+        t.set(1, false, &w);
+        assert_eq!(t.min(), Some(2));
+        t.set(2, false, &w);
+        t.set(4, false, &w);
+        assert_eq!(t.min(), Some(3));
+        for b in 0..5 {
+            t.set(b, false, &w);
+        }
+        assert_eq!(t.min(), None);
+    }
+}

@@ -1,1 +1,489 @@
-//! Placeholder: see the policies issue.
+//! vLLM-Ascend's DefaultEplb (type 1), exact on tie-free inputs and on the upstream tie rules.
+//!
+//! # Algorithm
+//!
+//! Per layer (`research/vllm-ascend-eplb.md` §3.2), with `N` experts, `R` ranks ("boxes"),
+//! `S` slots per rank and `X = R*S - N` redundant copies:
+//!
+//! 1. **Logical load.** `w_e` is the caller's logical load. Upstream sums the slot loads of
+//!    `e`'s copies rank-major; the planner folds measured slot heat the same way, and a golden
+//!    case's loads are that fold, so the numbers are the same.
+//! 2. **Replication.** A list of `(expert, weight)`, in id order. `X` times: sort it by weight,
+//!    descending, with `np.argsort(kind="stable")[::-1]` (equal weights: the *later* list
+//!    position first); the top expert, with `c` copies, gets one more and its weight becomes
+//!    `(w * c) / (c + 1)`; the list keeps the sorted order. Because only the top changes, each
+//!    round re-sorts in `O(log N)` plus a shift (and an `O(N)` pass only while equal weights
+//!    exist); a full sort is needed only on the fix below.
+//! 3. **Pre-placed copies.** For expert ids ascending, each extra copy goes to box `0, 1, 2, ..`
+//!    (one running index), carrying the expert's final weight.
+//! 4. **Greedy packing.** The list, sorted once more by the same rule, is visited in order; each
+//!    expert goes to the box with the smallest weight among the boxes with room that do not hold
+//!    it (strict `<`: the lowest index on ties; a min tournament tree over the boxes). Box
+//!    weights are summed in insertion order. A box's row is its pre-placed copies, then its
+//!    experts in insertion order.
+//! 5. **Local-constraint exchange** ([`common::keep_slots`](crate::common::keep_slots)): box `i`
+//!    is rank `i`; an expert the rank already held keeps its old slot.
+//!
+//! # Complexity
+//!
+//! Per layer `O(N log N + X (log N + N) + N log R + R S^2)` time; the `X * N` term is a
+//! `memmove` of at most `N` ids per round. Scratch `O(N + R + S)` words, a pure function of the
+//! shape.
+//!
+//! # Fixes and differences from the reference
+//!
+//! - **Fix: no fall-back to the last box** (upstream quirk §9.7). When every box with room
+//!   already holds the expert, upstream appends it to the last box anyway (a co-located copy, or
+//!   a box over capacity). We *repair by a swap* instead: let `b` be the lightest box with room
+//!   (all of them hold `e`); among the full boxes `b2` that do not hold `e` and the experts `f`
+//!   of `b2` that were not pre-placed and that `b` does not hold, take the pair minimising the
+//!   larger of the two new box weights (lowest `b2`, then lowest slot, on ties); move `f` to `b`
+//!   and put `e` in `f`'s slot. Such a pair exists whenever `X <= R`; if none exists the layer
+//!   is [`Error::NoPlacement`]. Upstream never reaches this case on a valid output, so exactness
+//!   is unaffected.
+//! - **Fix: at most `R` copies per expert.** Replication skips an expert that already has one
+//!   copy per rank (the first such in sort order is passed over, then the list is fully
+//!   re-sorted by the same rule); upstream would give it an `(R+1)`-th copy that cannot be placed.
+//! - **Extension: `X > R`.** Upstream raises; we continue the running index of step 3 modulo `R`,
+//!   which is upstream's rule whenever `X <= R`.
+//! - The "before/after", `changed` and priority outputs are [`rebalance`](crate::rebalance)'s
+//!   job (per-layer PAR and changed flags); upstream's 5 % gate is ignored there too.
+
+use eplb_core::Shape;
+
+use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::common::keep_slots;
+use crate::deepseek::{MinTree, tree_len, weight_bits};
+use crate::{Error, Input, Policy, PolicyKind};
+
+/// Per-call buffers, carved from the scratch.
+struct Bufs<'a> {
+    /// Current weight of each expert in the list.
+    wt: &'a mut [f64],
+    /// Copies of each expert.
+    copies: &'a mut [u32],
+    /// First running index of each expert's pre-placed copies.
+    pre_start: &'a mut [u32],
+    /// The list order (expert ids).
+    order: &'a mut [u16],
+    /// Sort keys.
+    keys: &'a mut [[u64; 2]],
+    box_w: &'a mut [f64],
+    box_n: &'a mut [u32],
+    tree: &'a mut [u16],
+    keep: &'a mut [u16],
+}
+
+fn words(shape: &Shape) -> usize {
+    let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
+    words_f64(n)
+        + 2 * words_u32(n)
+        + words_u16(n)
+        + 2 * n
+        + words_f64(r)
+        + words_u32(r)
+        + words_u16(tree_len(r))
+        + words_u16(2 * s)
+}
+
+impl<'a> Bufs<'a> {
+    fn carve(arena: &mut Arena<'a>, shape: &Shape) -> Result<Self, Error> {
+        let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
+        Ok(Self {
+            wt: arena.f64s(n)?,
+            copies: arena.u32s(n)?,
+            pre_start: arena.u32s(n)?,
+            order: arena.u16s(n)?,
+            keys: bytemuck::cast_slice_mut(arena.words(2 * n)?),
+            box_w: arena.f64s(r)?,
+            box_n: arena.u32s(r)?,
+            tree: arena.u16s(tree_len(r))?,
+            keep: arena.u16s(2 * s)?,
+        })
+    }
+}
+
+/// Sorts `order` by weight descending, equal weights by list position descending
+/// (`np.argsort(kind="stable")[::-1]`). Returns the number of adjacent equal-weight pairs.
+fn full_sort(order: &mut [u16], wt: &[f64], keys: &mut [[u64; 2]]) -> usize {
+    let keys = match keys.get_mut(..order.len()) {
+        Some(k) => k,
+        None => return 0,
+    };
+    for (pos, (k, &id)) in keys.iter_mut().zip(order.iter()).enumerate() {
+        let w = wt.get(usize::from(id)).copied().unwrap_or(0.0);
+        *k = [!weight_bits(w), !((pos as u64) << 16 | u64::from(id))];
+    }
+    keys.sort_unstable();
+    for (o, k) in order.iter_mut().zip(keys.iter()) {
+        *o = (!k[1] & 0xffff) as u16;
+    }
+    equal_pairs(order, wt)
+}
+
+fn weight_of(wt: &[f64], id: u16) -> f64 {
+    wt.get(usize::from(id)).copied().unwrap_or(0.0)
+}
+
+fn equal_pairs(order: &[u16], wt: &[f64]) -> usize {
+    order
+        .windows(2)
+        .filter(|p| match p {
+            [a, b] => weight_of(wt, *a) == weight_of(wt, *b),
+            _ => false,
+        })
+        .count()
+}
+
+/// Reverses every run of equal weights in `order` (sorted descending).
+fn reverse_runs(order: &mut [u16], wt: &[f64]) {
+    let mut i = 0;
+    while let Some(&first) = order.get(i) {
+        let w = weight_of(wt, first);
+        let len = order
+            .get(i..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|&&x| weight_of(wt, x) == w)
+            .count()
+            .max(1);
+        if let Some(run) = order.get_mut(i..i + len) {
+            run.reverse();
+        }
+        i += len;
+    }
+}
+
+/// The replication phase: `X` rounds of "sort, then the top gains a copy". On return `order` is
+/// the final sort (the packing order) and `copies` the new copy counts.
+fn replicate(b: &mut Bufs<'_>, x: usize, ranks: usize) {
+    let cap = u32::try_from(ranks).unwrap_or(u32::MAX);
+    for (i, o) in b.order.iter_mut().enumerate() {
+        *o = i as u16;
+    }
+    let mut eq = full_sort(b.order, b.wt, b.keys);
+    for _ in 0..x {
+        // The list is sorted; find the expert that gains a copy.
+        let fast = b
+            .order
+            .first()
+            .is_some_and(|&t| b.copies.get(usize::from(t)).is_some_and(|&c| c < cap));
+        let pos = if fast {
+            0
+        } else {
+            match b
+                .order
+                .iter()
+                .position(|&t| b.copies.get(usize::from(t)).is_some_and(|&c| c < cap))
+            {
+                Some(p) => p,
+                None => return,
+            }
+        };
+        let Some(&top) = b.order.get(pos) else { return };
+        let t = usize::from(top);
+        let old = weight_of(b.wt, top);
+        if fast && b.order.get(1).is_some_and(|&n| weight_of(b.wt, n) == old) {
+            eq -= 1;
+        }
+        if let (Some(w), Some(c)) = (b.wt.get_mut(t), b.copies.get_mut(t)) {
+            *w = (*w * f64::from(*c)) / f64::from(*c + 1);
+            *c += 1;
+        }
+        if !fast {
+            eq = full_sort(b.order, b.wt, b.keys);
+            continue;
+        }
+        // Re-sort: the rest is sorted; its equal runs flip, and `top` (position 0) goes last
+        // among the weights >= its new one.
+        let new = weight_of(b.wt, top);
+        let rest = b.order.get_mut(1..).unwrap_or_default();
+        if eq > 0 {
+            reverse_runs(rest, b.wt);
+        }
+        let q = rest.partition_point(|&id| weight_of(b.wt, id) >= new);
+        b.order.copy_within(1..q + 1, 0);
+        if let Some(o) = b.order.get_mut(q) {
+            *o = top;
+        }
+        if q > 0 && b.order.get(q - 1).is_some_and(|&p| weight_of(b.wt, p) == new) {
+            eq += 1;
+        }
+    }
+}
+
+/// Whether `row` holds `e`.
+fn holds(row: &[u16], e: u16) -> bool {
+    row.contains(&e)
+}
+
+/// The repair of the fix "no fall-back to the last box": returns `false` when no swap exists.
+#[allow(clippy::too_many_arguments)]
+fn repair(
+    e: u16,
+    b: usize,
+    s: usize,
+    pre_per_box: impl Fn(usize) -> usize,
+    wt: &[f64],
+    box_w: &mut [f64],
+    box_n: &mut [u32],
+    rows: &mut [u16],
+) -> Option<(usize, usize)> {
+    let we = weight_of(wt, e);
+    let wb = box_w.get(b).copied().unwrap_or(0.0);
+    let b_row = rows.get(b * s..b * s + s)?;
+    let b_len = box_n.get(b).map_or(0, |&n| n as usize);
+    let b_items = b_row.get(..b_len)?;
+    let mut best: Option<(f64, usize, usize)> = None;
+    for (b2, row) in rows.chunks_exact(s).enumerate() {
+        let len = box_n.get(b2).map_or(0, |&n| n as usize);
+        let items = row.get(..len).unwrap_or_default();
+        if b2 == b || holds(items, e) {
+            continue;
+        }
+        let w2 = box_w.get(b2).copied().unwrap_or(0.0);
+        for (slot, &f) in items.iter().enumerate().skip(pre_per_box(b2)) {
+            if holds(b_items, f) {
+                continue;
+            }
+            let wf = weight_of(wt, f);
+            let cost = (wb + wf).max(w2 - wf + we);
+            if best.is_none_or(|(c, _, _)| cost < c) {
+                best = Some((cost, b2, slot));
+            }
+        }
+    }
+    let (_, b2, slot) = best?;
+    let f = *rows.get(b2 * s + slot)?;
+    let wf = weight_of(wt, f);
+    *rows.get_mut(b2 * s + slot)? = e;
+    *rows.get_mut(b * s + b_len)? = f;
+    *box_n.get_mut(b)? += 1;
+    *box_w.get_mut(b)? += wf;
+    let w2 = box_w.get_mut(b2)?;
+    *w2 = *w2 - wf + we;
+    Some((b, b2))
+}
+
+/// One layer: `cur` is the current `[R][S]` layer, `w` the logical loads, `out` the new layer.
+fn layer(
+    shape: &Shape,
+    index: usize,
+    cur: &[u16],
+    w: &[f64],
+    b: &mut Bufs<'_>,
+    out: &mut [u16],
+) -> Result<(), Error> {
+    let (r, s) = (shape.ranks(), shape.slots_per_rank());
+    let x = shape.redundant();
+    // 1. Logical loads, as given.
+    for ((wt, c), &load) in b.wt.iter_mut().zip(b.copies.iter_mut()).zip(w) {
+        *wt = load;
+        *c = 1;
+    }
+    // 2. Replication.
+    replicate(b, x, r);
+    // 3. Pre-placed copies.
+    b.box_w.fill(0.0);
+    b.box_n.fill(0);
+    let mut idx: usize = 0;
+    for (e, (&c, start)) in b.copies.iter().zip(b.pre_start.iter_mut()).enumerate() {
+        *start = (idx % r.max(1)) as u32;
+        for _ in 1..c {
+            let bx = idx % r.max(1);
+            idx += 1;
+            let (Some(bw), Some(bn)) = (b.box_w.get_mut(bx), b.box_n.get_mut(bx)) else {
+                continue;
+            };
+            if let Some(o) = out.get_mut(bx * s + *bn as usize) {
+                *o = e as u16;
+            }
+            *bw += b.wt.get(e).copied().unwrap_or(0.0);
+            *bn += 1;
+        }
+    }
+    let pre_per_box = |bx: usize| x / r.max(1) + usize::from(bx < x % r.max(1));
+    // 4. Greedy packing.
+    let cap = s as u32;
+    let box_n = &mut *b.box_n;
+    let mut tree = MinTree::build(b.tree, r, b.box_w, |bx| {
+        box_n.get(bx).is_some_and(|&n| n < cap)
+    })?;
+    for &e in b.order.iter() {
+        let eu = usize::from(e);
+        let extras = b.copies.get(eu).map_or(0, |&c| c.saturating_sub(1)) as usize;
+        let start = b.pre_start.get(eu).map_or(0, |&p| p as usize);
+        let room = |bx: usize, n: &[u32]| n.get(bx).is_some_and(|&k| k < cap);
+        for t in 0..extras {
+            tree.set((start + t) % r, false, b.box_w);
+        }
+        let chosen = tree.min();
+        for t in 0..extras {
+            let bx = (start + t) % r;
+            tree.set(bx, room(bx, box_n), b.box_w);
+        }
+        match chosen {
+            Some(bx) => {
+                let (Some(bw), Some(bn)) = (b.box_w.get_mut(bx), box_n.get_mut(bx)) else {
+                    continue;
+                };
+                if let Some(o) = out.get_mut(bx * s + *bn as usize) {
+                    *o = e;
+                }
+                *bw += weight_of(b.wt, e);
+                *bn += 1;
+                tree.set(bx, room(bx, box_n), b.box_w);
+            }
+            None => {
+                let Some(bx) = tree.min() else {
+                    return Err(Error::NoPlacement {
+                        layer: index as u16,
+                        why: "no box has room",
+                    });
+                };
+                let Some((b1, b2)) = repair(e, bx, s, pre_per_box, b.wt, b.box_w, box_n, out)
+                else {
+                    return Err(Error::NoPlacement {
+                        layer: index as u16,
+                        why: "every box with room holds the expert and no swap frees one",
+                    });
+                };
+                log::debug!("default: layer {index}: expert {e} placed by a swap");
+                tree.set(b1, room(b1, box_n), b.box_w);
+                tree.set(b2, room(b2, box_n), b.box_w);
+            }
+        }
+    }
+    // 5. Kept experts keep their slot.
+    for (old, new) in cur.chunks_exact(s).zip(out.chunks_exact_mut(s)) {
+        keep_slots(old, new, b.keep)?;
+    }
+    Ok(())
+}
+
+/// vLLM-Ascend's DefaultEplb (type 1) with the fixes of the module documentation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultEplb;
+
+impl DefaultEplb {
+    /// The policy.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl Policy for DefaultEplb {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Default
+    }
+
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        words(shape)
+    }
+
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        _state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error> {
+        let shape = *input.shape();
+        let per_layer = shape.slots_per_layer();
+        if out.len() != shape.placement_len() {
+            return Err(eplb_core::Error::Length {
+                what: "new placement [L][R][S]",
+                expected: shape.placement_len(),
+                got: out.len(),
+            }
+            .into());
+        }
+        let mut arena = Arena::new(scratch);
+        let mut bufs = Bufs::carve(&mut arena, &shape)?;
+        let current = input.current().as_slice();
+        for (l, (cur, o)) in current
+            .chunks_exact(per_layer)
+            .zip(out.chunks_exact_mut(per_layer))
+            .enumerate()
+        {
+            layer(&shape, l, cur, input.layer_loads(l), &mut bufs, o)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Output, rebalance, scratch_len};
+    use eplb_core::Placement;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn run(shape: Shape, current: &[u16], loads: &[f64]) -> Result<Vec<u16>, Error> {
+        let cur = Placement::new(shape, current)?;
+        let input = Input::new(cur, loads, None, 0)?;
+        let mut p = DefaultEplb;
+        let mut scratch = vec![0u64; scratch_len(&p, &shape)];
+        let mut out = vec![0u16; shape.placement_len()];
+        let l = shape.layers();
+        let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
+        rebalance(
+            &mut p,
+            &input,
+            &mut scratch,
+            &mut [],
+            Output {
+                placement: &mut out,
+                changed: &mut ch,
+                par_before: &mut pb,
+                par_after: &mut pa,
+            },
+        )?;
+        Ok(out)
+    }
+
+    #[test]
+    fn spec_vector_3_6() {
+        let shape = Shape::new(1, 10, 4, 3).unwrap();
+        let current = [0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 1];
+        let loads = [160.0, 80.0, 10.0, 5.0, 5.0, 5.0, 300.0, 20.0, 1.0, 2.0];
+        let out = run(shape, &current, &loads).unwrap();
+        assert_eq!(out, [0, 7, 2, 3, 6, 5, 6, 4, 9, 8, 0, 1]);
+    }
+
+    #[test]
+    fn one_hot_expert_is_capped_at_one_copy_per_rank() {
+        // Upstream would give expert 0 a fifth copy on four ranks.
+        let shape = Shape::new(1, 4, 4, 2).unwrap();
+        let current = [0, 1, 2, 3, 0, 1, 2, 3];
+        let loads = [1000.0, 1.0, 1.0, 1.0];
+        let out = run(shape, &current, &loads).unwrap();
+        assert_eq!(out.iter().filter(|&&e| e == 0).count(), 4);
+    }
+
+    #[test]
+    fn ties_follow_the_upstream_order() {
+        // All equal: the later list position wins each round.
+        let shape = Shape::new(1, 4, 2, 3).unwrap();
+        let current = [0, 1, 2, 3, 0, 1];
+        let loads = [4.0, 4.0, 4.0, 4.0];
+        let out = run(shape, &current, &loads).unwrap();
+        let p = Placement::new(shape, &out).unwrap();
+        assert!(p.check_servable().is_ok());
+    }
+
+    #[test]
+    fn repair_swaps_instead_of_colocating() {
+        // Rows of 2: box 1 holds [7] pre-placed; suppose e = 7 comes last and only box 1 has
+        // room. The repair moves an original of another box into box 1.
+        let wt = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let mut rows = [0u16, 1, 7, 0, 2, 3];
+        let mut box_w = [3.0, 8.0, 7.0];
+        let mut box_n = [2u32, 1, 2];
+        let got = repair(7, 1, 2, |_| 0, &wt, &mut box_w, &mut box_n, &mut rows);
+        assert_eq!(got, Some((1, 0)));
+        assert_eq!(rows, [7, 1, 7, 0, 2, 3]);
+        assert_eq!(box_n, [2, 2, 2]);
+    }
+}

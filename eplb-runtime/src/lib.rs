@@ -1,5 +1,21 @@
 //! `eplb-runtime`: the std runtime of eplb.
 //!
-//! Status: the config, controller, planner, transports, simulator and CLI arrive with the
-//! runtime issue; this crate holds nothing yet.
+//! The config ([`config`]), the per-rank controller that drives the core cycle ([`controller`]),
+//! the planner thread ([`planner`]), transfer planning ([`transfer`]), the [`Transport`] trait with
+//! the in-process host transport ([`transport`]), the simulator ([`simulate`]) and the `eplb`
+//! command-line tool.
+//!
+//! **Invariant:** the serving thread never blocks on the planner: a late plan is retried at the
+//! next iteration, on every rank alike.
+//!
+//! **Invariant:** no forward sees a half-updated layer: receives land in spare buffers and a
+//! layer is committed only when every rank's exchange succeeded.
 #![forbid(unsafe_code)]
+
+pub mod config;
+pub mod controller;
+pub mod planner;
+pub mod policies;
+pub mod simulate;
+pub mod transfer;
+pub mod transport;

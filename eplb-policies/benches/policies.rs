@@ -1,0 +1,110 @@
+//! Criterion benchmarks of the policies on the DeepSeek-V3 golden inputs (58 layers x 256
+//! experts): EP32 (288 slots, 4 nodes, 8 groups) and EP64 (320 slots, 8 nodes, 8 groups).
+//!
+//! One measurement is one `Policy::place` call over all 58 layers, single thread, with the
+//! scratch allocated once outside the loop. Each engineer's policies sit in their own function
+//! below; add a function and list it in `criterion_group!` to add more.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use eplb_core::{Placement, Shape};
+use eplb_policies::deepseek::DeepSeek;
+use eplb_policies::default::DefaultEplb;
+use eplb_policies::random::Random;
+use eplb_policies::{Input, Policy};
+use serde_json::Value;
+
+/// One golden input.
+pub struct Case {
+    pub name: &'static str,
+    pub shape: Shape,
+    pub current: Vec<u16>,
+    pub loads: Vec<f64>,
+}
+
+fn flat(v: &Value, out: &mut Vec<f64>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| flat(x, out)),
+        x => out.push(x.as_f64().expect("number")),
+    }
+}
+
+/// Reads `../../shared/data/golden/<name>.json` (relative to this crate).
+pub fn golden(name: &'static str) -> Case {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data/golden")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let raw: Value = serde_json::from_str(&text).unwrap();
+    let sh = &raw["shape"];
+    let get = |k: &str| sh[k].as_u64().unwrap() as u16;
+    let (r, nodes) = (get("num_ranks"), get("num_nodes"));
+    let shape = Shape::with_topology(
+        get("num_layers"),
+        get("num_experts"),
+        r,
+        get("slots_per_rank"),
+        r / nodes,
+        get("num_groups"),
+    )
+    .unwrap();
+    let (mut current, mut loads) = (Vec::new(), Vec::new());
+    flat(&raw["input"]["current_placement"], &mut current);
+    flat(&raw["input"]["loads"], &mut loads);
+    Case {
+        name,
+        shape,
+        current: current.into_iter().map(|x| x as u16).collect(),
+        loads,
+    }
+}
+
+/// The DeepSeek-V3 inputs every policy is measured on.
+pub fn dsv3_cases() -> Vec<Case> {
+    ["dsv3_prefill_ep32", "dsv3_decode_ep32", "dsv3_prefill_ep64", "dsv3_decode_ep64"]
+        .into_iter()
+        .map(golden)
+        .collect()
+}
+
+/// Benchmarks `policy.place` on `case` (with `shape`, which may differ in topology) as
+/// `<label>/<case>`.
+pub fn bench_place<P: Policy>(c: &mut Criterion, label: &str, mut policy: P, case: &Case, shape: Shape) {
+    let current = Placement::new(shape, &case.current).unwrap();
+    let input = Input::new(current, &case.loads, None, 0).unwrap();
+    let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    let mut out = vec![0u16; shape.placement_len()];
+    c.bench_function(&format!("{label}/{}", case.name), |b| {
+        b.iter(|| {
+            policy
+                .place(black_box(&input), &mut scratch, &mut state, &mut out)
+                .unwrap();
+            black_box(&out);
+        })
+    });
+}
+
+// ---- deepseek, default, random -------------------------------------------------------------
+
+fn deepseek_default_random(c: &mut Criterion) {
+    for case in dsv3_cases() {
+        bench_place(c, "deepseek_hier", DeepSeek, &case, case.shape);
+        let global = case.shape.topology(case.shape.ranks() as u16, 1).unwrap();
+        bench_place(c, "deepseek_global", DeepSeek, &case, global);
+        bench_place(c, "default", DefaultEplb, &case, case.shape);
+        bench_place(c, "random", Random::new(), &case, case.shape);
+    }
+}
+
+// ---- end of deepseek, default, random ------------------------------------------------------
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30);
+    targets = deepseek_default_random
+}
+criterion_main!(benches);

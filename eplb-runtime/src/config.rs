@@ -1,0 +1,808 @@
+//! The `eplb_config`: vLLM-Ascend's EPLB keys, defaults, validation and env guards.
+//!
+//! The serving engine hands over its additional config as JSON, either wrapped,
+//! `{"eplb_config": {...}, "deployment": {...}}`, or as the inner object alone. A document is the
+//! wrapped form when its top level holds `eplb_config` or `deployment`; otherwise it is the inner
+//! object. [`EplbConfig::from_json_str`] and [`EplbConfig::from_value`] parse it and validate it
+//! as vLLM-Ascend does at start-up, and report **every** problem found ([`ConfigErrors`]), not
+//! just the first. An [`EplbConfig`] that exists is valid.
+//!
+//! | key | default | takes |
+//! | --- | --- | --- |
+//! | `dynamic_eplb` | `false` | boolean; forced to `true` by `expert_map_record_path` |
+//! | `expert_map_path` | `null` | path ending with `.json`, which exists, is readable and (with a validator) validates |
+//! | `expert_map_record_path` | `null` | path ending with `.json`; its parent directory is created |
+//! | `expert_heat_collection_interval` | 600 | integer `1..=u32::MAX` (`H`) |
+//! | `algorithm_execution_interval` | 50 | integer `1..=u32::MAX` (`A`) |
+//! | `num_redundant_experts` | 0 | integer `0..=u32::MAX` (`X`, used only when dynamic) |
+//! | `eplb_policy_type` | 2 | integer `0..=4` or a name: `random`, `default`, `swift`, `flashlb`, `incremental`, `deepseek` |
+//! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
+//! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
+//!
+//! Beside `eplb_config`, only `deployment` is accepted; it is kept raw
+//! ([`EplbConfig::deployment`]) for the code that checks deployments.
+//!
+//! # Env guard
+//!
+//! Dynamic and record mode need `DYNAMIC_EPLB` = `true`/`1` (any case) or
+//! `EXPERT_MAP_RECORD` = `true` (exactly); static mode needs none. The environment is an
+//! argument ([`Env`]): [`ProcessEnv`] in production, a map or a slice of pairs in tests.
+//!
+//! # Map validation
+//!
+//! `expert_map_path` must end with `.json`, exist, be a file and be readable. Whether its content
+//! is a valid expert map is decided by an optional [`MapValidator`] passed to
+//! [`EplbConfig::from_value_with`] (the runtime plugs in `eplb-map`'s reader there); without one
+//! only the file checks run. The path is resolved against the working directory, as in
+//! vLLM-Ascend.
+//!
+//! # Model shape
+//!
+//! `(N + X) % R` is not checked by the config alone (the model shape is not known yet):
+//! [`EplbConfig::check_shape`] does it as soon as `N` and `R` are known, with
+//! `X = num_redundant_experts` when dynamic and 0 otherwise (vLLM-Ascend's rule), and the error
+//! lists the nearest valid redundant counts. With `expert_map_path` the redundant count comes
+//! from the file (its entries per layer minus `N`) and the configured one is ignored: build the
+//! shape from the map instead.
+//!
+//! # Deviations from vLLM-Ascend 0.23
+//!
+//! - All problems are reported at once, each naming its key and value, instead of the first
+//!   exception.
+//! - Types are strict: `true` is not an integer (Python's `bool` is an `int`), `600.0` is not an
+//!   integer, `"false"` is not a boolean (Python would take any truthy value for
+//!   `dynamic_eplb`).
+//! - Intervals below 1 are errors (vLLM-Ascend accepts 0, which hangs the cycle).
+//! - The env guard is a returned error, not an `assert` that `python -O` skips.
+//! - A bare record file name works (vLLM-Ascend calls `os.makedirs("")`, which fails); the
+//!   parent directory is created only when the rest of the config is valid, so an invalid
+//!   config has no side effect.
+//! - `eplb_policy_type` also takes 4 (`incremental`) and names, including `deepseek`, and the
+//!   numbers as strings (`"2"`); `eplb_policy_seed` is an extension key.
+//! - Top-level keys other than `eplb_config` and `deployment` are errors.
+//! - Dynamic EPLB on one rank is reported by [`EplbConfig::check_shape`] instead of an `assert`
+//!   at layer construction.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
+mod env;
+mod error;
+mod suggest;
+
+use core::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use eplb_core::{HeatStage, Shape};
+use eplb_policies::PolicyKind;
+use serde_json::{Map, Value};
+
+pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
+pub use error::{ConfigError, ConfigErrors};
+
+/// The keys of `eplb_config`, in vLLM-Ascend's order (the extension `eplb_policy_seed` last).
+pub const KEYS: [&str; 9] = [
+    "dynamic_eplb",
+    "expert_map_path",
+    "expert_heat_collection_interval",
+    "algorithm_execution_interval",
+    "expert_map_record_path",
+    "num_redundant_experts",
+    "eplb_policy_type",
+    "eplb_heat_collection_stage",
+    "eplb_policy_seed",
+];
+
+/// The keys accepted at the top level of the wrapped form.
+pub const TOP_LEVEL_KEYS: [&str; 2] = ["eplb_config", "deployment"];
+
+/// Default `expert_heat_collection_interval` (`H`), in counted iterations.
+pub const DEFAULT_HEAT_INTERVAL: u32 = 600;
+/// Default `algorithm_execution_interval` (`A`), in iterations.
+pub const DEFAULT_ALGO_INTERVAL: u32 = 50;
+/// Default `eplb_policy_type`: SwiftBalance (type 2).
+pub const DEFAULT_POLICY: PolicyKind = PolicyKind::Swift;
+
+/// Checks the content of an `expert_map_path` file; `Err` carries a description of the first
+/// problem (lower case, no trailing period).
+///
+/// Called only after the path passed the file checks. The runtime passes `eplb-map`'s strict
+/// reader here.
+pub type MapValidator<'a> = dyn Fn(&Path) -> Result<(), String> + 'a;
+
+/// What the runtime does, as decided by the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// No EPLB: the default layout, no heat collection.
+    Off,
+    /// The initial placement is read from `expert_map_path`; no planner.
+    Static,
+    /// The whole cycle: collect heat, plan, move weights (seeded by `expert_map_path` if set).
+    Dynamic,
+    /// The cycle without weight moves: each cycle end writes the expert map to
+    /// `expert_map_record_path`.
+    Record,
+}
+
+impl Mode {
+    /// `off`, `static`, `dynamic` or `record`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Static => "static",
+            Mode::Dynamic => "dynamic",
+            Mode::Record => "record",
+        }
+    }
+
+    /// Whether the mode runs the cycle (and so needs the env guard).
+    pub fn is_dynamic(self) -> bool {
+        matches!(self, Mode::Dynamic | Mode::Record)
+    }
+}
+
+impl core::fmt::Display for Mode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A validated `eplb_config`.
+///
+/// Build it with [`EplbConfig::from_json_str`], [`EplbConfig::from_value`] (or their `_with`
+/// forms taking a [`MapValidator`]), [`EplbConfig::from_file`], or [`EplbConfig::default`]
+/// (every key at its default: mode [`Mode::Off`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EplbConfig {
+    dynamic: bool,
+    dynamic_given: bool,
+    expert_map_path: Option<PathBuf>,
+    expert_map_record_path: Option<PathBuf>,
+    heat_interval: u32,
+    algo_interval: u32,
+    num_redundant_experts: u32,
+    policy: PolicyKind,
+    policy_seed: u64,
+    heat_stage: HeatStage,
+    deployment: Option<Value>,
+}
+
+impl Default for EplbConfig {
+    fn default() -> Self {
+        Self {
+            dynamic: false,
+            dynamic_given: false,
+            expert_map_path: None,
+            expert_map_record_path: None,
+            heat_interval: DEFAULT_HEAT_INTERVAL,
+            algo_interval: DEFAULT_ALGO_INTERVAL,
+            num_redundant_experts: 0,
+            policy: DEFAULT_POLICY,
+            policy_seed: 0,
+            heat_stage: HeatStage::All,
+            deployment: None,
+        }
+    }
+}
+
+impl EplbConfig {
+    /// Parses and validates a JSON document (wrapped or inner form) without a map validator.
+    pub fn from_json_str(text: &str, env: &dyn Env) -> Result<Self, ConfigErrors> {
+        Self::from_json_str_with(text, env, None)
+    }
+
+    /// Parses and validates a JSON document, checking `expert_map_path` with `map_validator`.
+    pub fn from_json_str_with(
+        text: &str,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+    ) -> Result<Self, ConfigErrors> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+            line: e.line(),
+            column: e.column(),
+            message: json_message(&e),
+        })?;
+        Self::from_value_with(&value, env, map_validator)
+    }
+
+    /// Reads, parses and validates a JSON file, checking `expert_map_path` with
+    /// `map_validator` when given.
+    pub fn from_file(
+        path: &Path,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+    ) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::from_json_str_with(&text, env, map_validator)
+    }
+
+    /// Validates a parsed JSON value (wrapped or inner form) without a map validator.
+    pub fn from_value(value: &Value, env: &dyn Env) -> Result<Self, ConfigErrors> {
+        Self::from_value_with(value, env, None)
+    }
+
+    /// Validates a parsed JSON value, checking `expert_map_path` with `map_validator`.
+    ///
+    /// On success, and only then, creates the parent directory of `expert_map_record_path`.
+    pub fn from_value_with(
+        value: &Value,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+    ) -> Result<Self, ConfigErrors> {
+        let mut p = Parser {
+            errs: Vec::new(),
+            cfg: Self::default(),
+        };
+        p.document(value, env, map_validator);
+        match ConfigErrors::new(p.errs) {
+            Some(errs) => Err(errs),
+            None => Ok(p.cfg),
+        }
+    }
+
+    /// What the runtime does: [`Mode::Record`] with a record path, else [`Mode::Dynamic`] when
+    /// `dynamic_eplb` (seeded by `expert_map_path` if set), else [`Mode::Static`] with a map
+    /// path, else [`Mode::Off`].
+    pub fn mode(&self) -> Mode {
+        if self.expert_map_record_path.is_some() {
+            Mode::Record
+        } else if self.dynamic {
+            Mode::Dynamic
+        } else if self.expert_map_path.is_some() {
+            Mode::Static
+        } else {
+            Mode::Off
+        }
+    }
+
+    /// `dynamic_eplb` as in effect: `true` when given or forced by a record path.
+    pub fn dynamic(&self) -> bool {
+        self.dynamic
+    }
+
+    /// `expert_map_path`: the initial placement to load.
+    pub fn expert_map_path(&self) -> Option<&Path> {
+        self.expert_map_path.as_deref()
+    }
+
+    /// `expert_map_record_path`: where record mode writes the expert map.
+    pub fn expert_map_record_path(&self) -> Option<&Path> {
+        self.expert_map_record_path.as_deref()
+    }
+
+    /// `expert_heat_collection_interval` (`H >= 1`): counted iterations of heat per cycle.
+    pub fn heat_interval(&self) -> u32 {
+        self.heat_interval
+    }
+
+    /// `algorithm_execution_interval` (`A >= 1`): iterations the planner gets.
+    pub fn algo_interval(&self) -> u32 {
+        self.algo_interval
+    }
+
+    /// `num_redundant_experts` as written (see [`EplbConfig::redundant_experts`] for the
+    /// count in effect).
+    pub fn num_redundant_experts(&self) -> u32 {
+        self.num_redundant_experts
+    }
+
+    /// The redundant count `X` in effect without a map file: `num_redundant_experts` when
+    /// dynamic, else 0. With `expert_map_path`, `X` comes from the file instead.
+    pub fn redundant_experts(&self) -> u32 {
+        if self.dynamic {
+            self.num_redundant_experts
+        } else {
+            0
+        }
+    }
+
+    /// `eplb_policy_type`.
+    pub fn policy(&self) -> PolicyKind {
+        self.policy
+    }
+
+    /// `eplb_policy_seed` (extension; seeds the random policy).
+    pub fn policy_seed(&self) -> u64 {
+        self.policy_seed
+    }
+
+    /// `eplb_heat_collection_stage`.
+    pub fn heat_stage(&self) -> HeatStage {
+        self.heat_stage
+    }
+
+    /// The raw `deployment` object given beside `eplb_config`, unchecked.
+    pub fn deployment(&self) -> Option<&Value> {
+        self.deployment.as_ref()
+    }
+
+    /// Checks the config against the model: `experts` logical experts (`N`) on `ranks` EP ranks
+    /// (`R`), and returns the one-layer [`Shape`] (use [`Shape::with_layers`] for the model's
+    /// layer count).
+    ///
+    /// Uses `X = `[`EplbConfig::redundant_experts`]; `(N + X) % R != 0` is an error that lists
+    /// the nearest valid redundant counts. Dynamic EPLB on one rank is an error. With
+    /// `expert_map_path` the file decides `X`: build the shape from the map instead.
+    pub fn check_shape(&self, experts: u16, ranks: u16) -> Result<Shape, ConfigError> {
+        self.shape(1, experts, ranks)
+    }
+
+    /// [`EplbConfig::check_shape`] for `layers` MoE layers.
+    pub fn shape(&self, layers: u16, experts: u16, ranks: u16) -> Result<Shape, ConfigError> {
+        if self.dynamic && ranks == 1 {
+            return Err(ConfigError::SingleRank);
+        }
+        let redundant = self.redundant_experts();
+        Shape::from_redundant(layers, experts, ranks, redundant).map_err(|source| {
+            ConfigError::Shape {
+                redundant,
+                dynamic: self.dynamic,
+                experts,
+                ranks,
+                source,
+            }
+        })
+    }
+
+    /// The effective settings, one `key: value` per line (no trailing newline), for
+    /// `eplb check-config`.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let mode = self.mode();
+        let _ = writeln!(s, "mode: {mode}");
+        let forced = if self.expert_map_record_path.is_some() && !self.dynamic_given {
+            " (forced by expert_map_record_path)"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "dynamic_eplb: {}{forced}", self.dynamic);
+        let _ = writeln!(
+            s,
+            "expert_map_path: {}",
+            path_or_none(self.expert_map_path.as_deref())
+        );
+        let _ = writeln!(
+            s,
+            "expert_map_record_path: {}",
+            path_or_none(self.expert_map_record_path.as_deref())
+        );
+        let _ = writeln!(s, "expert_heat_collection_interval: {}", self.heat_interval);
+        let _ = writeln!(s, "algorithm_execution_interval: {}", self.algo_interval);
+        let note = if self.num_redundant_experts == 0 {
+            ""
+        } else if !self.dynamic {
+            " (ignored: dynamic_eplb is false)"
+        } else if self.expert_map_path.is_some() {
+            " (ignored: the expert map file decides)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "num_redundant_experts: {}{note}",
+            self.num_redundant_experts
+        );
+        match self.policy.number() {
+            Some(n) => {
+                let _ = writeln!(s, "eplb_policy_type: {n} ({})", self.policy);
+            }
+            None => {
+                let _ = writeln!(s, "eplb_policy_type: {}", self.policy);
+            }
+        }
+        let _ = writeln!(s, "eplb_policy_seed: {}", self.policy_seed);
+        let _ = writeln!(s, "eplb_heat_collection_stage: {}", self.heat_stage);
+        let _ = write!(
+            s,
+            "deployment: {}",
+            if self.deployment.is_some() {
+                "given"
+            } else {
+                "none"
+            }
+        );
+        s
+    }
+
+    /// Settings that are valid but probably not what was meant (lower case, no trailing
+    /// period), for `eplb check-config` to print as warnings.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if !self.dynamic && self.num_redundant_experts > 0 {
+            w.push(format!(
+                "eplb_config.num_redundant_experts = {} is ignored because dynamic_eplb is false",
+                self.num_redundant_experts
+            ));
+        }
+        if self.dynamic && self.expert_map_path.is_some() && self.num_redundant_experts > 0 {
+            w.push(format!(
+                "eplb_config.num_redundant_experts = {} is ignored: the redundant count comes from expert_map_path",
+                self.num_redundant_experts
+            ));
+        }
+        if self.mode() == Mode::Static {
+            w.push(
+                "static EPLB is scheduled for removal upstream (vLLM-Ascend v0.25.1)".to_owned(),
+            );
+        }
+        w
+    }
+}
+
+fn path_or_none(p: Option<&Path>) -> String {
+    match p {
+        Some(p) => format!("{:?}", p.display().to_string()),
+        None => "none".to_owned(),
+    }
+}
+
+/// serde_json's message without its trailing " at line L column C".
+fn json_message(e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    match full.rfind(" at line ") {
+        Some(i) => full.get(..i).unwrap_or(&full).to_owned(),
+        None => full,
+    }
+}
+
+/// A JSON value as text for a message, shortened to about 60 characters.
+fn render(v: &Value) -> String {
+    const MAX: usize = 60;
+    let s = v.to_string();
+    if s.chars().count() <= MAX {
+        s
+    } else {
+        let mut t: String = s.chars().take(MAX - 3).collect();
+        t.push_str("...");
+        t
+    }
+}
+
+fn static_key(key: &str) -> Option<&'static str> {
+    KEYS.iter().copied().find(|k| *k == key)
+}
+
+/// The state of one validation: the config being filled in and the problems found.
+struct Parser {
+    errs: Vec<ConfigError>,
+    cfg: EplbConfig,
+}
+
+impl Parser {
+    fn document(&mut self, value: &Value, env: &dyn Env, map_validator: Option<&MapValidator<'_>>) {
+        let Some(top) = value.as_object() else {
+            self.errs.push(ConfigError::NotAnObject {
+                key: None,
+                got: render(value),
+            });
+            return;
+        };
+        let wrapped = TOP_LEVEL_KEYS.iter().any(|k| top.contains_key(*k));
+        let empty = Map::new();
+        let inner = if wrapped {
+            for key in top.keys() {
+                if TOP_LEVEL_KEYS.contains(&key.as_str()) {
+                    continue;
+                }
+                self.errs.push(match static_key(key) {
+                    Some(key) => ConfigError::MisplacedKey { key },
+                    None => ConfigError::UnknownKey {
+                        top_level: true,
+                        key: key.clone(),
+                        suggestion: suggest::closest(key, &TOP_LEVEL_KEYS),
+                    },
+                });
+            }
+            self.cfg.deployment = top.get("deployment").cloned();
+            match top.get("eplb_config") {
+                None => &empty,
+                Some(Value::Object(m)) => m,
+                Some(other) => {
+                    self.errs.push(ConfigError::NotAnObject {
+                        key: Some("eplb_config"),
+                        got: render(other),
+                    });
+                    &empty
+                }
+            }
+        } else {
+            top
+        };
+        self.eplb_config(inner, env, map_validator);
+    }
+
+    fn eplb_config(
+        &mut self,
+        obj: &Map<String, Value>,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+    ) {
+        for key in obj.keys() {
+            if static_key(key).is_some() {
+                continue;
+            }
+            if let Some(key) = TOP_LEVEL_KEYS.iter().copied().find(|k| k == key) {
+                self.errs.push(ConfigError::NestedTopLevelKey { key });
+                continue;
+            }
+            let suggestion =
+                suggest::closest(key, &KEYS).or_else(|| suggest::closest(key, &TOP_LEVEL_KEYS));
+            self.errs.push(ConfigError::UnknownKey {
+                top_level: false,
+                key: key.clone(),
+                suggestion,
+            });
+        }
+
+        if let Some(v) = obj.get("dynamic_eplb") {
+            match v {
+                Value::Bool(b) => {
+                    self.cfg.dynamic = *b;
+                    self.cfg.dynamic_given = *b;
+                }
+                other => self.wrong_type("dynamic_eplb", "a boolean", other),
+            }
+        }
+
+        // Map path (§4): `.json`, exists, readable, validates.
+        if let Some(path) = self.path("expert_map_path", obj)
+            && self.map_file(&path, map_validator)
+        {
+            self.cfg.expert_map_path = Some(path);
+        }
+
+        // Record path: `.json`, not a directory; its parent is created at the end.
+        let record_given = matches!(obj.get("expert_map_record_path"), Some(Value::String(_)));
+        if record_given {
+            self.cfg.dynamic = true;
+        }
+        if let Some(path) = self.path("expert_map_record_path", obj) {
+            if path.is_dir() {
+                self.errs.push(ConfigError::RecordPath {
+                    path,
+                    message: "is a directory".to_owned(),
+                });
+            } else {
+                self.cfg.expert_map_record_path = Some(path);
+            }
+        }
+
+        if let Some(h) = self.interval("expert_heat_collection_interval", obj) {
+            self.cfg.heat_interval = h;
+        }
+        if let Some(a) = self.interval("algorithm_execution_interval", obj) {
+            self.cfg.algo_interval = a;
+        }
+        if let Some(x) = self.count("num_redundant_experts", obj, u64::from(u32::MAX)) {
+            // In range by the bound just checked.
+            self.cfg.num_redundant_experts = u32::try_from(x).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = obj.get("eplb_policy_type") {
+            self.policy(v);
+        }
+        if let Some(seed) = self.count("eplb_policy_seed", obj, u64::MAX) {
+            self.cfg.policy_seed = seed;
+        }
+        if let Some(v) = obj.get("eplb_heat_collection_stage") {
+            self.stage(v);
+        }
+
+        if self.cfg.dynamic && !env_guard_holds(env) {
+            self.errs.push(ConfigError::EnvGuard {
+                record_path: if record_given {
+                    obj.get("expert_map_record_path")
+                        .and_then(Value::as_str)
+                        .map(PathBuf::from)
+                } else {
+                    None
+                },
+                dynamic_eplb: env.var(DYNAMIC_EPLB),
+                expert_map_record: env.var(EXPERT_MAP_RECORD),
+            });
+        }
+
+        if self.errs.is_empty() {
+            self.create_record_dir();
+        }
+    }
+
+    fn wrong_type(&mut self, key: &'static str, expected: &'static str, got: &Value) {
+        self.errs.push(ConfigError::WrongType {
+            key,
+            expected,
+            got: render(got),
+        });
+    }
+
+    /// A path key: `null` or absent is `None`; a string must end with `.json`.
+    fn path(&mut self, key: &'static str, obj: &Map<String, Value>) -> Option<PathBuf> {
+        match obj.get(key)? {
+            Value::Null => None,
+            Value::String(s) => {
+                let path = PathBuf::from(s);
+                if s.ends_with(".json") {
+                    Some(path)
+                } else {
+                    self.errs.push(ConfigError::NotJsonPath { key, path });
+                    None
+                }
+            }
+            other => {
+                self.wrong_type(key, "a path string ending with \".json\", or null", other);
+                None
+            }
+        }
+    }
+
+    /// Whether the map file exists, is a readable file and passes the validator.
+    fn map_file(&mut self, path: &Path, map_validator: Option<&MapValidator<'_>>) -> bool {
+        let unreadable = |message: String| ConfigError::MapUnreadable {
+            path: path.to_owned(),
+            message,
+        };
+        match std::fs::metadata(path) {
+            Err(e) => {
+                self.errs.push(unreadable(e.to_string()));
+                return false;
+            }
+            Ok(m) if m.is_dir() => {
+                self.errs.push(unreadable("is a directory".to_owned()));
+                return false;
+            }
+            Ok(_) => {}
+        }
+        if let Err(e) = std::fs::File::open(path) {
+            self.errs.push(unreadable(e.to_string()));
+            return false;
+        }
+        if let Some(validate) = map_validator
+            && let Err(message) = validate(path)
+        {
+            self.errs.push(ConfigError::MapInvalid {
+                path: path.to_owned(),
+                message,
+            });
+            return false;
+        }
+        true
+    }
+
+    /// An integer of the JSON value, if it is one (floats are not).
+    fn integer(v: &Value) -> Option<i128> {
+        let n = v.as_number()?;
+        n.as_u64()
+            .map(i128::from)
+            .or_else(|| n.as_i64().map(i128::from))
+    }
+
+    /// `expert_heat_collection_interval` or `algorithm_execution_interval`: `1..=u32::MAX`.
+    fn interval(&mut self, key: &'static str, obj: &Map<String, Value>) -> Option<u32> {
+        let v = obj.get(key)?;
+        let Some(n) = Self::integer(v) else {
+            self.wrong_type(key, "an integer", v);
+            return None;
+        };
+        if n < 1 {
+            self.errs.push(ConfigError::IntervalTooSmall {
+                key,
+                got: i64::try_from(n).unwrap_or(i64::MIN),
+            });
+            return None;
+        }
+        match u32::try_from(n) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.errs.push(ConfigError::TooLarge {
+                    key,
+                    max: u64::from(u32::MAX),
+                    got: render(v),
+                });
+                None
+            }
+        }
+    }
+
+    /// A count: `0..=max`.
+    fn count(&mut self, key: &'static str, obj: &Map<String, Value>, max: u64) -> Option<u64> {
+        let v = obj.get(key)?;
+        let Some(n) = Self::integer(v) else {
+            self.wrong_type(key, "an integer", v);
+            return None;
+        };
+        if n < 0 {
+            self.errs.push(ConfigError::Negative {
+                key,
+                got: i64::try_from(n).unwrap_or(i64::MIN),
+            });
+            return None;
+        }
+        match u64::try_from(n) {
+            Ok(n) if n <= max => Some(n),
+            _ => {
+                self.errs.push(ConfigError::TooLarge {
+                    key,
+                    max,
+                    got: render(v),
+                });
+                None
+            }
+        }
+    }
+
+    fn policy(&mut self, v: &Value) {
+        let unknown = |suggestion| ConfigError::UnknownPolicy {
+            got: render(v),
+            suggestion,
+        };
+        match v {
+            Value::Number(_) => match Self::integer(v) {
+                Some(n) => match u64::try_from(n).ok().and_then(PolicyKind::from_number) {
+                    Some(k) => self.cfg.policy = k,
+                    None => self.errs.push(unknown(None)),
+                },
+                None => self.wrong_type("eplb_policy_type", "an integer 0..4 or a policy name", v),
+            },
+            Value::String(s) => match s.parse::<PolicyKind>() {
+                Ok(k) => self.cfg.policy = k,
+                Err(_) => {
+                    let names = PolicyKind::ALL.map(PolicyKind::name);
+                    self.errs.push(unknown(suggest::closest(s, &names)));
+                }
+            },
+            other => self.wrong_type(
+                "eplb_policy_type",
+                "an integer 0..4 or a policy name",
+                other,
+            ),
+        }
+    }
+
+    fn stage(&mut self, v: &Value) {
+        match v {
+            Value::String(s) => match s.parse::<HeatStage>() {
+                Ok(st) => self.cfg.heat_stage = st,
+                Err(_) => {
+                    let names = HeatStage::ALL.map(HeatStage::name);
+                    self.errs.push(ConfigError::UnknownStage {
+                        got: s.clone(),
+                        suggestion: suggest::closest(s, &names),
+                    });
+                }
+            },
+            other => self.wrong_type(
+                "eplb_heat_collection_stage",
+                "a string (\"all\", \"prefill\" or \"decode\")",
+                other,
+            ),
+        }
+    }
+
+    /// Creates the record path's parent directory (nothing for a bare file name).
+    fn create_record_dir(&mut self) {
+        let Some(path) = self.cfg.expert_map_record_path.as_deref() else {
+            return;
+        };
+        let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+            return;
+        };
+        if let Err(e) = std::fs::create_dir_all(parent) {
+            self.errs.push(ConfigError::RecordPath {
+                path: path.to_owned(),
+                message: format!(
+                    "cannot create directory {:?}: {e}",
+                    parent.display().to_string()
+                ),
+            });
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The planner thread: runs the policy off the serving thread, with scratch and state allocated
+//! once.
+//!
+//! Controllers [`submit`](Planner::submit) a request per cycle and poll
+//! [`try_result`](Planner::try_result); they never block on it (the simulator, whose time is
+//! simulated, may [`wait_result`](Planner::wait_result)). In a real deployment each rank process
+//! has its own planner; ranks that share a process may share one, since every rank submits the
+//! same request (the policies are deterministic). A policy error or panic becomes an error
+//! outcome: logged, counted, and the placement stays as it was.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use eplb_core::{Placement, Shape};
+use eplb_policies::{Input, Output, Policy, Samples, Summary, rebalance, scratch_len};
+
+/// What the planner is asked for one cycle.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// The cycle number (every rank counts cycles alike).
+    pub cycle: u64,
+    /// The live placement the heat was measured on, `[L][R][S]`.
+    pub current: Vec<u16>,
+    /// Logical loads `[L][N]`, summed over the heat interval.
+    pub loads: Vec<f64>,
+    /// Per-window logical loads `(T, [T][L][N])`, oldest first.
+    pub samples: Option<(usize, Vec<f64>)>,
+    /// Seed for randomised policies.
+    pub seed: u64,
+}
+
+/// A computed plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The cycle it answers.
+    pub cycle: u64,
+    /// The placement it was planned against.
+    pub current: Vec<u16>,
+    /// The new placement `[L][R][S]`.
+    pub placement: Vec<u16>,
+    /// Per layer: changed.
+    pub changed: Vec<bool>,
+    /// Per layer PAR before (even split).
+    pub par_before: Vec<f64>,
+    /// Per layer PAR after (even split).
+    pub par_after: Vec<f64>,
+    /// Totals.
+    pub summary: Summary,
+    /// Wall time of the policy call alone.
+    pub elapsed: Duration,
+}
+
+/// The outcome of one request.
+pub type Outcome = Result<Plan, String>;
+
+#[derive(Debug, Default)]
+struct Shared {
+    submitted: BTreeMap<u64, u64>,
+    results: BTreeMap<u64, Arc<Outcome>>,
+    failures: u64,
+}
+
+/// Statistics of a planner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannerStats {
+    /// Requests computed.
+    pub plans: u64,
+    /// Requests that ended in a policy error or panic.
+    pub failures: u64,
+}
+
+/// A planner thread and its mailbox.
+#[derive(Debug)]
+pub struct Planner {
+    tx: Option<Sender<PlanRequest>>,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Planner {
+    /// Starts the planner thread for `policy` on `shape`; scratch and state are allocated here,
+    /// once.
+    pub fn spawn(policy: Box<dyn Policy + Send>, shape: Shape) -> Self {
+        let (tx, rx) = channel::<PlanRequest>();
+        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let worker_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("eplb-planner".into())
+            .spawn(move || run(policy, shape, rx, worker_shared))
+            .ok();
+        Self {
+            tx: Some(tx),
+            shared,
+            thread,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submits a request. A second request for the same cycle is ignored (ranks sharing a
+    /// planner all submit), but a different request under the same cycle number is an error
+    /// outcome (ranks would have diverged).
+    pub fn submit(&self, req: PlanRequest) {
+        let fp = fingerprint(&req);
+        {
+            let mut sh = self.lock();
+            if let Some(&prev) = sh.submitted.get(&req.cycle) {
+                if prev != fp {
+                    sh.results.insert(
+                        req.cycle,
+                        Arc::new(Err(format!(
+                            "cycle {}: ranks submitted different heat or placements",
+                            req.cycle
+                        ))),
+                    );
+                    sh.failures += 1;
+                    self.shared.1.notify_all();
+                }
+                return;
+            }
+            sh.submitted.insert(req.cycle, fp);
+            // Keep a short history only.
+            let keep_from = req.cycle.saturating_sub(4);
+            sh.submitted.retain(|&c, _| c >= keep_from);
+            sh.results.retain(|&c, _| c >= keep_from);
+        }
+        let sent = self.tx.as_ref().is_some_and(|tx| tx.send(req.clone()).is_ok());
+        if !sent {
+            let mut sh = self.lock();
+            sh.results.insert(
+                req.cycle,
+                Arc::new(Err("the planner thread is gone".into())),
+            );
+            sh.failures += 1;
+            self.shared.1.notify_all();
+        }
+    }
+
+    /// The outcome of `cycle`, if it is ready.
+    pub fn try_result(&self, cycle: u64) -> Option<Arc<Outcome>> {
+        self.lock().results.get(&cycle).cloned()
+    }
+
+    /// Blocks until the outcome of `cycle` is ready (simulated time only; a serving thread polls
+    /// [`Planner::try_result`]). Gives up after `timeout`.
+    pub fn wait_result(&self, cycle: u64, timeout: Duration) -> Option<Arc<Outcome>> {
+        let deadline = Instant::now() + timeout;
+        let mut sh = self.lock();
+        loop {
+            if let Some(r) = sh.results.get(&cycle) {
+                return Some(Arc::clone(r));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            sh = self
+                .shared
+                .1
+                .wait_timeout(sh, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Plans computed and failures so far.
+    pub fn stats(&self) -> PlannerStats {
+        let sh = self.lock();
+        PlannerStats {
+            plans: sh.submitted.len() as u64,
+            failures: sh.failures,
+        }
+    }
+}
+
+impl Drop for Planner {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            // The thread ends when the channel closes; a panic there was already reported.
+            let _ = t.join();
+        }
+    }
+}
+
+fn fingerprint(req: &PlanRequest) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        h ^= x;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    req.current.iter().for_each(|&v| eat(u64::from(v)));
+    req.loads.iter().for_each(|v| eat(v.to_bits()));
+    if let Some((t, s)) = &req.samples {
+        eat(*t as u64);
+        s.iter().for_each(|v| eat(v.to_bits()));
+    }
+    eat(req.seed);
+    h
+}
+
+fn run(
+    mut policy: Box<dyn Policy + Send>,
+    shape: Shape,
+    rx: Receiver<PlanRequest>,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+) {
+    let mut scratch = vec![0u64; scratch_len(policy.as_ref(), &shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    while let Ok(req) = rx.recv() {
+        let cycle = req.cycle;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)
+        }))
+        .unwrap_or_else(|panic| {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            // The policy's state may be half-written: start afresh.
+            state.fill(0);
+            Err(format!("policy panicked: {msg}"))
+        });
+        if let Err(e) = &outcome {
+            log::error!("eplb planner: cycle {cycle}: {e}; the placement stays as it is");
+        }
+        let (lock, cv) = &*shared;
+        let mut sh = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if outcome.is_err() {
+            sh.failures += 1;
+        }
+        sh.results.insert(cycle, Arc::new(outcome));
+        cv.notify_all();
+    }
+}
+
+/// Runs `policy` once on a request (what the planner thread does), outside any thread.
+pub fn plan_once(
+    policy: &mut dyn Policy,
+    shape: &Shape,
+    req: &PlanRequest,
+    scratch: &mut [u64],
+    state: &mut [u64],
+) -> Outcome {
+    let current = Placement::new(*shape, &req.current).map_err(|e| e.to_string())?;
+    let samples = match &req.samples {
+        Some((t, data)) => Some(Samples::new(shape, *t, data).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let input = Input::new(current, &req.loads, samples, req.seed).map_err(|e| e.to_string())?;
+    let l = shape.layers();
+    let mut placement = vec![0u16; shape.placement_len()];
+    let mut changed = vec![false; l];
+    let mut par_before = vec![0.0; l];
+    let mut par_after = vec![0.0; l];
+    let started = Instant::now();
+    let summary = rebalance(
+        policy,
+        &input,
+        scratch,
+        state,
+        Output {
+            placement: &mut placement,
+            changed: &mut changed,
+            par_before: &mut par_before,
+            par_after: &mut par_after,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    Ok(Plan {
+        cycle: req.cycle,
+        current: req.current.clone(),
+        placement,
+        changed,
+        par_before,
+        par_after,
+        summary,
+        elapsed,
+    })
+}

@@ -1,0 +1,52 @@
+//! Policy construction for the runtime, and the `static` pseudo-policy of the simulator.
+
+use eplb_core::Shape;
+use eplb_policies::{Error, Input, Policy, PolicyKind};
+
+/// A policy that never rebalances: the new placement is the current one (the `static` baseline
+/// of `eplb simulate`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Keep;
+
+impl Policy for Keep {
+    fn kind(&self) -> PolicyKind {
+        // Reported as the random policy's kind only for the trait's sake; the simulator names it
+        // "static".
+        PolicyKind::Random
+    }
+    fn scratch_len(&self, _shape: &Shape) -> usize {
+        0
+    }
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        _scratch: &mut [u64],
+        _state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error> {
+        let cur = input.current().as_slice();
+        if out.len() != cur.len() {
+            return Err(eplb_core::Error::Length {
+                what: "new placement [L][R][S]",
+                expected: cur.len(),
+                got: out.len(),
+            }
+            .into());
+        }
+        out.copy_from_slice(cur);
+        Ok(())
+    }
+}
+
+/// A boxed policy of `kind`, ready for the planner thread.
+pub fn policy_for(kind: PolicyKind) -> Result<Box<dyn Policy + Send>, String> {
+    Ok(match kind {
+        PolicyKind::Random => Box::new(eplb_policies::random::Random::new()),
+        PolicyKind::Default => Box::new(eplb_policies::default::DefaultEplb::new()),
+        PolicyKind::Swift => Box::new(eplb_policies::swift::SwiftBalance::default()),
+        PolicyKind::DeepSeek => Box::new(eplb_policies::deepseek::DeepSeek::new()),
+        PolicyKind::FlashLb | PolicyKind::Incremental => {
+            return Err(format!("policy {kind} is not available in this build yet"));
+        }
+    })
+}

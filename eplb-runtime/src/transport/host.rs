@@ -1,0 +1,361 @@
+//! The in-process host transport: `R` ranks in one process, each with real byte buffers for its
+//! slots and `S` spare receive buffers.
+//!
+//! Used by the simulator and the tests. Collectives meet in a shared [`HostWorld`]; point-to-point
+//! messages go through per-pair mailboxes in posting order (each message carries its layer and
+//! expert, which the receiver checks). Faults can be injected per (layer, rank): the exchange
+//! fails, or its receives time out.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Transport, TransportError};
+use crate::transfer::{RankPlan, SlotSource};
+
+/// An injected fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The rank's wait for this layer reports a failure.
+    Fail,
+    /// The rank's receives for this layer never complete: its wait times out.
+    Timeout,
+}
+
+#[derive(Debug)]
+struct Message {
+    layer: usize,
+    expert: u16,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Round {
+    parts: BTreeMap<usize, Vec<u64>>,
+    read: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rounds: BTreeMap<u64, Round>,
+    mail: BTreeMap<(usize, usize), VecDeque<Message>>,
+    faults: BTreeMap<(usize, usize), Fault>,
+}
+
+/// The meeting point of the ranks of one process.
+#[derive(Debug)]
+pub struct HostWorld {
+    ranks: usize,
+    timeout: Duration,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl HostWorld {
+    /// A world of `ranks` ranks whose blocking calls give up after `timeout`.
+    pub fn new(ranks: usize, timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            ranks,
+            timeout,
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Injects `fault` into the exchange of `layer` on `rank` (every later cycle too, until
+    /// cleared).
+    pub fn inject(&self, layer: usize, rank: usize, fault: Fault) {
+        self.lock().faults.insert((layer, rank), fault);
+    }
+
+    /// Removes every injected fault.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The deterministic content of expert `expert` of layer `layer`, `len` bytes: what a checkpoint
+/// loader would have put in its slot. Tests compare slots against it.
+pub fn canonical_expert_bytes(layer: usize, expert: u16, len: usize) -> Vec<u8> {
+    let mut x = (layer as u64) << 32 | u64::from(expert) | 0x9E37_79B9_0000_0000;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// One rank's endpoint of a [`HostWorld`], holding that rank's expert weights.
+#[derive(Debug)]
+pub struct HostTransport {
+    world: Arc<HostWorld>,
+    rank: usize,
+    seq: u64,
+    expert_bytes: usize,
+    /// `[L][S]` live slots.
+    slots: Vec<Vec<Vec<u8>>>,
+    /// `S` receive buffers.
+    buffers: Vec<Vec<u8>>,
+}
+
+impl HostTransport {
+    /// Rank `rank`'s endpoint, its slots loaded with the canonical bytes of `rows` (`[L][S]`, this
+    /// rank's experts per layer), each expert `expert_bytes` long.
+    pub fn new(world: Arc<HostWorld>, rank: usize, rows: &[Vec<u16>], expert_bytes: usize) -> Self {
+        let s = rows.first().map_or(0, Vec::len);
+        let slots = rows
+            .iter()
+            .enumerate()
+            .map(|(l, row)| {
+                row.iter()
+                    .map(|&e| canonical_expert_bytes(l, e, expert_bytes))
+                    .collect()
+            })
+            .collect();
+        Self {
+            world,
+            rank,
+            seq: 0,
+            expert_bytes,
+            slots,
+            buffers: vec![vec![0; expert_bytes]; s],
+        }
+    }
+
+    /// The bytes of a live slot.
+    pub fn slot(&self, layer: usize, slot: usize) -> Option<&[u8]> {
+        self.slots.get(layer)?.get(slot).map(Vec::as_slice)
+    }
+
+    fn collective(&mut self, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
+        let seq = self.seq;
+        self.seq += 1;
+        let world = Arc::clone(&self.world);
+        let mut st = world.lock();
+        st.rounds
+            .entry(seq)
+            .or_default()
+            .parts
+            .insert(self.rank, local.to_vec());
+        world.cv.notify_all();
+        let deadline = Instant::now() + world.timeout;
+        loop {
+            let arrived = st.rounds.get(&seq).map_or(0, |r| r.parts.len());
+            if arrived == world.ranks {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TransportError::Timeout {
+                    what: format!("rank {}: collective #{seq}", self.rank),
+                });
+            }
+            st = world
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let round = st.rounds.get_mut(&seq).ok_or(TransportError::Protocol {
+            what: format!("collective #{seq} vanished"),
+        })?;
+        let parts: Vec<Vec<u64>> = round.parts.values().cloned().collect();
+        round.read += 1;
+        if round.read == world.ranks {
+            st.rounds.remove(&seq);
+        }
+        Ok(parts)
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<(), TransportError> {
+        if layer < self.slots.len() {
+            Ok(())
+        } else {
+            Err(TransportError::Invalid {
+                what: format!("layer {layer} out of range"),
+            })
+        }
+    }
+}
+
+impl Transport for HostTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.world.ranks
+    }
+
+    fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
+        if out.len() != local.len() * self.world.ranks {
+            return Err(TransportError::Invalid {
+                what: format!(
+                    "all_gather output holds {} values, needs {}",
+                    out.len(),
+                    local.len() * self.world.ranks
+                ),
+            });
+        }
+        let parts = self.collective(local)?;
+        for (chunk, part) in out.chunks_exact_mut(local.len().max(1)).zip(&parts) {
+            if part.len() != chunk.len() {
+                return Err(TransportError::Protocol {
+                    what: "all_gather contributions differ in length".into(),
+                });
+            }
+            chunk.copy_from_slice(part);
+        }
+        Ok(())
+    }
+
+    fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
+        let parts = self.collective(&[u64::from(flag)])?;
+        Ok(parts.iter().all(|p| p.first() == Some(&1)))
+    }
+
+    fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        self.check_layer(plan.layer)?;
+        let mut st = self.world.lock();
+        for op in &plan.sends {
+            let bytes = self
+                .slots
+                .get(plan.layer)
+                .and_then(|l| l.get(usize::from(op.slot)))
+                .cloned()
+                .ok_or_else(|| TransportError::Invalid {
+                    what: format!("layer {}: send from slot {} out of range", plan.layer, op.slot),
+                })?;
+            st.mail
+                .entry((self.rank, usize::from(op.peer)))
+                .or_default()
+                .push_back(Message {
+                    layer: plan.layer,
+                    expert: op.expert,
+                    bytes,
+                });
+        }
+        self.world.cv.notify_all();
+        Ok(())
+    }
+
+    fn wait(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        self.check_layer(plan.layer)?;
+        let world = Arc::clone(&self.world);
+        let fault = world.lock().faults.get(&(plan.layer, self.rank)).copied();
+        match fault {
+            Some(Fault::Fail) => {
+                return Err(TransportError::Failed {
+                    what: format!("rank {}: layer {} exchange (injected)", self.rank, plan.layer),
+                    code: -1,
+                });
+            }
+            Some(Fault::Timeout) => {
+                std::thread::sleep(world.timeout);
+                return Err(TransportError::Timeout {
+                    what: format!("rank {}: layer {} receives (injected)", self.rank, plan.layer),
+                });
+            }
+            None => {}
+        }
+        if plan.recvs.len() > self.buffers.len() {
+            return Err(TransportError::Invalid {
+                what: format!(
+                    "layer {}: {} receives but only {} buffers",
+                    plan.layer,
+                    plan.recvs.len(),
+                    self.buffers.len()
+                ),
+            });
+        }
+        let deadline = Instant::now() + world.timeout;
+        let mut st = world.lock();
+        for op in &plan.recvs {
+            let key = (usize::from(op.peer), self.rank);
+            let msg = loop {
+                if let Some(m) = st.mail.get_mut(&key).and_then(VecDeque::pop_front) {
+                    if m.layer < plan.layer {
+                        continue; // left over from an aborted exchange
+                    }
+                    break m;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(TransportError::Timeout {
+                        what: format!(
+                            "rank {}: layer {} receive of expert {} from rank {}",
+                            self.rank, plan.layer, op.expert, op.peer
+                        ),
+                    });
+                }
+                st = world
+                    .cv
+                    .wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            };
+            if msg.layer != plan.layer || msg.expert != op.expert {
+                return Err(TransportError::Protocol {
+                    what: format!(
+                        "rank {} expected layer {} expert {} from rank {}, got layer {} expert {}",
+                        self.rank, plan.layer, op.expert, op.peer, msg.layer, msg.expert
+                    ),
+                });
+            }
+            if msg.bytes.len() != self.expert_bytes {
+                return Err(TransportError::Protocol {
+                    what: format!("expert {} arrived with {} bytes", op.expert, msg.bytes.len()),
+                });
+            }
+            if let Some(buf) = self.buffers.get_mut(usize::from(op.buffer)) {
+                buf.copy_from_slice(&msg.bytes);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        self.check_layer(plan.layer)?;
+        let Some(live) = self.slots.get_mut(plan.layer) else {
+            return Ok(());
+        };
+        if plan.install.len() != live.len() {
+            return Err(TransportError::Invalid {
+                what: format!("layer {}: install plan for {} slots", plan.layer, plan.install.len()),
+            });
+        }
+        let old = live.clone();
+        for (slot, src) in live.iter_mut().zip(&plan.install) {
+            match *src {
+                SlotSource::Unchanged => {}
+                SlotSource::Local { from_slot } => {
+                    if let Some(b) = old.get(usize::from(from_slot)) {
+                        slot.copy_from_slice(b);
+                    }
+                }
+                SlotSource::Received { buffer } => {
+                    if let Some(b) = self.buffers.get(usize::from(buffer)) {
+                        slot.copy_from_slice(b);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, plan: &RankPlan) {
+        let mut st = self.world.lock();
+        for op in &plan.recvs {
+            if let Some(q) = st.mail.get_mut(&(usize::from(op.peer), self.rank)) {
+                q.retain(|m| m.layer != plan.layer);
+            }
+        }
+    }
+}
