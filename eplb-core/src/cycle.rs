@@ -198,10 +198,19 @@ mod tests {
     fn full_cycle_transitions() {
         let changed = [false, true, false, true];
         let mut c = Cycle::new(3, 2).unwrap();
-        assert_eq!(c.on_iteration(true, &changed), Step::Collect { counted: true });
-        assert_eq!(c.on_iteration(false, &changed), Step::Collect { counted: false });
+        assert_eq!(
+            c.on_iteration(true, &changed),
+            Step::Collect { counted: true }
+        );
+        assert_eq!(
+            c.on_iteration(false, &changed),
+            Step::Collect { counted: false }
+        );
         assert_eq!(c.phase(), Phase::Collecting { counted: 1 });
-        assert_eq!(c.on_iteration(true, &changed), Step::Collect { counted: true });
+        assert_eq!(
+            c.on_iteration(true, &changed),
+            Step::Collect { counted: true }
+        );
         assert_eq!(c.on_iteration(true, &changed), Step::Snapshot);
         assert_eq!(c.on_iteration(false, &changed), Step::Wait);
         assert_eq!(c.on_iteration(false, &changed), Step::PlanDue);
@@ -228,7 +237,10 @@ mod tests {
     fn filter_that_never_matches_never_plans() {
         let mut c = Cycle::new(2, 1).unwrap();
         for _ in 0..10_000 {
-            assert_eq!(c.on_iteration(false, &[true]), Step::Collect { counted: false });
+            assert_eq!(
+                c.on_iteration(false, &[true]),
+                Step::Collect { counted: false }
+            );
         }
         assert_eq!(c.phase(), Phase::Collecting { counted: 0 });
     }

@@ -208,7 +208,10 @@ impl fmt::Display for Error {
                 "layer {layer}, rank {rank}: expert {expert} is held twice on the same rank"
             ),
             Error::ZeroInterval { what } => {
-                write!(f, "{what} must be at least 1, got 0 (zero never completes a cycle)")
+                write!(
+                    f,
+                    "{what} must be at least 1, got 0 (zero never completes a cycle)"
+                )
             }
             Error::BadLoad { layer, index } => write!(
                 f,

@@ -6,6 +6,23 @@ use crate::{Error, Placement, Shape};
 /// The most buckets the ring keeps per layer (FlashLB's sample count).
 pub const MAX_WINDOWS: usize = 64;
 
+/// Storage needed for `windows` buckets of `shape`: `windows * L * N` counts.
+pub const fn storage_len(shape: &Shape, windows: usize) -> usize {
+    windows * shape.loads_len()
+}
+
+/// The ring size and bucket width used for a heat interval of `h` iterations: at most
+/// [`MAX_WINDOWS`] buckets, each summing `ceil(h / buckets)` iterations.
+pub fn layout_for_interval(h: u32) -> Result<(usize, u32), Error> {
+    if h == 0 {
+        return Err(Error::ZeroInterval {
+            what: "heat interval",
+        });
+    }
+    let w = (h as usize).min(MAX_WINDOWS);
+    Ok((w, h.div_ceil(w as u32)))
+}
+
 /// A ring of `W` buckets x `L` layers x `N` experts of token counts, over caller storage `B`
 /// (a `&mut [u64]`, or any owner of a `[u64]` such as a `Vec<u64>` in std code).
 ///
@@ -24,23 +41,6 @@ pub struct HeatWindow<B> {
 }
 
 impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
-    /// Storage needed for `windows` buckets of `shape`: `windows * L * N` counts.
-    pub const fn storage_len(shape: &Shape, windows: usize) -> usize {
-        windows * shape.loads_len()
-    }
-
-    /// The ring size and bucket width used for a heat interval of `h` iterations: at most
-    /// [`MAX_WINDOWS`] buckets, each summing `ceil(h / buckets)` iterations.
-    pub fn layout_for_interval(h: u32) -> Result<(usize, u32), Error> {
-        if h == 0 {
-            return Err(Error::ZeroInterval {
-                what: "heat interval",
-            });
-        }
-        let w = (h as usize).min(MAX_WINDOWS);
-        Ok((w, h.div_ceil(w as u32)))
-    }
-
     /// A ring of `windows` buckets, each summing `iters_per_bucket` iterations.
     pub fn new(
         shape: &Shape,
@@ -58,7 +58,7 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
         }
         check_len(
             "heat storage [W][L][N]",
-            Self::storage_len(shape, windows),
+            storage_len(shape, windows),
             storage.as_ref().len(),
         )?;
         storage.as_mut().fill(0);
@@ -74,9 +74,9 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
         })
     }
 
-    /// A ring sized for a heat interval of `h` iterations ([`Self::layout_for_interval`]).
+    /// A ring sized for a heat interval of `h` iterations ([`layout_for_interval`]).
     pub fn for_interval(shape: &Shape, h: u32, storage: B) -> Result<Self, Error> {
-        let (w, per) = Self::layout_for_interval(h)?;
+        let (w, per) = layout_for_interval(h)?;
         Self::new(shape, w, per, storage)
     }
 
@@ -114,7 +114,10 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
         self.open_bucket();
         let len = self.layers * self.experts;
         let start = self.head * len;
-        self.storage.as_mut().get_mut(start..start + len).unwrap_or(&mut [])
+        self.storage
+            .as_mut()
+            .get_mut(start..start + len)
+            .unwrap_or(&mut [])
     }
 
     /// Adds one rank's per-slot counts `[L][S]` (measured on `placement`) into the current bucket.
@@ -149,7 +152,11 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
 
     /// Adds all ranks' per-slot counts `[L][R][S]` (measured on `placement`) into the current
     /// bucket.
-    pub fn add_all_slots(&mut self, placement: &Placement<'_>, counts: &[u32]) -> Result<(), Error> {
+    pub fn add_all_slots(
+        &mut self,
+        placement: &Placement<'_>,
+        counts: &[u32],
+    ) -> Result<(), Error> {
         let shape = *placement.shape();
         self.check_shape(&shape)?;
         check_len("slot counts [L][R][S]", shape.placement_len(), counts.len())?;
@@ -167,7 +174,11 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
 
     /// Adds logical counts `[L][N]` into the current bucket.
     pub fn add_logical(&mut self, counts: &[u64]) -> Result<(), Error> {
-        check_len("logical counts [L][N]", self.layers * self.experts, counts.len())?;
+        check_len(
+            "logical counts [L][N]",
+            self.layers * self.experts,
+            counts.len(),
+        )?;
         let bucket = self.head_bucket();
         for (h, &c) in bucket.iter_mut().zip(counts) {
             *h = h.saturating_add(c);

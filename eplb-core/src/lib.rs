@@ -12,6 +12,7 @@
 //! **Invariant:** no I/O, no clock, no threads, no `unsafe`; logging only through `log` at
 //! debug/trace level.
 #![no_std]
+#![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![forbid(unsafe_code)]
 #![cfg_attr(
     not(test),

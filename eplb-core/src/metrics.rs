@@ -86,7 +86,8 @@ pub fn rank_loads(
                         continue;
                     }
                     let e = usize::from(e);
-                    let (Some(&d), Some(j), Some(&w)) = (count.get(e), seen.get_mut(e), loads.get(e))
+                    let (Some(&d), Some(j), Some(&w)) =
+                        (count.get(e), seen.get_mut(e), loads.get(e))
                     else {
                         continue;
                     };

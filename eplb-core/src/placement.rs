@@ -171,7 +171,9 @@ impl<'a> LayerPlacement<'a> {
 
     /// Number of ranks whose row holds some expert twice.
     pub fn colocated_rows(&self) -> usize {
-        self.rows().filter(|row| first_duplicate(row).is_some()).count()
+        self.rows()
+            .filter(|row| first_duplicate(row).is_some())
+            .count()
     }
 
     /// `Ok` when no rank holds an expert twice; otherwise the first rank (and expert).
@@ -206,7 +208,12 @@ impl<'a> LayerPlacement<'a> {
     /// rank routes each logical expert to, chosen among the distinct holders in ascending rank
     /// order by `choice` (the slot is the holder's last slot of that expert, as its expert map
     /// keeps). `O(R * S^2 + N)`, no scratch.
-    pub fn log2phy(&self, rank: usize, choice: ReplicaChoice, out: &mut [u32]) -> Result<(), Error> {
+    pub fn log2phy(
+        &self,
+        rank: usize,
+        choice: ReplicaChoice,
+        out: &mut [u32],
+    ) -> Result<(), Error> {
         self.check_rank(rank)?;
         check_len("log2phy [N]", self.shape.experts(), out.len())?;
         let s_len = self.shape.slots_per_rank();
@@ -310,7 +317,11 @@ pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Resu
 /// Structural check of one layer `[R][S]`: length, ids below `N`, every expert present.
 /// Uses a 4096-bit stack bitset, scanning the layer once per 4096 experts.
 pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result<(), Error> {
-    check_len("placement layer [R][S]", shape.slots_per_layer(), slots.len())?;
+    check_len(
+        "placement layer [R][S]",
+        shape.slots_per_layer(),
+        slots.len(),
+    )?;
     let n = shape.experts();
     let s_len = shape.slots_per_rank();
     for (i, &e) in slots.iter().enumerate() {
@@ -339,7 +350,10 @@ pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result
         }
         for e in base..n.min(base + CHUNK) {
             let bit = e - base;
-            if seen.get(bit / 64).is_none_or(|w| w & (1 << (bit % 64)) == 0) {
+            if seen
+                .get(bit / 64)
+                .is_none_or(|w| w & (1 << (bit % 64)) == 0)
+            {
                 return Err(Error::MissingExpert {
                     layer: layer as u16,
                     expert: e as u16,

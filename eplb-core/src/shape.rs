@@ -65,7 +65,7 @@ impl Shape {
                 slots_per_rank,
             });
         }
-        if ranks % ranks_per_node != 0 {
+        if !ranks.is_multiple_of(ranks_per_node) {
             return Err(Error::RanksPerNode {
                 ranks_per_node,
                 ranks,
@@ -86,12 +86,17 @@ impl Shape {
 
     /// A shape from the redundant count `X` instead of the slots per rank: `S = (N + X) / R`,
     /// which must divide.
-    pub fn from_redundant(layers: u16, experts: u16, ranks: u16, redundant: u32) -> Result<Self, Error> {
+    pub fn from_redundant(
+        layers: u16,
+        experts: u16,
+        ranks: u16,
+        redundant: u32,
+    ) -> Result<Self, Error> {
         if ranks == 0 {
             return Err(Error::ZeroDimension { what: "ranks" });
         }
         let total = u32::from(experts) + redundant;
-        if total % u32::from(ranks) != 0 {
+        if !total.is_multiple_of(u32::from(ranks)) {
             return Err(Error::RedundancyNotDivisible {
                 experts,
                 redundant,
@@ -233,6 +238,9 @@ mod tests {
             "8 experts + 2 redundant is not a multiple of 3 ranks; nearest valid redundant counts: 1 or 4"
         );
         let e = Shape::new(1, 8, 2, 3).unwrap_err();
-        assert_eq!(format!("{e}"), "2 ranks x 3 slots = 6 slots cannot hold 8 experts");
+        assert_eq!(
+            format!("{e}"),
+            "2 ranks x 3 slots = 6 slots cannot hold 8 experts"
+        );
     }
 }

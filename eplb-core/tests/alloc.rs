@@ -38,8 +38,8 @@ fn hot_operations_do_not_allocate() {
     let counts: Vec<u32> = (0..shape.placement_len() as u32).map(|i| i % 97).collect();
     let rank_counts: Vec<u32> = (0..(shape.layers() * 9) as u32).collect();
     let loads: Vec<f64> = (0..shape.loads_len()).map(|i| (i % 31) as f64).collect();
-    let (w, per) = HeatWindow::layout_for_interval(600).unwrap();
-    let mut storage = vec![0u64; HeatWindow::storage_len(&shape, w)];
+    let (w, per) = eplb_core::heat::layout_for_interval(600).unwrap();
+    let mut storage = vec![0u64; eplb_core::heat::storage_len(&shape, w)];
     let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
     let mut ranks = vec![0.0; 32];
     let mut per_layer = vec![0.0; 58];
@@ -76,12 +76,22 @@ fn hot_operations_do_not_allocate() {
     for layer in p.layers() {
         for rank in 0..32 {
             layer.expert_map(rank, &mut map).unwrap();
-            layer.log2phy(rank, ReplicaChoice::TpRotation(4), &mut l2p).unwrap();
+            layer
+                .log2phy(rank, ReplicaChoice::TpRotation(4), &mut l2p)
+                .unwrap();
         }
         metrics::lower_bound_par(&shape, &loads[..256], &mut copies).unwrap();
     }
     for routing in [Routing::Even, Routing::Log2Phy] {
-        metrics::hotness(&p, &loads, routing, &mut scratch, &mut ranks, &mut per_layer).unwrap();
+        metrics::hotness(
+            &p,
+            &loads,
+            routing,
+            &mut scratch,
+            &mut ranks,
+            &mut per_layer,
+        )
+        .unwrap();
     }
     let after = ALLOCS.load(Ordering::SeqCst);
     assert_eq!(after - before, 0, "core hot path allocated");

@@ -138,8 +138,8 @@ proptest! {
         let shape = Shape::new(1, 4, 2, 2).unwrap();
         let p = [0u16, 1, 2, 3];
         let pl = Placement::new(shape, &p).unwrap();
-        let (w, per) = HeatWindow::layout_for_interval(h).unwrap();
-        let mut storage = vec![0u64; HeatWindow::storage_len(&shape, w)];
+        let (w, per) = eplb_core::heat::layout_for_interval(h).unwrap();
+        let mut storage = vec![0u64; eplb_core::heat::storage_len(&shape, w)];
         let mut heat = HeatWindow::new(&shape, w, per, &mut storage).unwrap();
         for i in 0..iters {
             let c = i as u32 + 1;

@@ -3,7 +3,7 @@
 //!
 //! [`encode`] writes into a caller's byte slice and [`decode`] reads into a caller's `u16` slice;
 //! neither allocates. [`header`] reads just the shape, so a caller can size its buffer first
-//! ([`Shape::placement_len`]). With the `std` feature, [`to_vec`] and [`from_bytes`] wrap them.
+//! ([`Shape::placement_len`]). With the `std` feature, `to_vec` and `from_bytes` wrap them.
 
 use eplb_core::{Placement, Shape};
 use serde::{Deserialize, Serialize};

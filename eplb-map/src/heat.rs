@@ -433,8 +433,10 @@ fn numeric_array(
             }
         }
     }
+    // The first rows' lengths only suggest the size (a ragged array is an error later); cap the
+    // reservation so that a short input cannot ask for a huge allocation.
     let total = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    let mut values = Vec::with_capacity(total.unwrap_or(0));
+    let mut values = Vec::with_capacity(total.unwrap_or(0).min(1 << 20));
     walk_array(v, 0, Position::root(), &dims, axes, integer, &mut values)?;
     Ok(NumArray { dims, values })
 }

@@ -64,10 +64,7 @@ fn every_truncation_is_an_error() {
     let mut out = [0u16; 16];
     for cut in 0..bytes.len() {
         let e = blob::decode(&bytes[..cut], &mut out).unwrap_err();
-        assert!(
-            matches!(e, Error::Truncated { .. }),
-            "cut at {cut}: {e:?}"
-        );
+        assert!(matches!(e, Error::Truncated { .. }), "cut at {cut}: {e:?}");
     }
     assert_eq!(
         blob::decode(&bytes[..20], &mut out).unwrap_err(),
@@ -87,9 +84,7 @@ fn bad_magic_version_checksum_trailing_and_buffers() {
     b[0] = b'X';
     assert_eq!(
         blob::decode(&b, &mut out).unwrap_err(),
-        Error::BadMagic {
-            found: *b"XPLB"
-        }
+        Error::BadMagic { found: *b"XPLB" }
     );
     assert_eq!(
         blob::decode(b"{\"", &mut out).unwrap_err(),

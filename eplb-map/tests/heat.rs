@@ -35,7 +35,12 @@ fn every_shared_trace_loads() {
     let mut sum_rule_warned = 0;
     for path in json_files("traces", 14) {
         let bytes = read(&path);
-        assert_eq!(sniff(&bytes).unwrap(), HeatFormat::Trace, "{}", path.display());
+        assert_eq!(
+            sniff(&bytes).unwrap(),
+            HeatFormat::Trace,
+            "{}",
+            path.display()
+        );
         let h = load_heat(&bytes, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let stem = path.file_stem().unwrap().to_str().unwrap();
         assert_eq!(h.name(), Some(stem));
@@ -105,7 +110,11 @@ fn trace_with(counts: &str) -> String {
 
 #[test]
 fn minimal_trace_needs_only_format_and_counts() {
-    let h = load_heat(trace_with("[[[1, 2], [3, 4]], [[0, 0], [5, 6]]]").as_bytes(), None).unwrap();
+    let h = load_heat(
+        trace_with("[[[1, 2], [3, 4]], [[0, 0], [5, 6]]]").as_bytes(),
+        None,
+    )
+    .unwrap();
     assert_eq!((h.windows(), h.layers(), h.experts()), (2, 2, 2));
     assert_eq!(h.summed(), vec![1.0, 2.0, 8.0, 10.0]);
     assert_eq!(h.window(1).unwrap(), &[0.0, 0.0, 5.0, 6.0]);
@@ -147,29 +156,50 @@ fn trace_count_errors_name_window_layer_expert() {
     let at = |w, l, e| pos(&[(Axis::Window, w), (Axis::Layer, l), (Axis::Expert, e)]);
     let cases = [
         ("[[[1, -2]]]", Error::NegativeCount { at: at(0, 0, 1) }),
-        ("[[[1, 2]], [[0, 2.5]]]", Error::FractionalCount { at: at(1, 0, 1) }),
+        (
+            "[[[1, 2]], [[0, 2.5]]]",
+            Error::FractionalCount { at: at(1, 0, 1) },
+        ),
         ("[[[1, NaN]]]", Error::NonFiniteCount { at: at(0, 0, 1) }),
-        ("[[[Infinity, 1]]]", Error::NonFiniteCount { at: at(0, 0, 0) }),
+        (
+            "[[[Infinity, 1]]]",
+            Error::NonFiniteCount { at: at(0, 0, 0) },
+        ),
         ("[[[1, null]]]", Error::MissingCount { at: at(0, 0, 1) }),
         ("[[[1, \"3\"]]]", Error::NotANumber { at: at(0, 0, 1) }),
-        ("[[[1, 2]], [[3]]]", Error::RaggedArray {
-            at: at(1, 0, 0).with(Axis::Expert, 0),
-            expected: 2,
-            got: 1,
-        }),
-        ("[[[1, 9007199254740993]]]", Error::CountTooLarge { at: at(0, 0, 1) }),
-        ("[[1, 2]]", Error::Dimensions {
-            at: pos(&[(Axis::Window, 0), (Axis::Layer, 0)]),
-            expected: 3,
-        }),
-        ("[[[[1]]]]", Error::Dimensions {
-            at: at(0, 0, 0),
-            expected: 3,
-        }),
-        ("[]", Error::Empty {
-            at: Position::root(),
-            what: "counts",
-        }),
+        (
+            "[[[1, 2]], [[3]]]",
+            Error::RaggedArray {
+                at: at(1, 0, 0).with(Axis::Expert, 0),
+                expected: 2,
+                got: 1,
+            },
+        ),
+        (
+            "[[[1, 9007199254740993]]]",
+            Error::CountTooLarge { at: at(0, 0, 1) },
+        ),
+        (
+            "[[1, 2]]",
+            Error::Dimensions {
+                at: pos(&[(Axis::Window, 0), (Axis::Layer, 0)]),
+                expected: 3,
+            },
+        ),
+        (
+            "[[[[1]]]]",
+            Error::Dimensions {
+                at: at(0, 0, 0),
+                expected: 3,
+            },
+        ),
+        (
+            "[]",
+            Error::Empty {
+                at: Position::root(),
+                what: "counts",
+            },
+        ),
     ];
     for (counts, want) in cases {
         let got = load_heat(trace_with(counts).as_bytes(), None).unwrap_err();
@@ -218,7 +248,8 @@ fn trace_format_and_counts_are_required() {
 
 #[test]
 fn sglang_dump_drops_and_reports_all_zero_layers() {
-    let text = br#"{"logical_count": [[0, 0, 0], [0.0, 0, 0], [1.0, 2.5, 0], [0, 0, 0], [4, 0, 1]]}"#;
+    let text =
+        br#"{"logical_count": [[0, 0, 0], [0.0, 0, 0], [1.0, 2.5, 0], [0, 0, 0], [4, 0, 1]]}"#;
     assert_eq!(sniff(text).unwrap(), HeatFormat::Sglang);
     let h = load_heat(text, None).unwrap();
     assert_eq!(h.format(), HeatFormat::Sglang);
@@ -277,7 +308,10 @@ fn slot_loads_fold_through_the_placement() {
     let text = b"[[[[1, 2, 3], [4, 5, 6]], [[0, 0, 0], [1, 1, 1]]], [[[0, 0, 0], [0, 0, 0]], [[1, 0, 0], [0, 0, 0]]]]";
     let h = load_heat(text, Some(&p)).unwrap();
     assert_eq!(h.windows(), 2);
-    assert_eq!(h.window(1).unwrap(), &[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(
+        h.window(1).unwrap(),
+        &[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    );
     assert_eq!(
         load_heat(b"[[[1, 2], [4, 5]], [[0, 0], [1, 1]]]", Some(&p)).unwrap_err(),
         Error::ShapeMismatch {
@@ -293,7 +327,10 @@ fn sniff_rejects_what_is_no_heat_format() {
     for (text, found) in [
         (&b"[1, 2]"[..], "an array of fewer than 2 dimensions"),
         (b"[[[[[1]]]]]", "an array of more than 4 dimensions"),
-        (b"{\"a\": 1}", "an object without \"format\" or \"logical_count\""),
+        (
+            b"{\"a\": 1}",
+            "an object without \"format\" or \"logical_count\"",
+        ),
         (b"3", "neither an object nor an array"),
     ] {
         assert_eq!(sniff(text).unwrap_err(), Error::UnknownFormat { found });

@@ -22,7 +22,10 @@ fn writer_matches_python_json_dump_indent4_byte_for_byte() {
     let p = Placement::new(shape, &slots).unwrap();
     let golden = include_str!("data/fixture_a2_indent4.json");
     assert_eq!(map::to_json(&p), golden);
-    assert!(!golden.ends_with('\n'), "json.dump writes no trailing newline");
+    assert!(
+        !golden.ends_with('\n'),
+        "json.dump writes no trailing newline"
+    );
 
     let shape = Shape::new(2, 4, 2, 3).unwrap();
     let slots = [0, 1, 2, 3, 0, 1, 3, 2, 1, 0, 3, 2];
@@ -60,7 +63,12 @@ fn reads_the_vllm_ascend_fixture_and_its_expert_map_and_log2phy() {
     assert_eq!(m.placement().as_slice(), fixture_slots().as_slice());
     let shape = m.shape();
     assert_eq!(
-        (shape.layers(), shape.experts(), shape.ranks(), shape.slots_per_rank()),
+        (
+            shape.layers(),
+            shape.experts(),
+            shape.ranks(),
+            shape.slots_per_rank()
+        ),
         (1, 8, 2, 5)
     );
     assert_eq!(shape.redundant(), 2);
@@ -143,7 +151,8 @@ fn golden_init_eplb_config_from_a_json_map() {
         layer.expert_map(rank, &mut em).unwrap();
         let mut l2p = vec![0u32; usize::from(n)];
         layer.log2phy(rank, ReplicaChoice::Plain, &mut l2p).unwrap();
-        let want_em: Vec<i32> = serde_json::from_value(v["expected"]["expert_map"].clone()).unwrap();
+        let want_em: Vec<i32> =
+            serde_json::from_value(v["expected"]["expert_map"].clone()).unwrap();
         let want_l2p: Vec<u32> = serde_json::from_value(v["expected"]["log2phy"].clone()).unwrap();
         assert_eq!(em, want_em);
         assert_eq!(l2p, want_l2p);
@@ -559,7 +568,10 @@ fn check_lists_every_problem_in_document_order() {
     );
     assert!(report.map.is_none());
     assert!(!report.truncated);
-    let ok = check_map_json(&serde_json::to_vec(&good()).unwrap(), &ReadOptions::strict());
+    let ok = check_map_json(
+        &serde_json::to_vec(&good()).unwrap(),
+        &ReadOptions::strict(),
+    );
     assert!(ok.errors.is_empty());
     assert!(ok.map.is_some());
 }

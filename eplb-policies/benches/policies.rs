@@ -64,15 +64,26 @@ pub fn golden(name: &'static str) -> Case {
 
 /// The DeepSeek-V3 inputs every policy is measured on.
 pub fn dsv3_cases() -> Vec<Case> {
-    ["dsv3_prefill_ep32", "dsv3_decode_ep32", "dsv3_prefill_ep64", "dsv3_decode_ep64"]
-        .into_iter()
-        .map(golden)
-        .collect()
+    [
+        "dsv3_prefill_ep32",
+        "dsv3_decode_ep32",
+        "dsv3_prefill_ep64",
+        "dsv3_decode_ep64",
+    ]
+    .into_iter()
+    .map(golden)
+    .collect()
 }
 
 /// Benchmarks `policy.place` on `case` (with `shape`, which may differ in topology) as
 /// `<label>/<case>`.
-pub fn bench_place<P: Policy>(c: &mut Criterion, label: &str, mut policy: P, case: &Case, shape: Shape) {
+pub fn bench_place<P: Policy>(
+    c: &mut Criterion,
+    label: &str,
+    mut policy: P,
+    case: &Case,
+    shape: Shape,
+) {
     let current = Placement::new(shape, &case.current).unwrap();
     let input = Input::new(current, &case.loads, None, 0).unwrap();
     let mut scratch = vec![0u64; policy.scratch_len(&shape)];

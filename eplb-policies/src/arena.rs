@@ -28,7 +28,10 @@ pub struct Arena<'a> {
 impl<'a> Arena<'a> {
     /// An arena over `buf`.
     pub fn new(buf: &'a mut [u64]) -> Self {
-        Self { rest: buf, taken: 0 }
+        Self {
+            rest: buf,
+            taken: 0,
+        }
     }
 
     /// Words taken so far.

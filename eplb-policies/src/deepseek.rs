@@ -54,91 +54,122 @@ pub(crate) fn weight_bits(w: f64) -> u64 {
     if w == 0.0 { 0 } else { w.to_bits() }
 }
 
-/// Words of a tournament tree over `n` boxes.
-pub(crate) fn tree_len(n: usize) -> usize {
-    2 * n.max(1).next_power_of_two()
+/// Words of a [`MinTree`] over up to `n` boxes.
+pub(crate) fn tree_words(n: usize) -> usize {
+    let len = 2 * n.max(1).next_power_of_two();
+    words_f64(len) + words_u16(len)
 }
 
 /// A min tournament tree over boxes `0..n`: the root is the eligible box with the smallest
-/// weight, the lowest index on ties (strict `<` scanning boxes in order). Weights are read from
-/// the caller's slice at each update, so a box must be re-[`set`](MinTree::set) after its weight
-/// changes.
+/// weight, the lowest index on ties (as a scan of the boxes in order with strict `<`). Each node
+/// holds its winner's weight and index, so an update reads no other array.
 pub(crate) struct MinTree<'a> {
-    tree: &'a mut [u16],
+    w: &'a mut [f64],
+    ix: &'a mut [u16],
     base: usize,
 }
 
 impl<'a> MinTree<'a> {
-    /// A tree over `n` boxes (`n < u16::MAX`) in `buf` (at least [`tree_len`] values), every
-    /// box eligible per `eligible`.
-    pub(crate) fn build(
-        buf: &'a mut [u16],
+    /// Carves a tree for up to `n` boxes (`n < u16::MAX`) out of `arena`.
+    pub(crate) fn carve(arena: &mut Arena<'a>, n: usize) -> Result<Self, Error> {
+        let len = 2 * n.max(1).next_power_of_two();
+        Ok(Self {
+            w: arena.f64s(len)?,
+            ix: arena.u16s(len)?,
+            base: 1,
+        })
+    }
+
+    /// Rebuilds the tree over `n` boxes with the given weights and eligibility.
+    pub(crate) fn reset(
+        &mut self,
         n: usize,
         weights: &[f64],
         eligible: impl Fn(usize) -> bool,
-    ) -> Result<Self, Error> {
+    ) -> Result<(), Error> {
         let base = n.max(1).next_power_of_two();
-        let len = 2 * base;
-        let have = buf.len();
-        let Some(tree) = buf.get_mut(..len) else {
+        if 2 * base > self.w.len() || 2 * base > self.ix.len() {
             return Err(Error::Scratch {
-                needed: words_u16(len),
-                got: words_u16(have),
+                needed: tree_words(n),
+                got: tree_words(self.w.len() / 2),
             });
-        };
-        tree.fill(NONE);
-        if let Some(leaves) = tree.get_mut(base..) {
-            for (b, leaf) in leaves.iter_mut().enumerate().take(n) {
-                if eligible(b) {
-                    *leaf = b as u16;
+        }
+        self.base = base;
+        let (w, ix) = (&mut *self.w, &mut *self.ix);
+        for (b, (lw, li)) in w
+            .iter_mut()
+            .zip(ix.iter_mut())
+            .skip(base)
+            .take(base)
+            .enumerate()
+        {
+            match weights.get(b) {
+                Some(&x) if b < n && eligible(b) => {
+                    *lw = x;
+                    *li = b as u16;
+                }
+                _ => {
+                    *lw = f64::INFINITY;
+                    *li = NONE;
                 }
             }
         }
-        let mut t = Self { tree, base };
         for i in (1..base).rev() {
-            t.fix(i, weights);
+            self.fix(i);
         }
-        Ok(t)
+        Ok(())
     }
 
-    fn better(a: u16, b: u16, weights: &[f64]) -> u16 {
-        if a == NONE {
-            return b;
-        }
-        if b == NONE {
-            return a;
-        }
-        match (weights.get(usize::from(a)), weights.get(usize::from(b))) {
-            (Some(wa), Some(wb)) if wb < wa => b,
-            _ => a,
-        }
-    }
-
-    fn fix(&mut self, i: usize, weights: &[f64]) {
-        let l = self.tree.get(2 * i).copied().unwrap_or(NONE);
-        let r = self.tree.get(2 * i + 1).copied().unwrap_or(NONE);
-        if let Some(x) = self.tree.get_mut(i) {
-            *x = Self::better(l, r, weights);
-        }
-    }
-
-    /// Marks box `b` eligible or not and refreshes its path (also after a weight change).
-    pub(crate) fn set(&mut self, b: usize, eligible: bool, weights: &[f64]) {
-        let mut i = self.base + b;
-        if let Some(leaf) = self.tree.get_mut(i) {
-            *leaf = if eligible { b as u16 } else { NONE };
+    /// Recomputes node `i` from its children; `false` when it did not change.
+    fn fix(&mut self, i: usize) -> bool {
+        let (Some(&wl), Some(&wr), Some(&il), Some(&ir)) = (
+            self.w.get(2 * i),
+            self.w.get(2 * i + 1),
+            self.ix.get(2 * i),
+            self.ix.get(2 * i + 1),
+        ) else {
+            return false;
+        };
+        let (nw, ni) = if wr < wl || (wr == wl && ir < il) {
+            (wr, ir)
         } else {
-            return;
+            (wl, il)
+        };
+        match (self.w.get_mut(i), self.ix.get_mut(i)) {
+            (Some(w), Some(x)) => {
+                let changed = *x != ni || w.to_bits() != nw.to_bits();
+                *w = nw;
+                *x = ni;
+                changed
+            }
+            _ => false,
+        }
+    }
+
+    /// Sets box `b`'s weight and eligibility and refreshes its path.
+    pub(crate) fn set(&mut self, b: usize, weight: f64, eligible: bool) {
+        let mut i = self.base + b;
+        match (self.w.get_mut(i), self.ix.get_mut(i)) {
+            (Some(w), Some(x)) if b < self.base => {
+                (*w, *x) = if eligible {
+                    (weight, b as u16)
+                } else {
+                    (f64::INFINITY, NONE)
+                };
+            }
+            _ => return,
         }
         while i > 1 {
             i /= 2;
-            self.fix(i, weights);
+            if !self.fix(i) {
+                return;
+            }
         }
     }
 
     /// The eligible box with the smallest weight (lowest index on ties).
     pub(crate) fn min(&self) -> Option<usize> {
-        match self.tree.get(1).copied() {
+        match self.ix.get(1).copied() {
             Some(b) if b != NONE => Some(usize::from(b)),
             _ => None,
         }
@@ -150,7 +181,7 @@ struct Packing<'a> {
     keys: &'a mut [[u64; 2]],
     pack_w: &'a mut [f64],
     pack_n: &'a mut [u32],
-    tree: &'a mut [u16],
+    tree: MinTree<'a>,
 }
 
 impl Packing<'_> {
@@ -185,7 +216,8 @@ impl Packing<'_> {
         let pack_n = self.pack_n.get_mut(..packs).unwrap_or_default();
         pack_w.fill(0.0);
         pack_n.fill(0);
-        let mut tree = MinTree::build(self.tree, packs, pack_w, |_| true)?;
+        let tree = &mut self.tree;
+        tree.reset(packs, pack_w, |_| true)?;
         for k in keys.iter() {
             let i = k[1] as usize;
             let (Some(p), Some(&x)) = (tree.min(), w.get(i)) else {
@@ -203,8 +235,7 @@ impl Packing<'_> {
             }
             *pw += x;
             *pn += 1;
-            let open = (*pn as usize) < per;
-            tree.set(p, open, pack_w);
+            tree.set(p, *pw, (*pn as usize) < per);
         }
         Ok(())
     }
@@ -284,7 +315,7 @@ impl Topo {
             + 2 * words_u16(p)
             + words_f64(k)
             + words_u32(k)
-            + words_u16(tree_len(k))
+            + tree_words(k)
     }
 }
 
@@ -326,7 +357,7 @@ impl<'a> Bufs<'a> {
                 keys,
                 pack_w: arena.f64s(k)?,
                 pack_n: arena.u32s(k)?,
-                tree: arena.u16s(tree_len(k))?,
+                tree: MinTree::carve(arena, k)?,
             },
         })
     }
@@ -426,11 +457,7 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
         }
     }
     let (epn, spn) = (t.epn(), t.spn());
-    for (m2l, node_out) in b
-        .mlog2log
-        .chunks_exact(epn)
-        .zip(out.chunks_exact_mut(spn))
-    {
+    for (m2l, node_out) in b.mlog2log.chunks_exact(epn).zip(out.chunks_exact_mut(spn)) {
         for (nw, &id) in b.node_w.iter_mut().zip(m2l) {
             *nw = w.get(usize::from(id)).copied().unwrap_or(0.0);
         }
@@ -443,8 +470,7 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
             );
             *cw = x / f64::from(c);
         }
-        b.packing
-            .pack(b.copy_w, t.rpn, b.copy_pack, b.copy_rank)?;
+        b.packing.pack(b.copy_w, t.rpn, b.copy_pack, b.copy_rank)?;
         for ((&m, &p), &r) in b.phy.iter().zip(b.copy_pack.iter()).zip(b.copy_rank.iter()) {
             let slot = usize::from(p) * t.s + usize::from(r);
             if let (Some(o), Some(&id)) = (node_out.get_mut(slot), m2l.get(usize::from(m))) {
@@ -556,8 +582,8 @@ mod tests {
     fn readme_example() {
         let shape = Shape::with_topology(2, 12, 8, 2, 4, 4).unwrap();
         let loads: Vec<f64> = [
-            90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86, 20, 107, 104, 64, 19, 197, 187,
-            157, 172, 86, 16, 27,
+            90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86, 20, 107, 104, 64, 19, 197, 187, 157,
+            172, 86, 16, 27,
         ]
         .iter()
         .map(|&x| f64::from(x))
@@ -607,17 +633,25 @@ mod tests {
     #[test]
     fn min_tree_prefers_lowest_index_on_ties() {
         let w = [3.0, 1.0, 1.0, 2.0, 1.0];
-        let mut buf = vec![0u16; tree_len(5)];
-        let mut t = MinTree::build(&mut buf, 5, &w, |_| true).unwrap();
+        let mut buf = vec![0u64; tree_words(5)];
+        let mut arena = Arena::new(&mut buf);
+        let mut t = MinTree::carve(&mut arena, 5).unwrap();
+        t.reset(5, &w, |_| true).unwrap();
         assert_eq!(t.min(), Some(1));
-        t.set(1, false, &w);
+        t.set(1, 1.0, false);
         assert_eq!(t.min(), Some(2));
-        t.set(2, false, &w);
-        t.set(4, false, &w);
+        t.set(2, 1.0, false);
+        t.set(4, 1.0, false);
         assert_eq!(t.min(), Some(3));
-        for b in 0..5 {
-            t.set(b, false, &w);
+        t.set(0, 0.5, true);
+        assert_eq!(t.min(), Some(0));
+        t.set(4, f64::INFINITY, true);
+        for b in 0..4 {
+            t.set(b, 0.0, false);
         }
+        assert_eq!(t.min(), Some(4));
+        t.set(4, 0.0, false);
         assert_eq!(t.min(), None);
+        assert!(t.reset(9, &w, |_| true).is_err());
     }
 }

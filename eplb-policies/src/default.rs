@@ -206,7 +206,11 @@ fn replicate(b: &mut Bufs<'_>, x: usize, ranks: usize) {
         if let Some(o) = b.order.get_mut(q) {
             *o = top;
         }
-        if q > 0 && b.order.get(q - 1).is_some_and(|&p| weight_of(b.wt, p) == new) {
+        if q > 0
+            && b.order
+                .get(q - 1)
+                .is_some_and(|&p| weight_of(b.wt, p) == new)
+        {
             eq += 1;
         }
     }

@@ -475,7 +475,16 @@ fn mmr(
 }
 
 /// Variance of device `d`'s load after adding one replica of `e` (of `c` copies).
-fn var_after(st: &Stats<'_>, lw: &Lpt<'_>, dep: &[u16], rep: &[u16], n: usize, s: usize, e: usize, d: usize) -> f64 {
+fn var_after(
+    st: &Stats<'_>,
+    lw: &Lpt<'_>,
+    dep: &[u16],
+    rep: &[u16],
+    n: usize,
+    s: usize,
+    e: usize,
+    d: usize,
+) -> f64 {
     let c = f64::from(at(rep, e).max(1));
     let row = dep
         .get(d * s..d * s + usize::from(at(lw.fill, d)))
@@ -597,7 +606,13 @@ fn lpt(st: &Stats<'_>, lw: &mut Lpt<'_>, rep: &[u16], r: usize, s: usize, dep: &
 
 /// The FlashTree layered search. On success the best replica counts and deployment are in
 /// `tr.best_rep` / `tr.best_dep` and their score is returned.
-fn flash_tree(st: &Stats<'_>, lw: &mut Lpt<'_>, tr: &mut Tree<'_>, x: &[f64], shape: &Shape) -> Option<f64> {
+fn flash_tree(
+    st: &Stats<'_>,
+    lw: &mut Lpt<'_>,
+    tr: &mut Tree<'_>,
+    x: &[f64],
+    shape: &Shape,
+) -> Option<f64> {
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
     let cap = u16::try_from(r).unwrap_or(u16::MAX);
     let mut a = shape.redundant();
@@ -621,8 +636,12 @@ fn flash_tree(st: &Stats<'_>, lw: &mut Lpt<'_>, tr: &mut Tree<'_>, x: &[f64], sh
         let hi_i = ((level + 1) * g).min(n);
         let cur = tr.order_v.get(lo_i..hi_i).unwrap_or_default();
         let rest = tr.order_v.get(hi_i..).unwrap_or_default();
-        let nc = mmr(cur, st.v, cap, a, tr.cnt, tr.key, tr.heap, tr.seq_c, tr.val_c);
-        let nr = mmr(rest, st.v, cap, a, tr.cnt, tr.key, tr.heap, tr.seq_r, tr.val_r);
+        let nc = mmr(
+            cur, st.v, cap, a, tr.cnt, tr.key, tr.heap, tr.seq_c, tr.val_c,
+        );
+        let nr = mmr(
+            rest, st.v, cap, a, tr.cnt, tr.key, tr.heap, tr.seq_r, tr.val_r,
+        );
         // Joint MMR over cur ++ rest = merge of the two pick sequences (cur first on ties).
         let (mut i, mut j) = (0usize, 0usize);
         while i + j < a && (i < nc || j < nr) {
@@ -697,7 +716,13 @@ fn flash_tree(st: &Stats<'_>, lw: &mut Lpt<'_>, tr: &mut Tree<'_>, x: &[f64], sh
 
 /// minimize_redeploy: maps the new rows `dep` onto ranks by a minimum-cost assignment against
 /// `cur`, then keeps every retained expert in its old slot. Writes `out` (`[R][S]`).
-fn redeploy(cur: &[u16], dep: &[u16], shape: &Shape, rw: &mut Redeploy<'_>, out: &mut [u16]) -> Result<(), Error> {
+fn redeploy(
+    cur: &[u16],
+    dep: &[u16],
+    shape: &Shape,
+    rw: &mut Redeploy<'_>,
+    out: &mut [u16],
+) -> Result<(), Error> {
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
     // Distinct holders of each expert in the current layer, CSR by expert.
     rw.stamp.fill(0);
@@ -904,7 +929,10 @@ mod tests {
 
     #[test]
     fn scratch_len_matches_carving() {
-        for shape in [Shape::new(3, 37, 7, 9).unwrap(), Shape::new(1, 8, 8, 1).unwrap()] {
+        for shape in [
+            Shape::new(3, 37, 7, 9).unwrap(),
+            Shape::new(1, 8, 8, 1).unwrap(),
+        ] {
             let mut buf = vec![0u64; Work::words(&shape)];
             let mut arena = Arena::new(&mut buf);
             Work::take(&mut arena, &shape).unwrap();
@@ -915,7 +943,11 @@ mod tests {
     fn toy() -> (Shape, Vec<u16>, Vec<f64>) {
         let shape = Shape::new(1, 8, 8, 2).unwrap();
         let cur: Vec<u16> = (0..16).map(|i| i % 8).collect();
-        (shape, cur, vec![600.0, 560.0, 120.0, 120.0, 20.0, 10.0, 10.0, 10.0])
+        (
+            shape,
+            cur,
+            vec![600.0, 560.0, 120.0, 120.0, 20.0, 10.0, 10.0, 10.0],
+        )
     }
 
     fn run(shape: Shape, cur: &[u16], loads: &[f64], state: &mut [u64]) -> (Vec<u16>, f64) {
@@ -959,7 +991,10 @@ mod tests {
         let p = FlashLb::new();
         let mut junk = vec![u64::MAX; p.state_len(&shape)];
         let mut fresh = vec![0u64; p.state_len(&shape)];
-        assert_eq!(run(shape, &cur, &loads, &mut junk).0, run(shape, &cur, &loads, &mut fresh).0);
+        assert_eq!(
+            run(shape, &cur, &loads, &mut junk).0,
+            run(shape, &cur, &loads, &mut fresh).0
+        );
         assert_eq!(junk, fresh);
     }
 }

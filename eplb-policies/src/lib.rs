@@ -15,6 +15,7 @@
 //!
 //! **Invariant:** deterministic: the same input and seed give the same output on every platform.
 #![no_std]
+#![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![forbid(unsafe_code)]
 #![cfg_attr(
     not(test),
@@ -36,12 +37,12 @@ mod arena;
 pub mod common;
 pub mod deepseek;
 pub mod default;
-pub mod flashlb;
-pub mod random;
-pub mod swift;
 mod error;
+pub mod flashlb;
 mod kind;
 mod policy;
+pub mod random;
+pub mod swift;
 
 pub use arena::{Arena, words_f64, words_u16, words_u32};
 pub use error::Error;

@@ -155,7 +155,8 @@ mod tests {
         let mut current = vec![0u16; shape.placement_len()];
         Layout::default().fill(&shape, &mut current).unwrap();
         let loads: Vec<f64> = (0..shape.loads_len()).map(|i| i as f64).collect();
-        let input = Input::new(Placement::new(shape, &current).unwrap(), &loads, None, seed).unwrap();
+        let input =
+            Input::new(Placement::new(shape, &current).unwrap(), &loads, None, seed).unwrap();
         let mut p = Random::new();
         let mut out = vec![0u16; shape.placement_len()];
         let l = shape.layers();

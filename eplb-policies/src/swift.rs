@@ -12,9 +12,10 @@
 //! 1. **Scan** slot-major (slot 0 of every rank, then slot 1, ...): the first occurrence of an
 //!    expert is its home (`from[e]`) and stays; every later occurrence is a redundant position,
 //!    freed (`X'` of them).
-//! 2. **Redundancy**: `X'` times, the expert with the largest weight whose copies are below `R`
-//!    gets one more copy; its weight becomes `w0 / (copies)`. The copies form a list, sorted by
-//!    weight descending (ids ascending on ties).
+//! 2. **Redundancy**: `X'` times, the expert with the largest priority whose copies are below
+//!    `R` gets one more copy; its priority decays to `2*w0/(k+2)` after `k` extras (upstream's
+//!    rule). Each copy weighs `w0/(k+1)`; the copies form a list, sorted by weight descending
+//!    (ids ascending on ties).
 //! 3. **Baseline**: each rank's load is the sum of the weights of its kept experts.
 //! 4. **Place copies**: each copy in list order goes to the lightest rank (first on ties) that
 //!    has a free redundant position, does not hold the expert and has not yet received from the
@@ -40,10 +41,15 @@
 //! # Deliberate differences from the reference
 //!
 //! - **Fix: replica weight.** Upstream sets `w <- w*(a+2)/(a+3)` per extra copy, so after `k`
-//!   extras a copy weighs `2*w0/(k+2)`; we use the even split `w0/(k+1)`. The per-copy weights
-//!   are recomputed from the final table (`load / copies`) before the swaps in every case
-//!   (upstream only does so when step 5 filled a position), so the swaps and the acceptance
-//!   test see the real even-split loads.
+//!   extras a copy weighs `2*w0/(k+2)` instead of `w0/(k+1)`, and that wrong weight is then
+//!   used as the copy's *load*: in the baseline, when placing copies, in the swaps and in the
+//!   acceptance test (the weights are recomputed only when step 5 fills a position). Wherever a
+//!   weight stands for a load we use the even split `w0/(k+1)` (with the final copy counts
+//!   before the swaps). The `2*w0/(k+2)` decay is kept as the *priority* that decides which
+//!   expert gets the next copy in step 2: using `w0/(k+1)` there as well made
+//!   `dsv3_decode_ep32` worse than upstream (mean PAR 1.1159 against 1.1043), and DESIGN keeps a
+//!   fix only if no golden case gets worse. With the load fix alone no case is worse and most
+//!   are much better (e.g. `dsv3_decode_ep64` 1.3407 -> 1.0849).
 //! - **Fix: average.** Upstream uses layer 0's average rank load for every layer (in the swap
 //!   threshold and the acceptance test); we use each layer's own average.
 //! - **Fix: `after`.** Upstream's per-layer `after` value (which only feeds its `changed` flag
@@ -81,7 +87,7 @@ const EMPTY: u16 = u16::MAX;
 /// vLLM-Ascend's SwiftBalance (type 2), with the upstream bugs fixed (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SwiftBalance {
-    even_weights: bool,
+    even_loads: bool,
     layer_average: bool,
 }
 
@@ -89,16 +95,16 @@ impl SwiftBalance {
     /// The policy, with the upstream bugs fixed.
     pub const fn new() -> Self {
         Self {
-            even_weights: true,
+            even_loads: true,
             layer_average: true,
         }
     }
 
-    /// The bug-compatible variant: replica weight `2*w0/(k+2)` and layer 0's average for every
-    /// layer, as upstream. For comparisons only.
+    /// The bug-compatible variant: copies weigh `2*w0/(k+2)` wherever they stand for a load
+    /// and layer 0's average serves every layer, as upstream. For comparisons only.
     pub const fn upstream() -> Self {
         Self {
-            even_weights: false,
+            even_loads: false,
             layer_average: false,
         }
     }
@@ -307,12 +313,11 @@ impl SwiftBalance {
         }
 
         // 2. Redundancy choice.
-        for (e, ((w, x), c)) in wk
-            .w
-            .iter_mut()
-            .zip(wk.extras.iter_mut())
-            .zip(wk.copies.iter_mut())
-            .enumerate()
+        for (e, ((w, x), c)) in
+            wk.w.iter_mut()
+                .zip(wk.extras.iter_mut())
+                .zip(wk.copies.iter_mut())
+                .enumerate()
         {
             *w = at(loads, e);
             *x = 0;
@@ -326,14 +331,9 @@ impl SwiftBalance {
                 }
             }
             let Some((e, _)) = best else { break };
+            // Upstream's priority decay: after k extras, 2 * w0 / (k + 2).
             let a = f64::from(at(wk.extras, e));
-            let w0 = at(loads, e);
-            let w = if self.even_weights {
-                w0 / (a + 2.0)
-            } else {
-                2.0 * w0 / (a + 3.0)
-            };
-            put(wk.w, e, w);
+            put(wk.w, e, 2.0 * at(loads, e) / (a + 3.0));
             put(wk.extras, e, at(wk.extras, e) + 1);
         }
         let mut n_list = 0usize;
@@ -344,6 +344,11 @@ impl SwiftBalance {
             }
         }
         let list = wk.list.get_mut(..n_list).unwrap_or_default();
+        if self.even_loads {
+            for (e, (w, &x)) in wk.w.iter_mut().zip(wk.extras.iter()).enumerate() {
+                *w = at(loads, e) / (f64::from(x) + 1.0);
+            }
+        }
         let w = &*wk.w;
         list.sort_unstable_by(|&a, &b| {
             at(w, usize::from(b))
@@ -388,7 +393,7 @@ impl SwiftBalance {
 
         // 5. Fill leftover positions; per-copy weights from the table.
         let leftovers = wk.free_len.iter().any(|&k| k > 0);
-        if self.even_weights || leftovers {
+        if self.even_loads || leftovers {
             for (e, (w, &c)) in wk.w.iter_mut().zip(wk.copies.iter()).enumerate() {
                 *w = at(loads, e) / f64::from(c.max(1));
             }
@@ -419,7 +424,7 @@ impl SwiftBalance {
             }
             put(wk.free_len, ri, 0);
         }
-        if self.even_weights || leftovers {
+        if self.even_loads || leftovers {
             let w = &*wk.w;
             for (ld, row) in wk.load.iter_mut().zip(out.chunks_exact(s)) {
                 *ld = row.iter().map(|&e| at(w, usize::from(e))).sum();
@@ -532,7 +537,12 @@ mod tests {
     use eplb_core::Placement;
     use std::vec;
 
-    fn run(policy: &mut SwiftBalance, shape: Shape, cur: &[u16], loads: &[f64]) -> std::vec::Vec<u16> {
+    fn run(
+        policy: &mut SwiftBalance,
+        shape: Shape,
+        cur: &[u16],
+        loads: &[f64],
+    ) -> std::vec::Vec<u16> {
         let input = Input::new(Placement::new(shape, cur).unwrap(), loads, None, 0).unwrap();
         let mut scratch = vec![0u64; crate::scratch_len(policy, &shape)];
         let mut out = vec![0u16; shape.placement_len()];
@@ -569,8 +579,13 @@ mod tests {
     fn spec_vector_3_6() {
         // research/vllm-ascend-eplb.md §3.6, plus a uniform layer that must stay untouched.
         let shape = Shape::new(2, 10, 4, 3).unwrap();
-        let cur = [0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 1];
-        let mut loads = [160.0, 80.0, 10.0, 5.0, 5.0, 5.0, 300.0, 20.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let cur = [
+            0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 1,
+        ];
+        let mut loads = [
+            160.0, 80.0, 10.0, 5.0, 5.0, 5.0, 300.0, 20.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, 0.0,
+        ];
         for (e, w) in loads[10..].iter_mut().enumerate() {
             *w = if e < 2 { 20.0 } else { 10.0 };
         }

@@ -113,8 +113,9 @@ pub const DEFAULT_POLICY: PolicyKind = PolicyKind::Swift;
 /// Checks the content of an `expert_map_path` file; `Err` carries a description of the first
 /// problem (lower case, no trailing period).
 ///
-/// Called only after the path passed the file checks. The runtime passes `eplb-map`'s strict
-/// reader here.
+/// Called only after the path passed the file checks. The runtime passes `eplb-map`'s reader
+/// here, in its lenient mode (static loading reads leniently: co-located copies are a warning,
+/// not an error, so that any placement `eplb plan` writes can be read back).
 pub type MapValidator<'a> = dyn Fn(&Path) -> Result<(), String> + 'a;
 
 /// What the runtime does, as decided by the config.

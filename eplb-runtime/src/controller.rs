@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eplb_core::{
-    Cycle, HeatStage, HeatWindow, LayerPlacement, Placement, ReplicaChoice, Shape,
-    StageClassifier, Step,
+    Cycle, HeatStage, HeatWindow, LayerPlacement, Placement, ReplicaChoice, Shape, StageClassifier,
+    Step,
 };
 
 use crate::planner::{Plan, PlanRequest, Planner};
@@ -190,12 +190,12 @@ impl<T: Transport> Controller<T> {
         // Local heat is kept per slot: a ring of [W][L][S] (a "shape" with S experts per layer).
         let s = shape.slots_per_rank() as u16;
         let slot_shape = Shape::new(shape.layers() as u16, s, 1, s)?;
-        let (w, per) = HeatWindow::<Vec<u64>>::layout_for_interval(cfg.heat_interval)?;
+        let (w, per) = eplb_core::heat::layout_for_interval(cfg.heat_interval)?;
         let heat = HeatWindow::new(
             &slot_shape,
             w,
             per,
-            vec![0u64; HeatWindow::<Vec<u64>>::storage_len(&slot_shape, w)],
+            vec![0u64; eplb_core::heat::storage_len(&slot_shape, w)],
         )?;
         let rank = transport.rank();
         let mut c = Self {
@@ -243,7 +243,9 @@ impl<T: Transport> Controller<T> {
     /// This rank's expert map of `layer` (`[N]`, slot or -1).
     pub fn expert_map(&self, layer: usize) -> &[i32] {
         let n = self.shape.experts();
-        self.expert_map.get(layer * n..(layer + 1) * n).unwrap_or(&[])
+        self.expert_map
+            .get(layer * n..(layer + 1) * n)
+            .unwrap_or(&[])
     }
     /// This rank's `log2phy` of `layer` (`[N]`).
     pub fn log2phy(&self, layer: usize) -> &[u32] {
@@ -274,14 +276,14 @@ impl<T: Transport> Controller<T> {
     fn refresh_maps(&mut self, layer: usize) -> Result<(), ControllerError> {
         let per = self.shape.slots_per_layer();
         let n = self.shape.experts();
-        let rows = self
-            .placement
-            .get(layer * per..(layer + 1) * per)
-            .ok_or(eplb_core::Error::Index {
-                what: "layer",
-                index: layer,
-                bound: self.shape.layers(),
-            })?;
+        let rows =
+            self.placement
+                .get(layer * per..(layer + 1) * per)
+                .ok_or(eplb_core::Error::Index {
+                    what: "layer",
+                    index: layer,
+                    bound: self.shape.layers(),
+                })?;
         let lp = LayerPlacement::new(self.shape, layer, rows)?;
         if let Some(m) = self.expert_map.get_mut(layer * n..(layer + 1) * n) {
             lp.expert_map(self.rank, m)?;
@@ -410,7 +412,10 @@ impl<T: Transport> Controller<T> {
         self.heat.reset();
         let mut all = vec![0u64; r * local.len()];
         if let Err(e) = self.transport.all_gather(&local, &mut all) {
-            log::error!("eplb rank {}: heat gather failed: {e}; cycle abandoned", self.rank);
+            log::error!(
+                "eplb rank {}: heat gather failed: {e}; cycle abandoned",
+                self.rank
+            );
             self.stats.collective_failures += 1;
             self.cycle.reset();
             return;

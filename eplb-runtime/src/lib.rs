@@ -1,7 +1,7 @@
 //! `eplb-runtime`: the std runtime of eplb.
 //!
 //! The config ([`config`]), the per-rank controller that drives the core cycle ([`controller`]),
-//! the planner thread ([`planner`]), transfer planning ([`transfer`]), the [`Transport`] trait with
+//! the planner thread ([`planner`]), transfer planning ([`transfer`]), the [`transport::Transport`] trait with
 //! the in-process host transport ([`transport`]), the simulator ([`simulate`]) and the `eplb`
 //! command-line tool.
 //!
@@ -12,6 +12,7 @@
 //! layer is committed only when every rank's exchange succeeded.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod planner;

@@ -130,7 +130,10 @@ impl Planner {
             sh.submitted.retain(|&c, _| c >= keep_from);
             sh.results.retain(|&c, _| c >= keep_from);
         }
-        let sent = self.tx.as_ref().is_some_and(|tx| tx.send(req.clone()).is_ok());
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send(req.clone()).is_ok());
         if !sent {
             let mut sh = self.lock();
             sh.results.insert(

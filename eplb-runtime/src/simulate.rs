@@ -387,8 +387,8 @@ pub fn simulate(
             other[w * l + layer] =
                 metrics::layer_par(&lp, &loads, other_routing, &mut scratch, &mut rank_buf)
                     .map_err(|e| e.to_string())?;
-            lb[w * l + layer] = metrics::lower_bound_par(&shape, &loads, &mut copies)
-                .map_err(|e| e.to_string())?;
+            lb[w * l + layer] =
+                metrics::lower_bound_par(&shape, &loads, &mut copies).map_err(|e| e.to_string())?;
         }
         // A cycle starting now would activate at w + H + A: run it only if that is inside.
         if driving && w == cycle_start && w + h + a >= t_len {
@@ -439,7 +439,10 @@ pub fn simulate(
     }
 
     // Metrics.
-    let layer_mean: Vec<f64> = par.chunks_exact(l).map(|c| c.iter().sum::<f64>() / l as f64).collect();
+    let layer_mean: Vec<f64> = par
+        .chunks_exact(l)
+        .map(|c| c.iter().sum::<f64>() / l as f64)
+        .collect();
     let first = (h + a).min(t_len);
     let tail = &layer_mean[first..];
     let mean = |v: &[f64]| {
@@ -480,7 +483,11 @@ pub fn simulate(
         moves_total,
         slot_writes_total,
         same_rank_duplicate_rows_max: dup_max,
-        policy_time_ms_mean: if times.is_empty() { 0.0 } else { mean(&times) * 1e3 },
+        policy_time_ms_mean: if times.is_empty() {
+            0.0
+        } else {
+            mean(&times) * 1e3
+        },
         policy_time_ms_max: times.iter().copied().fold(0.0, f64::max) * 1e3,
         failed_layers,
         log,
@@ -529,10 +536,7 @@ fn rank_loop(
         match ctrl.after_forward(&mine, 0) {
             Ok(rep) => {
                 if rep.plan_taken.is_some() {
-                    plan_time = Some(
-                        ctrl.current_plan()
-                            .map_or(0.0, |p| p.elapsed.as_secs_f64()),
-                    );
+                    plan_time = Some(ctrl.current_plan().map_or(0.0, |p| p.elapsed.as_secs_f64()));
                 }
             }
             Err(e) => error = Some(e.to_string()),

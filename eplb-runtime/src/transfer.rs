@@ -150,7 +150,10 @@ pub fn plan_layer(
     new: &[u16],
 ) -> Result<LayerPlan, PlanError> {
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
-    for (what, got) in [("old layer [R][S]", old.len()), ("new layer [R][S]", new.len())] {
+    for (what, got) in [
+        ("old layer [R][S]", old.len()),
+        ("new layer [R][S]", new.len()),
+    ] {
         if got != r * s {
             return Err(PlanError::Shape {
                 what,
@@ -278,11 +281,26 @@ mod tests {
         assert_eq!(
             r3.recvs,
             vec![
-                RecvOp { peer: 0, expert: 2, buffer: 0 },
-                RecvOp { peer: 2, expert: 6, buffer: 1 }
+                RecvOp {
+                    peer: 0,
+                    expert: 2,
+                    buffer: 0
+                },
+                RecvOp {
+                    peer: 2,
+                    expert: 6,
+                    buffer: 1
+                }
             ]
         );
-        assert_eq!(r3.sends, vec![SendOp { peer: 0, expert: 8, slot: 0 }]);
+        assert_eq!(
+            r3.sends,
+            vec![SendOp {
+                peer: 0,
+                expert: 8,
+                slot: 0
+            }]
+        );
         assert_eq!(
             r3.install,
             vec![
@@ -306,10 +324,15 @@ mod tests {
             ]
         );
         assert!(plan.ranks[1].is_empty());
-        let shape = Shape::new(1, 5, 2, 2).unwrap();
+        // An old layer that lacks expert 4 (not a valid placement) has no source for it.
+        let shape = Shape::new(1, 5, 2, 3).unwrap();
         assert_eq!(
-            plan_layer(&shape, 3, &[0, 1, 2, 3], &[4, 1, 2, 3]),
-            Err(PlanError::NoSource { layer: 3, expert: 4, rank: 0 })
+            plan_layer(&shape, 3, &[0, 1, 2, 3, 0, 1], &[4, 1, 2, 3, 0, 1]),
+            Err(PlanError::NoSource {
+                layer: 3,
+                expert: 4,
+                rank: 0
+            })
         );
     }
 }

@@ -137,7 +137,11 @@ pub fn golden(name: &str) -> GoldenCase {
     let raw = shared_json(&format!("data/golden/{name}.json"));
     assert_eq!(raw["schema"], "eplb-golden/v1", "{name}: schema");
     let sh = &raw["shape"];
-    let get = |k: &str| sh[k].as_u64().unwrap_or_else(|| panic!("{name}: shape.{k}")) as u16;
+    let get = |k: &str| {
+        sh[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: shape.{k}")) as u16
+    };
     let (layers, experts, ranks, spr) = (
         get("num_layers"),
         get("num_experts"),
@@ -149,7 +153,11 @@ pub fn golden(name: &str) -> GoldenCase {
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let input = &raw["input"];
     let current = flat_u16(&input["current_placement"]);
-    assert_eq!(current.len(), shape.placement_len(), "{name}: placement size");
+    assert_eq!(
+        current.len(),
+        shape.placement_len(),
+        "{name}: placement size"
+    );
     let (l, n) = (shape.layers(), shape.experts());
     let windows = if input.get("window_loads").is_some() {
         let w = flat_f64(&input["window_loads"]);

@@ -1,7 +1,7 @@
 //! The vLLM-Ascend helper vectors of `../shared/data/golden/asc_maps.json` (layouts, expert maps,
 //! `log2phy` with and without the TP rotation, `local2global`), run through `eplb-core`.
 
-use eplb_core::{Layout, LayerPlacement, ReplicaChoice, Shape};
+use eplb_core::{LayerPlacement, Layout, ReplicaChoice, Shape};
 use eplb_tests::shared_json;
 use serde_json::Value;
 
@@ -19,13 +19,7 @@ fn rows(v: &Value) -> Vec<Vec<i64>> {
 
 /// A `[R][N]` global expert map (slot or -1) back to a `[R][S]` placement.
 fn global_to_placement(map: &[Vec<i64>]) -> (Vec<u16>, usize) {
-    let s = map
-        .iter()
-        .flat_map(|r| r.iter())
-        .copied()
-        .max()
-        .unwrap() as usize
-        + 1;
+    let s = map.iter().flat_map(|r| r.iter()).copied().max().unwrap() as usize + 1;
     let mut p = vec![u16::MAX; map.len() * s];
     for (r, row) in map.iter().enumerate() {
         for (e, &slot) in row.iter().enumerate() {
@@ -97,7 +91,10 @@ fn every_asc_maps_vector() {
                     let shape = Shape::from_redundant(1, n, r, 0).unwrap();
                     let mut p = vec![0u16; shape.placement_len()];
                     Layout::Contiguous.fill(&shape, &mut p).unwrap();
-                    assert_eq!(expert_map(&layer(shape, &p), rank), ints(&exp["expert_map"]));
+                    assert_eq!(
+                        expert_map(&layer(shape, &p), rank),
+                        ints(&exp["expert_map"])
+                    );
                     checked += 1;
                     continue;
                 }
@@ -125,7 +122,10 @@ fn every_asc_maps_vector() {
                 let l = layer(shape, &p);
                 assert_eq!(expert_map(&l, rank), ints(&exp["expert_map"]), "{v}");
                 assert_eq!(log2phy(&l, rank, None), ints(&exp["log2phy"]), "{v}");
-                assert_eq!(shape.redundant() as u64, exp["num_redundant"].as_u64().unwrap());
+                assert_eq!(
+                    shape.redundant() as u64,
+                    exp["num_redundant"].as_u64().unwrap()
+                );
                 if let Some(g) = exp.get("global_expert_map") {
                     for (rr, row) in rows(g).iter().enumerate() {
                         assert_eq!(&expert_map(&l, rr), row, "{v}");

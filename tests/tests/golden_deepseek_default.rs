@@ -38,7 +38,15 @@ fn pars(shape: Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
     let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
     let mut ranks = vec![0.0; shape.ranks()];
     let mut per_layer = vec![0.0; shape.layers()];
-    metrics::hotness(&p, loads, Routing::Even, &mut scratch, &mut ranks, &mut per_layer).unwrap();
+    metrics::hotness(
+        &p,
+        loads,
+        Routing::Even,
+        &mut scratch,
+        &mut ranks,
+        &mut per_layer,
+    )
+    .unwrap();
     per_layer
 }
 
@@ -61,7 +69,11 @@ fn check(case: &GoldenCase, peer: &str, shape: Shape, got: &[u16]) -> String {
     let ours = pars(shape, got, &case.loads);
     let mean = ours.iter().sum::<f64>() / ours.len() as f64;
     for (l, (p, lb)) in ours.iter().zip(&case.lower_bound).enumerate() {
-        assert!(*p >= lb - 1e-9, "{}/{peer} layer {l}: PAR {p} below the lower bound {lb}", case.name);
+        assert!(
+            *p >= lb - 1e-9,
+            "{}/{peer} layer {l}: PAR {p} below the lower bound {lb}",
+            case.name
+        );
     }
     if e.exact {
         if let Some(l) = first_diff(shape, got, &e.placement) {

@@ -1,7 +1,7 @@
 //! Every golden case loads, and our metrics reproduce its recorded PARs.
 
-use eplb_core::metrics::{self, Routing};
 use eplb_core::Placement;
+use eplb_core::metrics::{self, Routing};
 use eplb_tests::{GOLDEN_CASES, golden};
 
 fn even_pars(shape: eplb_core::Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
@@ -9,7 +9,15 @@ fn even_pars(shape: eplb_core::Shape, placement: &[u16], loads: &[f64]) -> Vec<f
     let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
     let mut ranks = vec![0.0; shape.ranks()];
     let mut per_layer = vec![0.0; shape.layers()];
-    metrics::hotness(&p, loads, Routing::Even, &mut scratch, &mut ranks, &mut per_layer).unwrap();
+    metrics::hotness(
+        &p,
+        loads,
+        Routing::Even,
+        &mut scratch,
+        &mut ranks,
+        &mut per_layer,
+    )
+    .unwrap();
     per_layer
 }
 
@@ -27,13 +35,19 @@ fn golden_metrics_match_recorded_pars() {
             let ours =
                 metrics::lower_bound_par(&case.shape, &case.loads[l * n..(l + 1) * n], &mut copies)
                     .unwrap();
-            assert!((ours - lb).abs() < 1e-9, "{name} layer {l}: lower bound {ours} vs {lb}");
+            assert!(
+                (ours - lb).abs() < 1e-9,
+                "{name} layer {l}: lower bound {ours} vs {lb}"
+            );
         }
         for (peer, e) in &case.expected {
             // DeepSeek placements may co-locate copies; PAR is defined for them all the same.
             let got = even_pars(case.shape, &e.placement, &case.loads);
             for (l, (a, b)) in got.iter().zip(&e.par).enumerate() {
-                assert!((a - b).abs() < 1e-9, "{name}/{peer} layer {l}: PAR {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 1e-9,
+                    "{name}/{peer} layer {l}: PAR {a} vs {b}"
+                );
             }
         }
     }

@@ -48,22 +48,42 @@ fn run<P: Policy>(policy: &mut P, case: &GoldenCase, with_windows: bool) -> Run 
 }
 
 fn check_common(case: &GoldenCase, who: &str, r: &Run) {
-    assert_eq!(r.summary.colocated_rows, 0, "{}/{who}: co-located copies", case.name);
+    assert_eq!(
+        r.summary.colocated_rows, 0,
+        "{}/{who}: co-located copies",
+        case.name
+    );
     for (l, (p, lb)) in r.par.iter().zip(&case.lower_bound).enumerate() {
-        assert!(*p >= lb - 1e-9, "{}/{who} layer {l}: PAR {p} below the lower bound {lb}", case.name);
+        assert!(
+            *p >= lb - 1e-9,
+            "{}/{who} layer {l}: PAR {p} below the lower bound {lb}",
+            case.name
+        );
     }
     if let Some(opt) = case.raw["optimum"]["per_layer"].as_array() {
         for (l, (p, o)) in r.par.iter().zip(opt).enumerate() {
             let o = o["par"].as_f64().unwrap();
-            assert!(*p >= o - 1e-9, "{}/{who} layer {l}: PAR {p} below the optimum {o}", case.name);
+            assert!(
+                *p >= o - 1e-9,
+                "{}/{who} layer {l}: PAR {p} below the optimum {o}",
+                case.name
+            );
         }
     }
     // Kept experts keep their slot.
     let s = case.shape.slots_per_rank();
-    for (old, new) in case.current.chunks_exact(s).zip(r.placement.chunks_exact(s)) {
+    for (old, new) in case
+        .current
+        .chunks_exact(s)
+        .zip(r.placement.chunks_exact(s))
+    {
         for (j, e) in new.iter().enumerate() {
             if let Some(k) = old.iter().position(|o| o == e) {
-                assert!(old[j] == *e || new[k] == old[k], "{}/{who}: expert {e} changed slot", case.name);
+                assert!(
+                    old[j] == *e || new[k] == old[k],
+                    "{}/{who}: expert {e} changed slot",
+                    case.name
+                );
             }
         }
     }
@@ -75,7 +95,10 @@ fn mean(v: &[f64]) -> f64 {
 
 #[test]
 fn swift_meets_or_beats_upstream_on_every_golden_case() {
-    eprintln!("{:<22} {:>9} {:>9} {:>9} {:>7} {:>7}", "case", "peer", "ours", "quirks", "moves", "peer_mv");
+    eprintln!(
+        "{:<22} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "case", "peer", "ours", "quirks", "moves", "peer_mv"
+    );
     let mut failures = Vec::new();
     for name in GOLDEN_CASES {
         let case = golden(name);
@@ -88,16 +111,17 @@ fn swift_meets_or_beats_upstream_on_every_golden_case() {
         let (o, q) = (mean(&ours.par), mean(&quirks.par));
         eprintln!(
             "{name:<22} {:>9.5} {o:>9.5} {q:>9.5} {:>7} {:>7}",
-            peer.par_mean,
-            ours.summary.moves,
-            raw_peer["metrics"]["moves_total"]
+            peer.par_mean, ours.summary.moves, raw_peer["metrics"]["moves_total"]
         );
         // Every fix is kept only if it makes no case worse than the bug-compatible variant.
         if o > q + 1e-12 {
             failures.push(format!("{name}: fixed {o} worse than upstream variant {q}"));
         }
         if !peer.exact && o > peer.par_mean * (1.0 + peer.tolerance) {
-            failures.push(format!("{name}: PAR {o} above peer {} (tol {})", peer.par_mean, peer.tolerance));
+            failures.push(format!(
+                "{name}: PAR {o} above peer {} (tol {})",
+                peer.par_mean, peer.tolerance
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -105,7 +129,10 @@ fn swift_meets_or_beats_upstream_on_every_golden_case() {
 
 #[test]
 fn flashlb_meets_or_beats_upstream_on_every_golden_case() {
-    eprintln!("{:<22} {:>9} {:>9} {:>7} {:>7}", "case", "peer", "ours", "moves", "peer_mv");
+    eprintln!(
+        "{:<22} {:>9} {:>9} {:>7} {:>7}",
+        "case", "peer", "ours", "moves", "peer_mv"
+    );
     let mut failures = Vec::new();
     for name in GOLDEN_CASES {
         let case = golden(name);
@@ -116,12 +143,13 @@ fn flashlb_meets_or_beats_upstream_on_every_golden_case() {
         let o = mean(&ours.par);
         eprintln!(
             "{name:<22} {:>9.5} {o:>9.5} {:>7} {:>7}",
-            peer.par_mean,
-            ours.summary.moves,
-            raw_peer["metrics"]["moves_total"]
+            peer.par_mean, ours.summary.moves, raw_peer["metrics"]["moves_total"]
         );
         if !peer.exact && o > peer.par_mean * (1.0 + peer.tolerance) {
-            failures.push(format!("{name}: PAR {o} above peer {} (tol {})", peer.par_mean, peer.tolerance));
+            failures.push(format!(
+                "{name}: PAR {o} above peer {} (tol {})",
+                peer.par_mean, peer.tolerance
+            ));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

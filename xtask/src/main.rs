@@ -80,7 +80,10 @@ fn test(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("`cargo xtask test` takes no arguments, got `{a}`"));
     }
-    run("cargo fmt --check", cargo().args(["fmt", "--all", "--check"]))?;
+    run(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--check"]),
+    )?;
     run(
         "cargo clippy (all targets, all features, warnings denied)",
         cargo().args([
@@ -113,7 +116,10 @@ fn no_std_proof(target: Option<&str>) -> Result<(), String> {
     let mut cmd = cargo();
     cmd.current_dir(&dir)
         .args(["build", "--release", "--quiet"])
-        .env("CARGO_TARGET_DIR", root().join("target").join("no-std-smoke"));
+        .env(
+            "CARGO_TARGET_DIR",
+            root().join("target").join("no-std-smoke"),
+        );
     if let Some(t) = target {
         cmd.args(["--target", t]);
     }
@@ -149,7 +155,9 @@ fn cross(install: bool) -> Result<(), String> {
     for target in CROSS_TARGETS {
         if !installed_targets().iter().any(|t| t == target) {
             if !install {
-                eprintln!("==> cross: target {target} is not installed; skipped (run `cargo xtask cross` to install it)");
+                eprintln!(
+                    "==> cross: target {target} is not installed; skipped (run `cargo xtask cross` to install it)"
+                );
                 continue;
             }
             eprintln!("==> cross: installing target {target} with rustup");

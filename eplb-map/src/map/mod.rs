@@ -8,8 +8,8 @@
 //!
 //! [`write_map_json`] (no `std` needed) writes exactly the bytes of vLLM-Ascend's recorder
 //! (Python `json.dump(..., indent=4)`: this key order, four-space indent, one number per line,
-//! no trailing newline). With the `std` feature, [`read_map_json`] reads strictly and
-//! [`check_map_json`] lists every problem.
+//! no trailing newline). With the `std` feature, `read_map_json` reads strictly and
+//! `check_map_json` lists every problem.
 
 use core::fmt;
 

@@ -7,8 +7,8 @@
 //! for FlashLB, where most new rows share experts with one old row only). Ties are resolved by
 //! the lowest column index, so the result is deterministic.
 
-use crate::arena::{Arena, words_f64, words_u16};
 use crate::Error;
+use crate::arena::{Arena, words_f64, words_u16};
 
 /// Scratch of [`assign`] for `n x n`.
 pub(super) struct Hungarian<'a> {
@@ -57,7 +57,8 @@ pub(super) fn assign(
     h: &mut Hungarian<'_>,
     assign: &mut [u16],
 ) -> Result<(), Error> {
-    if cost.len() != n * n || assign.len() != n || h.p.len() != n + 1 || n >= usize::from(u16::MAX) {
+    if cost.len() != n * n || assign.len() != n || h.p.len() != n + 1 || n >= usize::from(u16::MAX)
+    {
         return Err(Error::NoPlacement {
             layer: 0,
             why: "assignment buffers do not match the matrix",
@@ -175,7 +176,9 @@ mod tests {
             for _ in 0..30 {
                 let cost: Vec<f64> = (0..n * n)
                     .map(|_| {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
                         ((x >> 33) % 6) as f64
                     })
                     .collect();

@@ -231,7 +231,10 @@ impl Transport for HostTransport {
                 .and_then(|l| l.get(usize::from(op.slot)))
                 .cloned()
                 .ok_or_else(|| TransportError::Invalid {
-                    what: format!("layer {}: send from slot {} out of range", plan.layer, op.slot),
+                    what: format!(
+                        "layer {}: send from slot {} out of range",
+                        plan.layer, op.slot
+                    ),
                 })?;
             st.mail
                 .entry((self.rank, usize::from(op.peer)))
@@ -253,14 +256,20 @@ impl Transport for HostTransport {
         match fault {
             Some(Fault::Fail) => {
                 return Err(TransportError::Failed {
-                    what: format!("rank {}: layer {} exchange (injected)", self.rank, plan.layer),
+                    what: format!(
+                        "rank {}: layer {} exchange (injected)",
+                        self.rank, plan.layer
+                    ),
                     code: -1,
                 });
             }
             Some(Fault::Timeout) => {
                 std::thread::sleep(world.timeout);
                 return Err(TransportError::Timeout {
-                    what: format!("rank {}: layer {} receives (injected)", self.rank, plan.layer),
+                    what: format!(
+                        "rank {}: layer {} receives (injected)",
+                        self.rank, plan.layer
+                    ),
                 });
             }
             None => {}
@@ -311,7 +320,11 @@ impl Transport for HostTransport {
             }
             if msg.bytes.len() != self.expert_bytes {
                 return Err(TransportError::Protocol {
-                    what: format!("expert {} arrived with {} bytes", op.expert, msg.bytes.len()),
+                    what: format!(
+                        "expert {} arrived with {} bytes",
+                        op.expert,
+                        msg.bytes.len()
+                    ),
                 });
             }
             if let Some(buf) = self.buffers.get_mut(usize::from(op.buffer)) {
@@ -328,7 +341,11 @@ impl Transport for HostTransport {
         };
         if plan.install.len() != live.len() {
             return Err(TransportError::Invalid {
-                what: format!("layer {}: install plan for {} slots", plan.layer, plan.install.len()),
+                what: format!(
+                    "layer {}: install plan for {} slots",
+                    plan.layer,
+                    plan.install.len()
+                ),
             });
         }
         let old = live.clone();

@@ -1,0 +1,691 @@
+//! The `eplb` command-line tool (`DESIGN.md`, "The command-line tool").
+//!
+//! Errors go to stderr as `error: ...` with exit status 1 (2 for usage errors); `--json` prints
+//! one JSON object on stdout.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use eplb_core::metrics::{self, Routing};
+use eplb_core::{Layout, Placement, Shape};
+use eplb_map::heat::{Heat, HeatFormat, load_heat, sniff};
+use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
+use eplb_policies::PolicyKind;
+use serde_json::json;
+
+use crate::config::{EplbConfig, ProcessEnv};
+use crate::planner::{PlanRequest, plan_once};
+use crate::policies::policy_for;
+use crate::simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate};
+
+/// The `eplb` tool.
+#[derive(Debug, Parser)]
+#[command(
+    name = "eplb",
+    version,
+    about = "Expert Parallelism Load Balancer for MoE serving"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compute a placement from recorded heat and write a vLLM-Ascend expert-map JSON.
+    Plan(PlanArgs),
+    /// Check an expert-map JSON; exit 0 when valid, else 1 with every problem found.
+    Validate(ValidateArgs),
+    /// Validate an `eplb_config` JSON as the runtime would at start-up.
+    CheckConfig(CheckConfigArgs),
+    /// The hotness numbers (PAR over layers) of a placement under recorded heat.
+    Hotness(HotnessArgs),
+    /// Replay a trace through the dynamic cycle and score the placements (SIMULATION.md).
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, Args)]
+struct Topology {
+    /// Ranks per node (DeepSeek's hierarchy); default: all ranks on one node.
+    #[arg(long)]
+    ranks_per_node: Option<u16>,
+    /// Expert groups of the model (DeepSeek's hierarchy); default 1.
+    #[arg(long)]
+    groups: Option<u16>,
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// Heat: an eplb-trace/v1 trace, an SGLang logical_count dump, or a JSON array [L][N].
+    #[arg(long)]
+    loads: PathBuf,
+    /// EP ranks.
+    #[arg(long)]
+    ranks: u16,
+    /// Redundant experts.
+    #[arg(long)]
+    redundant: u32,
+    #[command(flatten)]
+    topo: Topology,
+    /// Policy: 0..4 or random, default, swift, flashlb, incremental, deepseek.
+    #[arg(long)]
+    policy: String,
+    /// The current placement (expert-map JSON); default: the default layout.
+    #[arg(long)]
+    current: Option<PathBuf>,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to write the new expert map.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ValidateArgs {
+    /// The expert-map JSON.
+    map: PathBuf,
+    /// Logical experts of the model.
+    #[arg(long)]
+    experts: Option<u16>,
+    /// EP ranks.
+    #[arg(long)]
+    ranks: Option<u16>,
+    /// Accept an expert held twice on one device.
+    #[arg(long)]
+    allow_duplicates: bool,
+}
+
+#[derive(Debug, Args)]
+struct CheckConfigArgs {
+    /// `{"eplb_config": {...}}` or the inner object.
+    file: PathBuf,
+    /// Logical experts of the model (with --ranks: checks the redundancy divides).
+    #[arg(long)]
+    experts: Option<u16>,
+    /// EP ranks.
+    #[arg(long)]
+    ranks: Option<u16>,
+}
+
+#[derive(Debug, Args)]
+struct HotnessArgs {
+    /// The placement (expert-map JSON).
+    #[arg(long)]
+    map: PathBuf,
+    /// Heat: a trace, an SGLang dump, a JSON array [L][N], or per-slot loads [L][R][S].
+    #[arg(long)]
+    loads: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RoutingArg {
+    /// vLLM-Ascend's static per-source-rank replica choice.
+    Log2phy,
+    /// Even split over replicas.
+    Even,
+}
+
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    /// An eplb-trace/v1 trace with windows.
+    #[arg(long)]
+    trace: PathBuf,
+    /// EP ranks.
+    #[arg(long)]
+    ranks: u16,
+    /// Redundant experts.
+    #[arg(long)]
+    redundant: u32,
+    /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
+    #[arg(long)]
+    policy: String,
+    /// Heat windows per cycle (H >= 1).
+    #[arg(long)]
+    heat_interval: u32,
+    /// Windows between the snapshot and the new placement (A >= 1).
+    #[arg(long)]
+    algo_interval: u32,
+    #[command(flatten)]
+    topo: Topology,
+    /// `default` or `random:SEED`.
+    #[arg(long, default_value = "default")]
+    initial: String,
+    /// Routing model of the metrics.
+    #[arg(long, value_enum, default_value = "log2phy")]
+    routing: RoutingArg,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the eplb-placements/v1 log here.
+    #[arg(long)]
+    placements_log: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the tool on `args` (including the program name) and returns the exit code.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Plan(a) => plan(&a),
+        Command::Validate(a) => validate(&a),
+        Command::CheckConfig(a) => check_config(&a),
+        Command::Hotness(a) => hotness(&a),
+        Command::Simulate(a) => simulate_cmd(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse::<PolicyKind>()
+        .map_err(|e| format!("--policy {s}: {e}"))
+}
+
+fn layout_shape(heat: &Heat, ranks: u16, redundant: u32, topo: &Topology) -> Result<Shape, String> {
+    let l = u16::try_from(heat.layers()).map_err(|_| "too many layers".to_string())?;
+    let n = u16::try_from(heat.experts()).map_err(|_| "too many experts".to_string())?;
+    Shape::from_redundant(l, n, ranks, redundant)
+        .and_then(|s| {
+            s.topology(
+                topo.ranks_per_node.unwrap_or(ranks),
+                topo.groups.unwrap_or(1),
+            )
+        })
+        .map_err(|e| e.to_string())
+}
+
+fn read_current(path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
+    let opts = ReadOptions::lenient()
+        .experts(shape.experts() as u16)
+        .ranks(shape.ranks() as u16)
+        .layers(shape.layers() as u16);
+    let map = read_map_json(&read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    if map.colocated_rows() > 0 {
+        eprintln!(
+            "warning: {}: {} device rows hold an expert twice",
+            path.display(),
+            map.colocated_rows()
+        );
+    }
+    if map.shape().slots_per_rank() != shape.slots_per_rank() {
+        return Err(format!(
+            "{}: {} slots per device, but --ranks/--redundant give {}",
+            path.display(),
+            map.shape().slots_per_rank(),
+            shape.slots_per_rank()
+        ));
+    }
+    Ok(map.into_placement().into_vec())
+}
+
+fn warn_heat(heat: &Heat, path: &Path) {
+    for w in heat.warnings() {
+        eprintln!("warning: {}: {w}", path.display());
+    }
+}
+
+fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
+    let kind = parse_policy(&a.policy)?;
+    let bytes = read(&a.loads)?;
+    let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
+    if format == HeatFormat::SlotLoads {
+        return Err(format!(
+            "{}: per-slot loads need a placement; use `eplb hotness` or convert to [L][N]",
+            a.loads.display()
+        ));
+    }
+    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.loads.display()))?;
+    warn_heat(&heat, &a.loads);
+    let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
+    let current = match &a.current {
+        Some(p) => read_current(p, &shape)?,
+        None => {
+            let mut p = vec![0u16; shape.placement_len()];
+            Layout::Default
+                .fill(&shape, &mut p)
+                .map_err(|e| e.to_string())?;
+            p
+        }
+    };
+    let samples = (heat.windows() > 1).then(|| (heat.windows(), heat.as_slice().to_vec()));
+    let req = PlanRequest {
+        cycle: 1,
+        current,
+        loads: heat.summed(),
+        samples,
+        seed: a.seed,
+    };
+    let mut policy = policy_for(kind)?;
+    let mut scratch = vec![0u64; eplb_policies::scratch_len(policy.as_ref(), &shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    let plan = plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)?;
+    if plan.summary.colocated_rows > 0 {
+        eprintln!(
+            "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",
+            plan.summary.colocated_rows
+        );
+    }
+    let mut copies = vec![0u16; shape.experts()];
+    let lower: Vec<f64> = req
+        .loads
+        .chunks_exact(shape.experts())
+        .map(|w| metrics::lower_bound_par(&shape, w, &mut copies).unwrap_or(1.0))
+        .collect();
+    if let Some(out) = &a.out {
+        let p = Placement::new(shape, &plan.placement).map_err(|e| e.to_string())?;
+        std::fs::write(out, to_json(&p)).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    let elapsed_us = plan.elapsed.as_secs_f64() * 1e6;
+    if a.json {
+        let v = json!({
+            "policy": kind.name(),
+            "layers": shape.layers(),
+            "par_before": plan.par_before,
+            "par_after": plan.par_after,
+            "lower_bound": lower,
+            "moves": plan.summary.moves,
+            "elapsed_us": elapsed_us,
+            "changed_layers": plan.summary.changed_layers,
+            "colocated_rows": plan.summary.colocated_rows,
+        });
+        println!("{v}");
+    } else {
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        println!(
+            "policy {}: {} layers, R={} S={} X={}",
+            kind.name(),
+            shape.layers(),
+            shape.ranks(),
+            shape.slots_per_rank(),
+            shape.redundant()
+        );
+        println!(
+            "PAR (even split): before mean={:.4} max={:.4}, after mean={:.4} max={:.4}, lower bound mean={:.4}",
+            plan.summary.before.mean,
+            plan.summary.before.max,
+            plan.summary.after.mean,
+            plan.summary.after.max,
+            mean(&lower)
+        );
+        println!(
+            "changed layers: {}, weight fetches: {}, policy time: {:.1} us",
+            plan.summary.changed_layers, plan.summary.moves, elapsed_us
+        );
+        if let Some(out) = &a.out {
+            println!("wrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
+    let bytes = read(&a.map)?;
+    let mut opts = if a.allow_duplicates {
+        ReadOptions::lenient()
+    } else {
+        ReadOptions::strict()
+    };
+    if let Some(n) = a.experts {
+        opts = opts.experts(n);
+    }
+    if let Some(r) = a.ranks {
+        opts = opts.ranks(r);
+    }
+    let report = check_map_json(&bytes, &opts);
+    match report.map {
+        Some(map) if report.errors.is_empty() => {
+            for w in map.warnings() {
+                eprintln!("warning: {}: {w}", a.map.display());
+            }
+            let s = map.shape();
+            println!(
+                "{}: valid: {} layers, {} devices x {} slots, {} experts, {} redundant",
+                a.map.display(),
+                s.layers(),
+                s.ranks(),
+                s.slots_per_rank(),
+                s.experts(),
+                s.redundant()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            for e in &report.errors {
+                eprintln!("error: {}: {e}", a.map.display());
+            }
+            if report.truncated {
+                eprintln!("error: {}: more problems not listed", a.map.display());
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
+    let validator = |p: &Path| -> Result<(), String> {
+        let mut opts = ReadOptions::lenient();
+        if let Some(n) = a.experts {
+            opts = opts.experts(n);
+        }
+        if let Some(r) = a.ranks {
+            opts = opts.ranks(r);
+        }
+        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+        read_map_json(&bytes, &opts)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let cfg = match EplbConfig::from_file(&a.file, &ProcessEnv, Some(&validator)) {
+        Ok(c) => c,
+        Err(errors) => {
+            for m in errors.messages() {
+                eprintln!("error: {}: {m}", a.file.display());
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if let (Some(n), Some(r)) = (a.experts, a.ranks)
+        && let Err(e) = cfg.check_shape(n, r)
+    {
+        eprintln!("error: {}: {e}", a.file.display());
+        return Ok(ExitCode::FAILURE);
+    }
+    for w in cfg.warnings() {
+        eprintln!("warning: {w}");
+    }
+    println!("{}: valid", a.file.display());
+    print!("{}", cfg.summary());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
+    let map = read_map_json(&read(&a.map)?, &ReadOptions::lenient())
+        .map_err(|e| format!("{}: {e}", a.map.display()))?;
+    for w in map.warnings() {
+        eprintln!("warning: {}: {w}", a.map.display());
+    }
+    let shape = map.shape();
+    let placement = map.placement().view().map_err(|e| e.to_string())?;
+    let heat = load_heat(&read(&a.loads)?, Some(&placement))
+        .map_err(|e| format!("{}: {e}", a.loads.display()))?;
+    warn_heat(&heat, &a.loads);
+    if heat.layers() != shape.layers() || heat.experts() > shape.experts() {
+        return Err(format!(
+            "{} has {} layers x {} experts, the map {} layers x {} experts",
+            a.loads.display(),
+            heat.layers(),
+            heat.experts(),
+            shape.layers(),
+            shape.experts()
+        ));
+    }
+    let loads = heat.summed();
+    if loads.len() != shape.loads_len() {
+        return Err(format!(
+            "{}: {} experts per layer, the map has {}",
+            a.loads.display(),
+            heat.experts(),
+            shape.experts()
+        ));
+    }
+    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
+    let mut ranks = vec![0.0; shape.ranks()];
+    let mut even = vec![0.0; shape.layers()];
+    let mut routed = vec![0.0; shape.layers()];
+    let h_even = metrics::hotness(
+        &placement,
+        &loads,
+        Routing::Even,
+        &mut scratch,
+        &mut ranks,
+        &mut even,
+    )
+    .map_err(|e| e.to_string())?;
+    let h_routed = metrics::hotness(
+        &placement,
+        &loads,
+        Routing::Log2Phy,
+        &mut scratch,
+        &mut ranks,
+        &mut routed,
+    )
+    .map_err(|e| e.to_string())?;
+    println!(
+        "[Expert Hotness] current: mean={:.3} max={:.3}",
+        h_even.mean, h_even.max
+    );
+    println!(
+        "under log2phy routing: mean={:.3} max={:.3}",
+        h_routed.mean, h_routed.max
+    );
+    println!("layer  PAR(even)  PAR(log2phy)");
+    for (l, (e, r)) in even.iter().zip(&routed).enumerate() {
+        println!("{l:>5}  {e:>9.4}  {r:>12.4}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_initial(s: &str) -> Result<Initial, String> {
+    if s == "default" {
+        return Ok(Initial::Default);
+    }
+    s.strip_prefix("random:")
+        .and_then(|x| x.parse::<u64>().ok())
+        .map(Initial::Random)
+        .ok_or_else(|| format!("--initial {s}: expected `default` or `random:SEED`"))
+}
+
+fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
+    let policy = if a.policy == "static" {
+        SimPolicy::Static
+    } else {
+        SimPolicy::Policy(parse_policy(&a.policy)?)
+    };
+    let initial = parse_initial(&a.initial)?;
+    let bytes = read(&a.trace)?;
+    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
+    warn_heat(&heat, &a.trace);
+    let counts = heat
+        .counts_u64()
+        .ok_or_else(|| format!("{}: counts must be whole token counts", a.trace.display()))?;
+    let trace = SimTrace {
+        windows: heat.windows(),
+        layers: heat.layers(),
+        experts: heat.experts(),
+        counts,
+    };
+    let cfg = SimConfig {
+        ranks: a.ranks,
+        redundant: a.redundant,
+        ranks_per_node: a.topo.ranks_per_node,
+        groups: a.topo.groups,
+        policy,
+        heat_interval: a.heat_interval,
+        algo_interval: a.algo_interval,
+        initial,
+        routing: match a.routing {
+            RoutingArg::Log2phy => Routing::Log2Phy,
+            RoutingArg::Even => Routing::Even,
+        },
+        seed: a.seed,
+        expert_bytes: 64,
+    };
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut shown = false;
+    let mut progress = |done: usize, total: usize| {
+        if tty && started.elapsed().as_secs_f64() > 1.0 {
+            let width = 30;
+            let filled = done * width / total.max(1);
+            eprint!(
+                "\r[{}{}] {done}/{total} windows",
+                "=".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            let _ = std::io::stderr().flush();
+            shown = true;
+        }
+    };
+    let r = simulate(&trace, &cfg, &mut progress)?;
+    if shown {
+        eprintln!();
+    }
+    if let Some(path) = &a.placements_log {
+        write_placements_log(path, &r, policy.name(), heat.name())?;
+    }
+    if a.json {
+        println!("{}", sim_json(&r, policy.name(), cfg.routing));
+    } else {
+        print_sim(&r, policy.name(), cfg.routing);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn routing_name(r: Routing) -> &'static str {
+    match r {
+        Routing::Log2Phy => "log2phy",
+        Routing::Even => "even",
+    }
+}
+
+/// The `simulate --json` object.
+pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> serde_json::Value {
+    let slots = r.shape.placement_len() as f64;
+    json!({
+        "policy": policy,
+        "routing": routing_name(routing),
+        "mean_par": r.mean_par,
+        "p99_par": r.p99_par,
+        "max_par": r.max_par,
+        "mean_par_from_first_activation": r.mean_par_from_first_activation,
+        "p99_par_from_first_activation": r.p99_par_from_first_activation,
+        "changes": r.changes,
+        "moves_total": r.moves_total,
+        "moves_per_change": r.moves_per_change(),
+        "moves_per_change_fraction": r.moves_per_change() / slots,
+        "slot_writes_total": r.slot_writes_total,
+        "same_rank_duplicate_rows_max": r.same_rank_duplicate_rows_max,
+        "policy_time_ms_mean": r.policy_time_ms_mean,
+        "policy_time_ms_max": r.policy_time_ms_max,
+        "cycles": r.cycles,
+        "other_routing_mean_par": r.other_routing_mean_par,
+        "lower_bound_mean_par": r.lower_bound_mean_par,
+        "failed_layers": r.failed_layers,
+    })
+}
+
+fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
+    let s = r.shape;
+    println!(
+        "policy {policy}: L={} N={} R={} S={} X={}, routing {}, {} cycles",
+        s.layers(),
+        s.experts(),
+        s.ranks(),
+        s.slots_per_rank(),
+        s.redundant(),
+        routing_name(routing),
+        r.cycles
+    );
+    println!(
+        "PAR: mean {:.4}  p99 {:.4}  max {:.3}  | from first activation: mean {:.4}  p99 {:.4}",
+        r.mean_par,
+        r.p99_par,
+        r.max_par,
+        r.mean_par_from_first_activation,
+        r.p99_par_from_first_activation
+    );
+    println!(
+        "changes {}  moves {} ({:.1} per change, {:.1}% of slots)  slot writes {}  same-rank duplicate rows max {}",
+        r.changes,
+        r.moves_total,
+        r.moves_per_change(),
+        100.0 * r.moves_per_change() / s.placement_len() as f64,
+        r.slot_writes_total,
+        r.same_rank_duplicate_rows_max
+    );
+    println!(
+        "policy time per cycle: mean {:.2} ms, max {:.2} ms; lower bound mean PAR {:.4}",
+        r.policy_time_ms_mean, r.policy_time_ms_max, r.lower_bound_mean_par
+    );
+}
+
+fn write_placements_log(
+    path: &Path,
+    r: &SimResult,
+    policy: &str,
+    case: Option<&str>,
+) -> Result<(), String> {
+    let s = r.shape;
+    let nest = |p: &[u16]| -> serde_json::Value {
+        p.chunks_exact(s.slots_per_layer())
+            .map(|layer| {
+                layer
+                    .chunks_exact(s.slots_per_rank())
+                    .map(|row| row.to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .into()
+    };
+    let entries: Vec<serde_json::Value> = r
+        .log
+        .iter()
+        .map(|e| {
+            let mut v = json!({
+                "cycle": e.cycle,
+                "active_from_window": e.active_from_window,
+                "placement": nest(&e.placement),
+            });
+            if let Some((a, b)) = e.heat_windows {
+                v["heat_windows"] = json!([a, b]);
+            }
+            if let Some(t) = e.policy_time_s {
+                v["policy_time_s"] = json!(t);
+            }
+            v
+        })
+        .collect();
+    let mut doc = json!({
+        "format": "eplb-placements/v1",
+        "policy": policy,
+        "num_layers": s.layers(),
+        "num_ranks": s.ranks(),
+        "slots_per_rank": s.slots_per_rank(),
+        "num_experts": s.experts(),
+        "entries": entries,
+    });
+    if let Some(c) = case {
+        doc["case"] = json!(c);
+    }
+    let text = serde_json::to_string(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
