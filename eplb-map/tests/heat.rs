@@ -353,3 +353,22 @@ fn heat_new_validates_values() {
     );
     assert!(heat::Heat::new(1, 1, 2, vec![1.0]).is_err());
 }
+
+#[test]
+fn a_short_input_cannot_ask_for_a_huge_allocation() {
+    // The first window claims 1 x 100000 experts and there are 200001 windows: 2e10 values if
+    // the first row's sizes were trusted. The second window is ragged.
+    let mut text = String::from(r#"{"format": "eplb-trace/v1", "counts": [[["#);
+    text.push_str(&"0,".repeat(99_999));
+    text.push_str("0]]");
+    text.push_str(&",[]".repeat(200_000));
+    text.push_str("]}");
+    assert_eq!(
+        load_heat(text.as_bytes(), None).unwrap_err(),
+        Error::RaggedArray {
+            at: pos(&[(Axis::Window, 1)]),
+            expected: 1,
+            got: 0
+        }
+    );
+}

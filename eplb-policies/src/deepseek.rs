@@ -120,7 +120,8 @@ impl<'a> MinTree<'a> {
         Ok(())
     }
 
-    /// Recomputes node `i` from its children; `false` when it did not change.
+    /// Recomputes node `i` from its children (branch-free choice); `false` when it did not
+    /// change.
     fn fix(&mut self, i: usize) -> bool {
         let (Some(&wl), Some(&wr), Some(&il), Some(&ir)) = (
             self.w.get(2 * i),
@@ -130,14 +131,15 @@ impl<'a> MinTree<'a> {
         ) else {
             return false;
         };
-        let (nw, ni) = if wr < wl || (wr == wl && ir < il) {
-            (wr, ir)
-        } else {
-            (wl, il)
-        };
+        let right = (wr < wl) | ((wr == wl) & (ir < il));
+        let c = 2 * i + usize::from(right);
+        let (nw, ni) = (
+            self.w.get(c).copied().unwrap_or(wl),
+            self.ix.get(c).copied().unwrap_or(il),
+        );
         match (self.w.get_mut(i), self.ix.get_mut(i)) {
             (Some(w), Some(x)) => {
-                let changed = *x != ni || w.to_bits() != nw.to_bits();
+                let changed = (*x != ni) | (w.to_bits() != nw.to_bits());
                 *w = nw;
                 *x = ni;
                 changed

@@ -53,7 +53,7 @@ use eplb_core::Shape;
 
 use crate::arena::{Arena, words_f64, words_u16, words_u32};
 use crate::common::keep_slots;
-use crate::deepseek::{MinTree, tree_len, weight_bits};
+use crate::deepseek::{MinTree, tree_words, weight_bits};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Per-call buffers, carved from the scratch.
@@ -70,7 +70,7 @@ struct Bufs<'a> {
     keys: &'a mut [[u64; 2]],
     box_w: &'a mut [f64],
     box_n: &'a mut [u32],
-    tree: &'a mut [u16],
+    tree: MinTree<'a>,
     keep: &'a mut [u16],
 }
 
@@ -82,7 +82,7 @@ fn words(shape: &Shape) -> usize {
         + 2 * n
         + words_f64(r)
         + words_u32(r)
-        + words_u16(tree_len(r))
+        + tree_words(r)
         + words_u16(2 * s)
 }
 
@@ -97,7 +97,7 @@ impl<'a> Bufs<'a> {
             keys: bytemuck::cast_slice_mut(arena.words(2 * n)?),
             box_w: arena.f64s(r)?,
             box_n: arena.u32s(r)?,
-            tree: arena.u16s(tree_len(r))?,
+            tree: MinTree::carve(arena, r)?,
             keep: arena.u16s(2 * s)?,
         })
     }
@@ -310,21 +310,26 @@ fn layer(
     // 4. Greedy packing.
     let cap = s as u32;
     let box_n = &mut *b.box_n;
-    let mut tree = MinTree::build(b.tree, r, b.box_w, |bx| {
-        box_n.get(bx).is_some_and(|&n| n < cap)
-    })?;
+    let room = |bx: usize, n: &[u32]| n.get(bx).is_some_and(|&k| k < cap);
+    b.tree.reset(r, b.box_w, |bx| room(bx, box_n))?;
+    let tree = &mut b.tree;
+    let weight_at = |bw: &[f64], bx: usize| bw.get(bx).copied().unwrap_or(0.0);
     for &e in b.order.iter() {
         let eu = usize::from(e);
         let extras = b.copies.get(eu).map_or(0, |&c| c.saturating_sub(1)) as usize;
         let start = b.pre_start.get(eu).map_or(0, |&p| p as usize);
-        let room = |bx: usize, n: &[u32]| n.get(bx).is_some_and(|&k| k < cap);
-        for t in 0..extras {
-            tree.set((start + t) % r, false, b.box_w);
-        }
-        let chosen = tree.min();
-        for t in 0..extras {
-            let bx = (start + t) % r;
-            tree.set(bx, room(bx, box_n), b.box_w);
+        // `e`'s pre-placed copies sit in boxes `start, start + 1, ..` (mod R).
+        let holds_e = |bx: usize| (bx + r - start) % r < extras;
+        let mut chosen = tree.min();
+        if chosen.is_some_and(holds_e) {
+            for t in 0..extras {
+                tree.set((start + t) % r, 0.0, false);
+            }
+            chosen = tree.min();
+            for t in 0..extras {
+                let bx = (start + t) % r;
+                tree.set(bx, weight_at(b.box_w, bx), room(bx, box_n));
+            }
         }
         match chosen {
             Some(bx) => {
@@ -336,7 +341,7 @@ fn layer(
                 }
                 *bw += weight_of(b.wt, e);
                 *bn += 1;
-                tree.set(bx, room(bx, box_n), b.box_w);
+                tree.set(bx, *bw, *bn < cap);
             }
             None => {
                 let Some(bx) = tree.min() else {
@@ -353,8 +358,8 @@ fn layer(
                     });
                 };
                 log::debug!("default: layer {index}: expert {e} placed by a swap");
-                tree.set(b1, room(b1, box_n), b.box_w);
-                tree.set(b2, room(b2, box_n), b.box_w);
+                tree.set(b1, weight_at(b.box_w, b1), room(b1, box_n));
+                tree.set(b2, weight_at(b.box_w, b2), room(b2, box_n));
             }
         }
     }

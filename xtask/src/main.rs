@@ -1,11 +1,14 @@
 //! `cargo xtask`: every repeatable command of the eplb workspace.
 //!
+//! - `cargo xtask demo`: the simulator on the vendored ESFT trace, every policy.
 //! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, cross builds
 //!   when their targets are installed).
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
 //! - `cargo xtask bench`: runs the criterion benchmarks.
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
+
+mod demo;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
     let result = match cmd.as_str() {
         "test" => test(rest),
         "cross" => cross(true),
+        "demo" => demo::demo(rest),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: cargo xtask <task>
 tasks:
+  demo    replay the vendored ESFT trace through every policy and print the results
   test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
   bench   run the criterion benchmarks (extra args go to `cargo bench`)";
