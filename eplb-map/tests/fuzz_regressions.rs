@@ -1,5 +1,7 @@
-//! Inputs found by the fuzzers (`eplb-map/fuzz`), kept as regression tests: every decoder must
-//! return (`Ok` or `Err`) without panicking, and each file's expected outcome is pinned.
+//! Inputs found by the fuzzers (`eplb-map/fuzz`) or written against them (deep nesting, huge
+//! numbers, oversized varints), kept as regression tests: every decoder must return without
+//! panicking, and the outcome is pinned by the file name: a file named `ok_*` must be accepted,
+//! every other file must be rejected.
 
 use std::path::PathBuf;
 
@@ -37,6 +39,7 @@ fn map_json_inputs_do_not_panic() {
             let r = read_map_json(&data, &opts);
             let c = check_map_json(&data, &opts);
             assert_eq!(r.is_ok(), c.errors.is_empty(), "{name}");
+            assert_eq!(r.is_ok(), name.starts_with("ok_"), "{name}: {r:?}");
         }
     }
 }
@@ -46,7 +49,9 @@ fn blob_inputs_do_not_panic() {
     for (name, data) in inputs("blob") {
         let mut out = vec![0u16; 1 << 16];
         let _ = blob::header(&data);
-        if let Ok(p) = blob::decode(&data, &mut out) {
+        let r = blob::decode(&data, &mut out);
+        assert_eq!(r.is_ok(), name.starts_with("ok_"), "{name}: {r:?}");
+        if let Ok(p) = r {
             assert_eq!(blob::to_vec(&p).len(), blob::encoded_len(&p), "{name}");
         }
     }

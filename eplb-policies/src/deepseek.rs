@@ -14,7 +14,8 @@
 //!    the order they entered the node's pack.
 //! 4. **Replication within a node.** Each of the node's `N/M` experts starts with one copy;
 //!    each of the `R*S/M - N/M` extra slots goes to `argmax_e w_e / c_e` (f64 division, first
-//!    index on ties), found with a binary max-heap. The physical order is the node's experts,
+//!    index on ties), found with a binary max-heap over the only candidates, the experts whose
+//!    single copy ranks among the top `extra` (`select_nth_unstable`). The physical order is the node's experts,
 //!    then the extra copies in the order they were chosen.
 //! 5. **Copies to ranks.** Each copy weighs `w_e / c_e` with the final count; balanced packing
 //!    puts `S` copies on each of the node's `R/M` ranks. Slot `rank * S + position in pack`.
@@ -54,28 +55,48 @@ pub(crate) fn weight_bits(w: f64) -> u64 {
     if w == 0.0 { 0 } else { w.to_bits() }
 }
 
+/// Words of [`carve_keys`] for `n` keys.
+pub(crate) fn key_words(n: usize) -> usize {
+    2 * n + 1
+}
+
+/// `n` `u128` sort keys (a key sorts as one integer, faster than a pair), aligned inside
+/// [`key_words`] words.
+pub(crate) fn carve_keys<'a>(arena: &mut Arena<'a>, n: usize) -> Result<&'a mut [u128], Error> {
+    let words = arena.words(key_words(n))?;
+    let (_, keys, _) = bytemuck::pod_align_to_mut::<u64, u128>(words);
+    let got = keys.len();
+    keys.get_mut(..n).ok_or(Error::Scratch {
+        needed: key_words(n),
+        got: 2 * got,
+    })
+}
+
 /// Words of a [`MinTree`] over up to `n` boxes.
 pub(crate) fn tree_words(n: usize) -> usize {
-    let len = 2 * n.max(1).next_power_of_two();
-    words_f64(len) + words_u16(len)
+    key_words(2 * n.max(1).next_power_of_two())
 }
 
 /// A min tournament tree over boxes `0..n`: the root is the eligible box with the smallest
-/// weight, the lowest index on ties (as a scan of the boxes in order with strict `<`). Each node
-/// holds its winner's weight and index, so an update reads no other array.
+/// weight, the lowest index on ties (as a scan of the boxes in order with strict `<`). A node
+/// is the integer key `weight bits << 16 | index` of its winner (`u128::MAX` for none), so one
+/// level of an update is one integer `min`.
 pub(crate) struct MinTree<'a> {
-    w: &'a mut [f64],
-    ix: &'a mut [u16],
+    t: &'a mut [u128],
     base: usize,
+}
+
+const EMPTY_KEY: u128 = u128::MAX;
+
+fn box_key(b: usize, weight: f64) -> u128 {
+    u128::from(weight_bits(weight)) << 16 | b as u128
 }
 
 impl<'a> MinTree<'a> {
     /// Carves a tree for up to `n` boxes (`n < u16::MAX`) out of `arena`.
     pub(crate) fn carve(arena: &mut Arena<'a>, n: usize) -> Result<Self, Error> {
-        let len = 2 * n.max(1).next_power_of_two();
         Ok(Self {
-            w: arena.f64s(len)?,
-            ix: arena.u16s(len)?,
+            t: carve_keys(arena, 2 * n.max(1).next_power_of_two())?,
             base: 1,
         })
     }
@@ -88,91 +109,62 @@ impl<'a> MinTree<'a> {
         eligible: impl Fn(usize) -> bool,
     ) -> Result<(), Error> {
         let base = n.max(1).next_power_of_two();
-        if 2 * base > self.w.len() || 2 * base > self.ix.len() {
+        if 2 * base > self.t.len() {
             return Err(Error::Scratch {
                 needed: tree_words(n),
-                got: tree_words(self.w.len() / 2),
+                got: key_words(self.t.len()),
             });
         }
         self.base = base;
-        let (w, ix) = (&mut *self.w, &mut *self.ix);
-        for (b, (lw, li)) in w
-            .iter_mut()
-            .zip(ix.iter_mut())
-            .skip(base)
-            .take(base)
-            .enumerate()
-        {
-            match weights.get(b) {
-                Some(&x) if b < n && eligible(b) => {
-                    *lw = x;
-                    *li = b as u16;
-                }
-                _ => {
-                    *lw = f64::INFINITY;
-                    *li = NONE;
-                }
-            }
+        for (b, leaf) in self.t.iter_mut().skip(base).take(base).enumerate() {
+            *leaf = match weights.get(b) {
+                Some(&x) if b < n && eligible(b) => box_key(b, x),
+                _ => EMPTY_KEY,
+            };
         }
         for i in (1..base).rev() {
-            self.fix(i);
+            let m = match (self.t.get(2 * i), self.t.get(2 * i + 1)) {
+                (Some(&l), Some(&r)) => l.min(r),
+                _ => EMPTY_KEY,
+            };
+            if let Some(x) = self.t.get_mut(i) {
+                *x = m;
+            }
         }
         Ok(())
     }
 
-    /// Recomputes node `i` from its children (branch-free choice); `false` when it did not
-    /// change.
-    fn fix(&mut self, i: usize) -> bool {
-        let (Some(&wl), Some(&wr), Some(&il), Some(&ir)) = (
-            self.w.get(2 * i),
-            self.w.get(2 * i + 1),
-            self.ix.get(2 * i),
-            self.ix.get(2 * i + 1),
-        ) else {
-            return false;
-        };
-        let right = (wr < wl) | ((wr == wl) & (ir < il));
-        let c = 2 * i + usize::from(right);
-        let (nw, ni) = (
-            self.w.get(c).copied().unwrap_or(wl),
-            self.ix.get(c).copied().unwrap_or(il),
-        );
-        match (self.w.get_mut(i), self.ix.get_mut(i)) {
-            (Some(w), Some(x)) => {
-                let changed = (*x != ni) | (w.to_bits() != nw.to_bits());
-                *w = nw;
-                *x = ni;
-                changed
-            }
-            _ => false,
-        }
-    }
-
-    /// Sets box `b`'s weight and eligibility and refreshes its path.
+    /// Sets box `b`'s weight and eligibility and refreshes its path, carrying the winner up
+    /// and comparing it with each sibling.
     pub(crate) fn set(&mut self, b: usize, weight: f64, eligible: bool) {
-        let mut i = self.base + b;
-        match (self.w.get_mut(i), self.ix.get_mut(i)) {
-            (Some(w), Some(x)) if b < self.base => {
-                (*w, *x) = if eligible {
-                    (weight, b as u16)
-                } else {
-                    (f64::INFINITY, NONE)
-                };
-            }
-            _ => return,
+        if b >= self.base {
+            return;
         }
-        while i > 1 {
-            i /= 2;
-            if !self.fix(i) {
+        let mut cur = if eligible {
+            box_key(b, weight)
+        } else {
+            EMPTY_KEY
+        };
+        let mut i = self.base + b;
+        loop {
+            if let Some(x) = self.t.get_mut(i) {
+                *x = cur;
+            }
+            if i <= 1 {
                 return;
             }
+            let sib = self.t.get(i ^ 1).copied().unwrap_or(EMPTY_KEY);
+            // Branch-free `min` (the outcome is unpredictable).
+            let mask = 0u128.wrapping_sub(u128::from(sib < cur));
+            cur = (sib & mask) | (cur & !mask);
+            i /= 2;
         }
     }
 
     /// The eligible box with the smallest weight (lowest index on ties).
     pub(crate) fn min(&self) -> Option<usize> {
-        match self.ix.get(1).copied() {
-            Some(b) if b != NONE => Some(usize::from(b)),
+        match self.t.get(1).copied() {
+            Some(k) if k != EMPTY_KEY => Some((k & 0xffff) as usize),
             _ => None,
         }
     }
@@ -180,7 +172,7 @@ impl<'a> MinTree<'a> {
 
 /// Buffers of one balanced packing.
 struct Packing<'a> {
-    keys: &'a mut [[u64; 2]],
+    keys: &'a mut [u128],
     pack_w: &'a mut [f64],
     pack_n: &'a mut [u32],
     tree: MinTree<'a>,
@@ -211,7 +203,7 @@ impl Packing<'_> {
             got: 2 * have,
         })?;
         for (i, (k, &x)) in keys.iter_mut().zip(w).enumerate() {
-            *k = [!weight_bits(x), i as u64];
+            *k = u128::from(!weight_bits(x)) << 64 | i as u128;
         }
         keys.sort_unstable();
         let pack_w = self.pack_w.get_mut(..packs).unwrap_or_default();
@@ -221,7 +213,7 @@ impl Packing<'_> {
         let tree = &mut self.tree;
         tree.reset(packs, pack_w, |_| true)?;
         for k in keys.iter() {
-            let i = k[1] as usize;
+            let i = *k as u64 as usize;
             let (Some(p), Some(&x)) = (tree.min(), w.get(i)) else {
                 return Err(Error::NoPlacement {
                     layer: 0,
@@ -305,7 +297,7 @@ impl Topo {
 
     fn words(&self) -> usize {
         let (g, n, e, p, k) = (self.groups, self.n, self.epn(), self.spn(), self.packs());
-        2 * self.items()
+        key_words(self.items())
             + words_f64(g)
             + 2 * words_u16(g)
             + words_u16(n)
@@ -341,7 +333,7 @@ struct Bufs<'a> {
 impl<'a> Bufs<'a> {
     fn carve(arena: &mut Arena<'a>, t: &Topo) -> Result<Self, Error> {
         let (g, n, e, p, k) = (t.groups, t.n, t.epn(), t.spn(), t.packs());
-        let keys: &mut [[u64; 2]] = bytemuck::cast_slice_mut(arena.words(2 * t.items())?);
+        let keys = carve_keys(arena, t.items())?;
         Ok(Self {
             group_w: arena.f64s(g)?,
             group_pack: arena.u16s(g)?,
@@ -398,30 +390,46 @@ fn sift_down(heap: &mut [u16], mut i: usize, value: &[f64]) {
 /// copies of each expert.
 fn replicate(
     w: &[f64],
+    keys: &mut [u128],
     value: &mut [f64],
     count: &mut [u32],
     heap: &mut [u16],
     phy: &mut [u16],
 ) -> Result<(), Error> {
     let e = w.len();
-    for (i, (((v, c), h), &x)) in value
+    for (((v, c), &x), p) in value
         .iter_mut()
         .zip(count.iter_mut())
-        .zip(heap.iter_mut())
         .zip(w)
-        .enumerate()
+        .zip(phy.iter_mut())
     {
         *c = 1;
-        *h = i as u16;
         *v = x;
-    }
-    let heap = heap.get_mut(..e).unwrap_or_default();
-    for i in (0..e / 2).rev() {
-        sift_down(heap, i, value);
+        *p = 0;
     }
     let (orig, extra) = phy.split_at_mut(e.min(phy.len()));
     for (i, p) in orig.iter_mut().enumerate() {
         *p = i as u16;
+    }
+    if extra.is_empty() {
+        return Ok(());
+    }
+    // Only the top `extra` experts by (weight desc, index asc) can gain a copy: their first
+    // copies alone outrank any other expert's.
+    let cand = extra.len().min(e);
+    let keys = keys.get_mut(..e).unwrap_or_default();
+    for (i, (k, &x)) in keys.iter_mut().zip(w).enumerate() {
+        *k = u128::from(!weight_bits(x)) << 64 | i as u128;
+    }
+    if cand < e {
+        keys.select_nth_unstable(cand - 1);
+    }
+    let heap = heap.get_mut(..cand).unwrap_or_default();
+    for (h, k) in heap.iter_mut().zip(keys.iter()) {
+        *h = *k as u64 as u16;
+    }
+    for i in (0..cand / 2).rev() {
+        sift_down(heap, i, value);
     }
     for p in extra.iter_mut() {
         let Some(&top) = heap.first() else {
@@ -463,7 +471,14 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
         for (nw, &id) in b.node_w.iter_mut().zip(m2l) {
             *nw = w.get(usize::from(id)).copied().unwrap_or(0.0);
         }
-        replicate(b.node_w, b.value, b.count, b.heap, b.phy)?;
+        replicate(
+            b.node_w,
+            b.packing.keys,
+            b.value,
+            b.count,
+            b.heap,
+            b.phy,
+        )?;
         for (cw, &m) in b.copy_w.iter_mut().zip(b.phy.iter()) {
             let m = usize::from(m);
             let (x, c) = (

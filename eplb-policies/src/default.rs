@@ -53,7 +53,7 @@ use eplb_core::Shape;
 
 use crate::arena::{Arena, words_f64, words_u16, words_u32};
 use crate::common::keep_slots;
-use crate::deepseek::{MinTree, tree_words, weight_bits};
+use crate::deepseek::{MinTree, carve_keys, key_words, tree_words, weight_bits};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Per-call buffers, carved from the scratch.
@@ -62,12 +62,14 @@ struct Bufs<'a> {
     wt: &'a mut [f64],
     /// Copies of each expert.
     copies: &'a mut [u32],
-    /// First running index of each expert's pre-placed copies.
-    pre_start: &'a mut [u32],
+    /// `[R][ceil(N/64)]` bits: which box holds which expert.
+    holds: Holds<'a>,
     /// The list order (expert ids).
     order: &'a mut [u16],
+    /// The weights in list order (`wt[order[i]]`), for the scans.
+    ow: &'a mut [f64],
     /// Sort keys.
-    keys: &'a mut [[u64; 2]],
+    keys: &'a mut [u128],
     box_w: &'a mut [f64],
     box_n: &'a mut [u32],
     tree: MinTree<'a>,
@@ -76,10 +78,11 @@ struct Bufs<'a> {
 
 fn words(shape: &Shape) -> usize {
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
-    words_f64(n)
-        + 2 * words_u32(n)
+    2 * words_f64(n)
+        + words_u32(n)
+        + r * n.div_ceil(64)
         + words_u16(n)
-        + 2 * n
+        + key_words(n)
         + words_f64(r)
         + words_u32(r)
         + tree_words(r)
@@ -92,9 +95,13 @@ impl<'a> Bufs<'a> {
         Ok(Self {
             wt: arena.f64s(n)?,
             copies: arena.u32s(n)?,
-            pre_start: arena.u32s(n)?,
+            holds: Holds {
+                per_box: n.div_ceil(64),
+                bits: arena.words(r * n.div_ceil(64))?,
+            },
             order: arena.u16s(n)?,
-            keys: bytemuck::cast_slice_mut(arena.words(2 * n)?),
+            ow: arena.f64s(n)?,
+            keys: carve_keys(arena, n)?,
             box_w: arena.f64s(r)?,
             box_n: arena.u32s(r)?,
             tree: MinTree::carve(arena, r)?,
@@ -105,46 +112,46 @@ impl<'a> Bufs<'a> {
 
 /// Sorts `order` by weight descending, equal weights by list position descending
 /// (`np.argsort(kind="stable")[::-1]`). Returns the number of adjacent equal-weight pairs.
-fn full_sort(order: &mut [u16], wt: &[f64], keys: &mut [[u64; 2]]) -> usize {
+fn full_sort(order: &mut [u16], ow: &mut [f64], wt: &[f64], keys: &mut [u128]) -> usize {
     let keys = match keys.get_mut(..order.len()) {
         Some(k) => k,
         None => return 0,
     };
     for (pos, (k, &id)) in keys.iter_mut().zip(order.iter()).enumerate() {
         let w = wt.get(usize::from(id)).copied().unwrap_or(0.0);
-        *k = [!weight_bits(w), !((pos as u64) << 16 | u64::from(id))];
+        *k = u128::from(!weight_bits(w)) << 64 | u128::from(!((pos as u64) << 16 | u64::from(id)));
     }
     keys.sort_unstable();
-    for (o, k) in order.iter_mut().zip(keys.iter()) {
-        *o = (!k[1] & 0xffff) as u16;
+    for ((o, x), k) in order.iter_mut().zip(ow.iter_mut()).zip(keys.iter()) {
+        *o = (!(*k as u64) & 0xffff) as u16;
+        *x = weight_of(wt, *o);
     }
-    equal_pairs(order, wt)
+    equal_pairs(ow)
 }
 
 fn weight_of(wt: &[f64], id: u16) -> f64 {
     wt.get(usize::from(id)).copied().unwrap_or(0.0)
 }
 
-fn equal_pairs(order: &[u16], wt: &[f64]) -> usize {
-    order
-        .windows(2)
+fn equal_pairs(ow: &[f64]) -> usize {
+    ow.windows(2)
         .filter(|p| match p {
-            [a, b] => weight_of(wt, *a) == weight_of(wt, *b),
+            [a, b] => a == b,
             _ => false,
         })
         .count()
 }
 
-/// Reverses every run of equal weights in `order` (sorted descending).
-fn reverse_runs(order: &mut [u16], wt: &[f64]) {
+/// Reverses every run of equal weights in `order` (sorted descending, weights `ow`); `ow`
+/// itself is unchanged by it.
+fn reverse_runs(order: &mut [u16], ow: &[f64]) {
     let mut i = 0;
-    while let Some(&first) = order.get(i) {
-        let w = weight_of(wt, first);
-        let len = order
+    while let Some(&w) = ow.get(i) {
+        let len = ow
             .get(i..)
             .unwrap_or_default()
             .iter()
-            .take_while(|&&x| weight_of(wt, x) == w)
+            .take_while(|&&x| x == w)
             .count()
             .max(1);
         if let Some(run) = order.get_mut(i..i + len) {
@@ -161,7 +168,7 @@ fn replicate(b: &mut Bufs<'_>, x: usize, ranks: usize) {
     for (i, o) in b.order.iter_mut().enumerate() {
         *o = i as u16;
     }
-    let mut eq = full_sort(b.order, b.wt, b.keys);
+    let mut eq = full_sort(b.order, b.ow, b.wt, b.keys);
     for _ in 0..x {
         // The list is sorted; find the expert that gains a copy.
         let fast = b
@@ -182,91 +189,139 @@ fn replicate(b: &mut Bufs<'_>, x: usize, ranks: usize) {
         };
         let Some(&top) = b.order.get(pos) else { return };
         let t = usize::from(top);
-        let old = weight_of(b.wt, top);
-        if fast && b.order.get(1).is_some_and(|&n| weight_of(b.wt, n) == old) {
-            eq -= 1;
-        }
-        if let (Some(w), Some(c)) = (b.wt.get_mut(t), b.copies.get_mut(t)) {
-            *w = (*w * f64::from(*c)) / f64::from(*c + 1);
-            *c += 1;
-        }
+        let (Some(w), Some(c)) = (b.wt.get_mut(t), b.copies.get_mut(t)) else {
+            return;
+        };
+        let old = *w;
+        *w = (*w * f64::from(*c)) / f64::from(*c + 1);
+        *c += 1;
+        let new = *w;
         if !fast {
-            eq = full_sort(b.order, b.wt, b.keys);
+            eq = full_sort(b.order, b.ow, b.wt, b.keys);
             continue;
+        }
+        if b.ow.get(1).is_some_and(|&n| n == old) {
+            eq -= 1;
         }
         // Re-sort: the rest is sorted; its equal runs flip, and `top` (position 0) goes last
         // among the weights >= its new one.
-        let new = weight_of(b.wt, top);
         let rest = b.order.get_mut(1..).unwrap_or_default();
+        let rest_w = b.ow.get(1..).unwrap_or_default();
         if eq > 0 {
-            reverse_runs(rest, b.wt);
+            reverse_runs(rest, rest_w);
         }
-        let q = rest.partition_point(|&id| weight_of(b.wt, id) >= new);
+        let q = rest_w.iter().take_while(|&&x| x >= new).count();
         b.order.copy_within(1..q + 1, 0);
-        if let Some(o) = b.order.get_mut(q) {
+        b.ow.copy_within(1..q + 1, 0);
+        if let (Some(o), Some(x)) = (b.order.get_mut(q), b.ow.get_mut(q)) {
             *o = top;
+            *x = new;
         }
-        if q > 0
-            && b.order
-                .get(q - 1)
-                .is_some_and(|&p| weight_of(b.wt, p) == new)
-        {
+        if q > 0 && b.ow.get(q - 1).is_some_and(|&p| p == new) {
             eq += 1;
         }
     }
 }
 
-/// Whether `row` holds `e`.
-fn holds(row: &[u16], e: u16) -> bool {
-    row.contains(&e)
+/// Which box holds which expert, one bit each.
+struct Holds<'a> {
+    per_box: usize,
+    bits: &'a mut [u64],
 }
 
-/// The repair of the fix "no fall-back to the last box": returns `false` when no swap exists.
-#[allow(clippy::too_many_arguments)]
-fn repair(
-    e: u16,
-    b: usize,
-    s: usize,
-    pre_per_box: impl Fn(usize) -> usize,
-    wt: &[f64],
-    box_w: &mut [f64],
-    box_n: &mut [u32],
-    rows: &mut [u16],
-) -> Option<(usize, usize)> {
-    let we = weight_of(wt, e);
-    let wb = box_w.get(b).copied().unwrap_or(0.0);
-    let b_row = rows.get(b * s..b * s + s)?;
-    let b_len = box_n.get(b).map_or(0, |&n| n as usize);
-    let b_items = b_row.get(..b_len)?;
-    let mut best: Option<(f64, usize, usize)> = None;
-    for (b2, row) in rows.chunks_exact(s).enumerate() {
-        let len = box_n.get(b2).map_or(0, |&n| n as usize);
-        let items = row.get(..len).unwrap_or_default();
-        if b2 == b || holds(items, e) {
-            continue;
-        }
-        let w2 = box_w.get(b2).copied().unwrap_or(0.0);
-        for (slot, &f) in items.iter().enumerate().skip(pre_per_box(b2)) {
-            if holds(b_items, f) {
-                continue;
-            }
-            let wf = weight_of(wt, f);
-            let cost = (wb + wf).max(w2 - wf + we);
-            if best.is_none_or(|(c, _, _)| cost < c) {
-                best = Some((cost, b2, slot));
+impl Holds<'_> {
+    fn get(&self, bx: usize, e: u16) -> bool {
+        let e = usize::from(e);
+        self.bits
+            .get(bx * self.per_box + e / 64)
+            .is_some_and(|w| w >> (e % 64) & 1 == 1)
+    }
+
+    fn put(&mut self, bx: usize, e: u16, on: bool) {
+        let e = usize::from(e);
+        if let Some(w) = self.bits.get_mut(bx * self.per_box + e / 64) {
+            if on {
+                *w |= 1 << (e % 64);
+            } else {
+                *w &= !(1 << (e % 64));
             }
         }
     }
-    let (_, b2, slot) = best?;
-    let f = *rows.get(b2 * s + slot)?;
-    let wf = weight_of(wt, f);
-    *rows.get_mut(b2 * s + slot)? = e;
-    *rows.get_mut(b * s + b_len)? = f;
-    *box_n.get_mut(b)? += 1;
-    *box_w.get_mut(b)? += wf;
-    let w2 = box_w.get_mut(b2)?;
-    *w2 = *w2 - wf + we;
-    Some((b, b2))
+}
+
+/// The boxes' state during packing: rows (`[R][S]`, filled left to right), counts, weights.
+struct Boxes<'a, 'b> {
+    s: usize,
+    rows: &'b mut [u16],
+    n: &'b mut [u32],
+    w: &'b mut [f64],
+    holds: &'b mut Holds<'a>,
+}
+
+impl Boxes<'_, '_> {
+    fn weight(&self, bx: usize) -> f64 {
+        self.w.get(bx).copied().unwrap_or(0.0)
+    }
+
+    fn room(&self, bx: usize) -> bool {
+        self.n.get(bx).is_some_and(|&k| (k as usize) < self.s)
+    }
+
+    fn len(&self, bx: usize) -> usize {
+        self.n.get(bx).map_or(0, |&k| k as usize)
+    }
+
+    /// Appends `e` (weight `we`) to box `bx`.
+    fn push(&mut self, bx: usize, e: u16, we: f64) {
+        let (Some(bw), Some(bn)) = (self.w.get_mut(bx), self.n.get_mut(bx)) else {
+            return;
+        };
+        if let Some(o) = self.rows.get_mut(bx * self.s + *bn as usize) {
+            *o = e;
+        }
+        *bw += we;
+        *bn += 1;
+        self.holds.put(bx, e, true);
+    }
+
+    /// The fix "no fall-back to the last box": every box with room holds `e`, so let `b` be the
+    /// lightest of them; among the (full) boxes `b2` without `e` and their experts `f` that `b`
+    /// does not hold, take the pair minimising the larger of the two new box weights (lowest
+    /// `b2`, then lowest slot, on ties), move `f` to `b` and put `e` in `f`'s slot. Returns the
+    /// two boxes changed, or `None` when no pair exists (impossible while `e` has fewer than
+    /// `R` copies: `b2` has `S` experts, `b` at most `S - 1` of which one is `e`).
+    fn repair(&mut self, e: u16, b: usize, wt: &[f64]) -> Option<(usize, usize)> {
+        let s = self.s;
+        let we = weight_of(wt, e);
+        let wb = self.weight(b);
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (b2, row) in self.rows.chunks_exact(s).enumerate() {
+            if b2 == b || self.holds.get(b2, e) {
+                continue;
+            }
+            let w2 = self.weight(b2);
+            for (slot, &f) in row.iter().enumerate().take(self.len(b2)) {
+                if self.holds.get(b, f) {
+                    continue;
+                }
+                let wf = weight_of(wt, f);
+                let cost = (wb + wf).max(w2 - wf + we);
+                if best.is_none_or(|(c, _, _)| cost < c) {
+                    best = Some((cost, b2, slot));
+                }
+            }
+        }
+        let (_, b2, slot) = best?;
+        let f = *self.rows.get(b2 * s + slot)?;
+        let wf = weight_of(wt, f);
+        *self.rows.get_mut(b2 * s + slot)? = e;
+        self.holds.put(b2, f, false);
+        self.holds.put(b2, e, true);
+        let w2 = self.w.get_mut(b2)?;
+        *w2 = *w2 - wf + we;
+        self.push(b, f, wf);
+        Some((b, b2))
+    }
 }
 
 /// One layer: `cur` is the current `[R][S]` layer, `w` the logical loads, `out` the new layer.
@@ -290,76 +345,51 @@ fn layer(
     // 3. Pre-placed copies.
     b.box_w.fill(0.0);
     b.box_n.fill(0);
+    b.holds.bits.fill(0);
+    let mut bx = Boxes {
+        s,
+        rows: &mut *out,
+        n: b.box_n,
+        w: b.box_w,
+        holds: &mut b.holds,
+    };
     let mut idx: usize = 0;
-    for (e, (&c, start)) in b.copies.iter().zip(b.pre_start.iter_mut()).enumerate() {
-        *start = (idx % r.max(1)) as u32;
+    for (e, &c) in b.copies.iter().enumerate() {
         for _ in 1..c {
-            let bx = idx % r.max(1);
+            bx.push(idx % r, e as u16, weight_of(b.wt, e as u16));
             idx += 1;
-            let (Some(bw), Some(bn)) = (b.box_w.get_mut(bx), b.box_n.get_mut(bx)) else {
-                continue;
-            };
-            if let Some(o) = out.get_mut(bx * s + *bn as usize) {
-                *o = e as u16;
-            }
-            *bw += b.wt.get(e).copied().unwrap_or(0.0);
-            *bn += 1;
         }
     }
-    let pre_per_box = |bx: usize| x / r.max(1) + usize::from(bx < x % r.max(1));
     // 4. Greedy packing.
-    let cap = s as u32;
-    let box_n = &mut *b.box_n;
-    let room = |bx: usize, n: &[u32]| n.get(bx).is_some_and(|&k| k < cap);
-    b.tree.reset(r, b.box_w, |bx| room(bx, box_n))?;
+    b.tree.reset(r, bx.w, |i| bx.room(i))?;
     let tree = &mut b.tree;
-    let weight_at = |bw: &[f64], bx: usize| bw.get(bx).copied().unwrap_or(0.0);
     for &e in b.order.iter() {
-        let eu = usize::from(e);
-        let extras = b.copies.get(eu).map_or(0, |&c| c.saturating_sub(1)) as usize;
-        let start = b.pre_start.get(eu).map_or(0, |&p| p as usize);
-        // `e`'s pre-placed copies sit in boxes `start, start + 1, ..` (mod R).
-        let holds_e = |bx: usize| (bx + r - start) % r < extras;
         let mut chosen = tree.min();
-        if chosen.is_some_and(holds_e) {
-            for t in 0..extras {
-                tree.set((start + t) % r, 0.0, false);
+        if chosen.is_some_and(|c| bx.holds.get(c, e)) {
+            for i in (0..r).filter(|&i| bx.holds.get(i, e)) {
+                tree.set(i, 0.0, false);
             }
             chosen = tree.min();
-            for t in 0..extras {
-                let bx = (start + t) % r;
-                tree.set(bx, weight_at(b.box_w, bx), room(bx, box_n));
+            for i in (0..r).filter(|&i| bx.holds.get(i, e)) {
+                tree.set(i, bx.weight(i), bx.room(i));
             }
         }
         match chosen {
-            Some(bx) => {
-                let (Some(bw), Some(bn)) = (b.box_w.get_mut(bx), box_n.get_mut(bx)) else {
-                    continue;
-                };
-                if let Some(o) = out.get_mut(bx * s + *bn as usize) {
-                    *o = e;
-                }
-                *bw += weight_of(b.wt, e);
-                *bn += 1;
-                tree.set(bx, *bw, *bn < cap);
+            Some(c) => {
+                bx.push(c, e, weight_of(b.wt, e));
+                tree.set(c, bx.weight(c), bx.room(c));
             }
             None => {
-                let Some(bx) = tree.min() else {
-                    return Err(Error::NoPlacement {
-                        layer: index as u16,
-                        why: "no box has room",
-                    });
-                };
-                let Some((b1, b2)) = repair(e, bx, s, pre_per_box, b.wt, b.box_w, box_n, out)
-                else {
+                let swapped = tree.min().and_then(|c| bx.repair(e, c, b.wt));
+                let Some((b1, b2)) = swapped else {
                     return Err(Error::NoPlacement {
                         layer: index as u16,
                         why: "every box with room holds the expert and no swap frees one",
                     });
                 };
                 log::debug!("default: layer {index}: expert {e} placed by a swap");
-                tree.set(b1, weight_at(b.box_w, b1), room(b1, box_n));
-                tree.set(b2, weight_at(b.box_w, b2), room(b2, box_n));
+                tree.set(b1, bx.weight(b1), bx.room(b1));
+                tree.set(b2, bx.weight(b2), bx.room(b2));
             }
         }
     }
@@ -484,15 +514,29 @@ mod tests {
 
     #[test]
     fn repair_swaps_instead_of_colocating() {
-        // Rows of 2: box 1 holds [7] pre-placed; suppose e = 7 comes last and only box 1 has
-        // room. The repair moves an original of another box into box 1.
+        // Boxes of 2; box 1 holds [7] and is the only one with room, and 7 comes next.
         let wt = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-        let mut rows = [0u16, 1, 7, 0, 2, 3];
-        let mut box_w = [3.0, 8.0, 7.0];
-        let mut box_n = [2u32, 1, 2];
-        let got = repair(7, 1, 2, |_| 0, &wt, &mut box_w, &mut box_n, &mut rows);
-        assert_eq!(got, Some((1, 0)));
+        let mut bits = [0u64; 3];
+        let mut holds = Holds {
+            per_box: 1,
+            bits: &mut bits,
+        };
+        let mut rows = [0u16; 6];
+        let (mut n, mut w) = ([0u32; 3], [0.0; 3]);
+        let mut bx = Boxes {
+            s: 2,
+            rows: &mut rows,
+            n: &mut n,
+            w: &mut w,
+            holds: &mut holds,
+        };
+        for (b, e) in [(0, 0u16), (0, 1), (1, 7), (2, 2), (2, 3)] {
+            bx.push(b, e, wt[usize::from(e)]);
+        }
+        assert_eq!(bx.repair(7, 1, &wt), Some((1, 0)));
+        // f = 0 (cost max(8 + 1, 3 - 1 + 8) = 10, ties with f = 1; the first slot wins).
         assert_eq!(rows, [7, 1, 7, 0, 2, 3]);
-        assert_eq!(box_n, [2, 2, 2]);
+        assert_eq!(n, [2, 2, 2]);
+        assert_eq!(w, [10.0, 9.0, 7.0]);
     }
 }

@@ -567,6 +567,12 @@ fn lpt(st: &Stats<'_>, lw: &mut Lpt<'_>, rep: &[u16], r: usize, s: usize, dep: &
                 let _ = hpop(lw.heap, &mut hl, lw.dev_mu);
                 put(lw.popped, np, top as u16);
                 np += 1;
+                if !st.has_var {
+                    // Without variance the risk is `lb`, and the heap top (lowest load, then
+                    // lowest index) is the answer.
+                    best = Some((top, lb, 0.0));
+                    break;
+                }
                 let (risk, va) = if st.has_var {
                     let va = var_after(st, lw, dep, rep, n, s, e, top);
                     (lb + Z_075 * libm::sqrt(va.max(0.0)), va)

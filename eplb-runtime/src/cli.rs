@@ -413,7 +413,9 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    if let (Some(n), Some(r)) = (a.experts, a.ranks)
+    // With a map file, the map decides the redundancy (the validator checked it against
+    // --experts/--ranks); otherwise the configured redundancy must divide.
+    if let (Some(n), Some(r), None) = (a.experts, a.ranks, cfg.expert_map_path())
         && let Err(e) = cfg.check_shape(n, r)
     {
         eprintln!("error: {}: {e}", a.file.display());
@@ -423,7 +425,7 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
         eprintln!("warning: {w}");
     }
     println!("{}: valid", a.file.display());
-    print!("{}", cfg.summary());
+    println!("{}", cfg.summary());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod modes;
 pub mod planner;
 pub mod policies;
 pub mod simulate;

@@ -97,7 +97,8 @@ pub(super) fn assign(
                     *mv = c;
                     *w = j0 as u16;
                 }
-                if *mv < delta {
+                // On ties prefer a free column: the search ends there.
+                if *mv < delta || (*mv == delta && at(h.p, j) == 0 && at(h.p, j1) != 0) {
                     delta = *mv;
                     j1 = j;
                 }

@@ -1,0 +1,197 @@
+//! Start-up per mode: the placement a rank starts from, the controller settings a config
+//! implies, and the record-mode sink that writes the expert-map JSON.
+
+use std::path::{Path, PathBuf};
+
+use eplb_core::{Layout, Placement, ReplicaChoice, Shape, StageClassifier};
+use eplb_map::map::{ReadOptions, read_map_json, to_json};
+
+use crate::config::{EplbConfig, Mode};
+use crate::controller::{ControllerConfig, RecordSink, RunMode};
+
+/// What the serving engine tells the runtime about the model and the parallel layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// MoE layers on this pipeline stage (without the MTP layer).
+    pub layers: u16,
+    /// Logical (routed) experts per layer.
+    pub experts: u16,
+    /// EP ranks.
+    pub ranks: u16,
+    /// Ranks per node (for DeepSeek's hierarchy).
+    pub ranks_per_node: u16,
+    /// Expert groups of the model (for DeepSeek's hierarchy).
+    pub groups: u16,
+    /// `max_num_seqs` of the engine (stage classifier).
+    pub max_num_seqs: u32,
+    /// Speculative tokens per step (stage classifier).
+    pub speculative_tokens: u32,
+    /// TP size for the `log2phy` rotation (0 or 1: none).
+    pub tp_size: u16,
+}
+
+/// The shape and placement a rank starts from.
+///
+/// Static, and dynamic seeded by a map: the map at `expert_map_path`, read leniently (co-located
+/// copies are a warning) and checked against the model; its redundancy wins over the configured
+/// one, as in vLLM-Ascend. Dynamic or record without a map: the default layout with the
+/// configured redundancy. Off: the contiguous layout without redundancy (vLLM's own map).
+pub fn startup(cfg: &EplbConfig, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
+    let topo = |s: Shape| {
+        s.topology(model.ranks_per_node.max(1), model.groups.max(1))
+            .map_err(|e| e.to_string())
+    };
+    if let Some(path) = cfg.expert_map_path() {
+        let (shape, placement) = read_static_map(path, model)?;
+        return Ok((topo(shape)?, placement));
+    }
+    let (shape, layout) = match cfg.mode() {
+        Mode::Off | Mode::Static => (
+            Shape::from_redundant(model.layers, model.experts, model.ranks, 0)
+                .map_err(|e| e.to_string())?,
+            Layout::Contiguous,
+        ),
+        Mode::Dynamic | Mode::Record => (
+            cfg.shape(model.layers, model.experts, model.ranks)
+                .map_err(|e| e.to_string())?,
+            Layout::Default,
+        ),
+    };
+    let shape = topo(shape)?;
+    let mut p = vec![0u16; shape.placement_len()];
+    layout.fill(&shape, &mut p).map_err(|e| e.to_string())?;
+    Ok((shape, p))
+}
+
+/// Reads a static expert map for `model`.
+pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let opts = ReadOptions::lenient()
+        .experts(model.experts)
+        .ranks(model.ranks)
+        .layers(model.layers);
+    let map = read_map_json(&bytes, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    if map.colocated_rows() > 0 {
+        log::warn!(
+            "eplb: {}: {} device rows hold an expert twice; the second copy gets no tokens",
+            path.display(),
+            map.colocated_rows()
+        );
+    }
+    let shape = map.shape();
+    Ok((shape, map.into_placement().into_vec()))
+}
+
+/// The controller settings a config implies (dynamic or record modes).
+pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<ControllerConfig, String> {
+    let mode = match cfg.mode() {
+        Mode::Dynamic => RunMode::Dynamic,
+        Mode::Record => RunMode::Record,
+        m => return Err(format!("mode {m} runs no controller")),
+    };
+    Ok(ControllerConfig {
+        heat_interval: cfg.heat_interval(),
+        algo_interval: cfg.algo_interval(),
+        stage: cfg.heat_stage(),
+        classifier: StageClassifier::new(model.max_num_seqs, model.speculative_tokens),
+        mode,
+        seed: cfg.policy_seed(),
+        replica_choice: if model.tp_size > 1 {
+            ReplicaChoice::TpRotation(model.tp_size)
+        } else {
+            ReplicaChoice::Plain
+        },
+        wait_for_plan: None,
+    })
+}
+
+/// The record-mode sink of rank 0: each plan is written to `path` as vLLM-Ascend's expert-map
+/// JSON, atomically (a temporary file renamed over the old one), so a reader never sees half a
+/// map.
+pub fn record_sink(path: PathBuf) -> RecordSink {
+    Box::new(move |shape: &Shape, placement: &[u16]| {
+        let p = Placement::new(*shape, placement).map_err(|e| e.to_string())?;
+        let text = to_json(&p);
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn model() -> ModelInfo {
+        ModelInfo {
+            layers: 2,
+            experts: 8,
+            ranks: 2,
+            ranks_per_node: 2,
+            groups: 1,
+            max_num_seqs: 16,
+            speculative_tokens: 0,
+            tp_size: 1,
+        }
+    }
+
+    fn env() -> BTreeMap<String, String> {
+        BTreeMap::from([("DYNAMIC_EPLB".to_string(), "true".to_string())])
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("eplb-modes-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn dynamic_starts_from_the_default_layout() {
+        let cfg = EplbConfig::from_json_str(
+            r#"{"dynamic_eplb": true, "num_redundant_experts": 2}"#,
+            &env(),
+        )
+        .unwrap();
+        let (shape, p) = startup(&cfg, &model()).unwrap();
+        assert_eq!(shape.slots_per_rank(), 5);
+        assert_eq!(&p[..10], &[0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
+        let cc = controller_config(&cfg, &model()).unwrap();
+        assert_eq!((cc.heat_interval, cc.algo_interval), (600, 50));
+        assert_eq!(cc.mode, RunMode::Dynamic);
+    }
+
+    #[test]
+    fn off_is_vllms_contiguous_map_and_runs_no_controller() {
+        let cfg = EplbConfig::default();
+        let (shape, p) = startup(&cfg, &model()).unwrap();
+        assert_eq!(shape.redundant(), 0);
+        assert_eq!(&p[..8], &[0, 1, 2, 3, 4, 5, 6, 7]);
+        assert!(controller_config(&cfg, &model()).is_err());
+    }
+
+    #[test]
+    fn static_map_loads_and_record_sink_writes_it_back() {
+        let dir = tmp("static");
+        let map = dir.join("map.json");
+        let shape = Shape::new(2, 8, 2, 5).unwrap();
+        let placement: Vec<u16> = vec![7, 2, 0, 3, 5, 6, 1, 4, 7, 2, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1];
+        let mut sink = record_sink(map.clone());
+        sink(&shape, &placement).unwrap();
+        let cfg = EplbConfig::from_json_str(
+            &format!(r#"{{"expert_map_path": {:?}}}"#, map.display().to_string()),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let (s, p) = startup(&cfg, &model()).unwrap();
+        assert_eq!(s.redundant(), 2);
+        assert_eq!(p, placement);
+        // A map for another model is refused.
+        let mut other = model();
+        other.experts = 9;
+        assert!(startup(&cfg, &other).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

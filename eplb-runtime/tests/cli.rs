@@ -1,0 +1,352 @@
+//! The `eplb` binary: subcommands, `--json` keys, exit codes and `error: ...` messages.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn eplb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_eplb"))
+        .args(args)
+        .env_remove("DYNAMIC_EPLB")
+        .env_remove("EXPERT_MAP_RECORD")
+        .output()
+        .unwrap()
+}
+
+fn shared(rel: &str) -> String {
+    let p = PathBuf::from(format!("{}/../../shared/{rel}", env!("CARGO_MANIFEST_DIR")));
+    assert!(p.is_file(), "missing test input {}", p.display());
+    p.display().to_string()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("eplb-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {
+    let dir = tmp("plan");
+    let out = dir.join("map.json");
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+        "--ranks",
+        "32",
+        "--redundant",
+        "32",
+        "--policy",
+        "default",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "policy",
+        "layers",
+        "par_before",
+        "par_after",
+        "lower_bound",
+        "moves",
+        "elapsed_us",
+    ] {
+        assert!(v.get(k).is_some(), "missing key {k} in {v}");
+    }
+    assert_eq!(v["policy"], "default");
+    assert_eq!(v["layers"], 58);
+    assert_eq!(v["par_after"].as_array().unwrap().len(), 58);
+    let after: f64 = v["par_after"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    assert!(after / 58.0 < 1.02);
+    let o = eplb(&[
+        "validate",
+        out.to_str().unwrap(),
+        "--experts",
+        "256",
+        "--ranks",
+        "32",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The written map is a valid --current for the next plan, which then moves little.
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+        "--ranks",
+        "32",
+        "--redundant",
+        "32",
+        "--policy",
+        "swift",
+        "--current",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn deepseek_plan_with_colocated_copies_warns_and_validate_rejects_it() {
+    let dir = tmp("dup");
+    let out = dir.join("map.json");
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_decode_in1000out1000.json"),
+        "--ranks",
+        "64",
+        "--redundant",
+        "64",
+        "--ranks-per-node",
+        "8",
+        "--groups",
+        "8",
+        "--policy",
+        "deepseek",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning:"), "{}", stderr(&o));
+    let o = eplb(&["validate", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("error:"), "{}", stderr(&o));
+    let o = eplb(&["validate", out.to_str().unwrap(), "--allow-duplicates"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn simulate_json_has_every_metric_key() {
+    let o = eplb(&[
+        "simulate",
+        "--trace",
+        &shared("data/series/esft_chain.json"),
+        "--ranks",
+        "8",
+        "--redundant",
+        "8",
+        "--policy",
+        "default",
+        "--heat-interval",
+        "10",
+        "--algo-interval",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "mean_par",
+        "p99_par",
+        "max_par",
+        "mean_par_from_first_activation",
+        "p99_par_from_first_activation",
+        "changes",
+        "moves_total",
+        "moves_per_change",
+        "slot_writes_total",
+        "same_rank_duplicate_rows_max",
+        "policy_time_ms_mean",
+        "policy_time_ms_max",
+    ] {
+        assert!(v.get(k).is_some(), "missing key {k}");
+    }
+    // vLLM-Ascend DefaultEplb's published row (dynamic-anchors.md, esft_chain_r8x8).
+    assert!((v["mean_par"].as_f64().unwrap() - 1.2513).abs() < 5e-5);
+    assert_eq!(v["changes"], 17);
+}
+
+#[test]
+fn placements_log_is_written() {
+    let dir = tmp("log");
+    let log = dir.join("p.json");
+    let o = eplb(&[
+        "simulate",
+        "--trace",
+        &shared("data/series/esft_chain.json"),
+        "--ranks",
+        "8",
+        "--redundant",
+        "8",
+        "--policy",
+        "swift",
+        "--heat-interval",
+        "10",
+        "--algo-interval",
+        "1",
+        "--placements-log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&log).unwrap()).unwrap();
+    assert_eq!(v["format"], "eplb-placements/v1");
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 18);
+    assert_eq!(entries[0]["active_from_window"], 0);
+    assert_eq!(entries[1]["active_from_window"], 11);
+    assert_eq!(entries[2]["active_from_window"], 22);
+    assert_eq!(entries[1]["placement"].as_array().unwrap().len(), 26);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn hotness_prints_the_numbers() {
+    let o = eplb(&[
+        "hotness",
+        "--map",
+        &shared("data/golden/asc_maps.json").replace("asc_maps.json", "missing.json"),
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
+    let dir = tmp("hot");
+    let map = dir.join("m.json");
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+        "--ranks",
+        "32",
+        "--redundant",
+        "32",
+        "--policy",
+        "default",
+        "--out",
+        map.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let o = eplb(&[
+        "hotness",
+        "--map",
+        map.to_str().unwrap(),
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("[Expert Hotness] current: mean=1.00"), "{out}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn check_config_reports_every_problem_and_the_env_guard() {
+    let dir = tmp("cfg");
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"eplb_config": {"dynamic_epbl": true, "expert_heat_collection_interval": 0}}"#,
+    )
+    .unwrap();
+    let o = eplb(&["check-config", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.contains("dynamic_eplb"), "{e}");
+    assert!(e.contains("expert_heat_collection_interval"), "{e}");
+    let dynamic = dir.join("dyn.json");
+    std::fs::write(
+        &dynamic,
+        r#"{"dynamic_eplb": true, "num_redundant_experts": 2}"#,
+    )
+    .unwrap();
+    let o = eplb(&["check-config", dynamic.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "env guard must fail without DYNAMIC_EPLB"
+    );
+    assert!(stderr(&o).contains("DYNAMIC_EPLB"), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_eplb"))
+        .args([
+            "check-config",
+            dynamic.to_str().unwrap(),
+            "--experts",
+            "8",
+            "--ranks",
+            "3",
+        ])
+        .env("DYNAMIC_EPLB", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("nearest valid"), "{}", stderr(&o));
+    let o = Command::new(env!("CARGO_BIN_EXE_eplb"))
+        .args([
+            "check-config",
+            dynamic.to_str().unwrap(),
+            "--experts",
+            "8",
+            "--ranks",
+            "2",
+        ])
+        .env("DYNAMIC_EPLB", "TRUE")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("dynamic"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn usage_errors_exit_2_and_bad_input_exits_1() {
+    let o = eplb(&["simulate", "--ranks", "8"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = eplb(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        "/nonexistent.json",
+        "--ranks",
+        "8",
+        "--redundant",
+        "8",
+        "--policy",
+        "default",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with("error: "));
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+        "--ranks",
+        "32",
+        "--redundant",
+        "31",
+        "--policy",
+        "default",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("nearest valid redundant counts: 0 or 32"),
+        "{}",
+        stderr(&o)
+    );
+    let o = eplb(&[
+        "plan",
+        "--loads",
+        &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
+        "--ranks",
+        "32",
+        "--redundant",
+        "32",
+        "--policy",
+        "fastest",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("unknown policy"), "{}", stderr(&o));
+}

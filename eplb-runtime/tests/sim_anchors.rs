@@ -1,0 +1,101 @@
+//! `simulate` reproduces the `static` rows of `dynamic-anchors.md` to 4 decimals, and DeepSeek
+//! (global) within 0.005 of the DeepSeek/vLLM global rows.
+
+use eplb_core::metrics::Routing;
+use eplb_policies::PolicyKind;
+use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
+
+fn trace(rel: &str) -> SimTrace {
+    let path = format!("{}/../../shared/{rel}", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
+    SimTrace {
+        windows: heat.windows(),
+        layers: heat.layers(),
+        experts: heat.experts(),
+        counts: heat.counts_u64().unwrap(),
+    }
+}
+
+fn cfg(ranks: u16, redundant: u32, policy: SimPolicy) -> SimConfig {
+    SimConfig {
+        ranks,
+        redundant,
+        ranks_per_node: None,
+        groups: None,
+        policy,
+        heat_interval: 10,
+        algo_interval: 1,
+        initial: Initial::Default,
+        routing: Routing::Log2Phy,
+        seed: 0,
+        expert_bytes: 8,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 0.00005 + 1e-9
+}
+
+#[test]
+fn esft_r8x8_static_row() {
+    let t = trace("data/series/esft_chain.json");
+    let r = simulate(&t, &cfg(8, 8, SimPolicy::Static), &mut |_, _| {}).unwrap();
+    assert!(close(r.mean_par, 1.5271), "{}", r.mean_par);
+    assert!(close(r.p99_par, 1.6076), "{}", r.p99_par);
+    assert!((r.max_par - 2.594).abs() < 0.0005, "{}", r.max_par);
+    assert!(close(r.mean_par_from_first_activation, 1.5273));
+    assert!(close(r.p99_par_from_first_activation, 1.6081));
+    assert!(close(r.other_routing_mean_par, 1.5271));
+    assert_eq!(r.changes, 0);
+    assert_eq!(r.cycles, 17);
+}
+
+#[test]
+fn dsv3_r32x32_perm_static_and_deepseek_global_rows() {
+    let t = trace("data/series/dsv3_drift_perm.json");
+    let r = simulate(&t, &cfg(32, 32, SimPolicy::Static), &mut |_, _| {}).unwrap();
+    assert!(close(r.mean_par, 1.8826), "{}", r.mean_par);
+    assert!(close(r.p99_par, 1.9815), "{}", r.p99_par);
+    assert!((r.max_par - 2.897).abs() < 0.0005, "{}", r.max_par);
+    assert!(close(r.mean_par_from_first_activation, 1.8852));
+    assert!(close(r.p99_par_from_first_activation, 1.9815));
+    assert_eq!(r.cycles, 14);
+    let r = simulate(
+        &t,
+        &cfg(32, 32, SimPolicy::Policy(PolicyKind::DeepSeek)),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!((r.mean_par - 1.1681).abs() < 0.005, "{}", r.mean_par);
+    assert!(
+        (r.mean_par_from_first_activation - 1.1179).abs() < 0.005,
+        "{}",
+        r.mean_par_from_first_activation
+    );
+    assert_eq!(r.changes, 14);
+}
+
+#[test]
+fn esft_r8x8_deepseek_global_row() {
+    let t = trace("data/series/esft_chain.json");
+    let r = simulate(
+        &t,
+        &cfg(8, 8, SimPolicy::Policy(PolicyKind::DeepSeek)),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!((r.mean_par - 1.2544).abs() < 0.005, "{}", r.mean_par);
+    assert!(
+        (r.mean_par_from_first_activation - 1.2383).abs() < 0.005,
+        "{}",
+        r.mean_par_from_first_activation
+    );
+    assert_eq!(r.changes, 17);
+    // Moves per change near the published 1558 (83.2% of slots).
+    assert!(
+        (r.moves_per_change() - 1558.0).abs() < 30.0,
+        "{}",
+        r.moves_per_change()
+    );
+}
