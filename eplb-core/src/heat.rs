@@ -186,6 +186,17 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
         Ok(())
     }
 
+    /// Adds logical counts `[L][N]` given as `u32` (one iteration's counts) into the current
+    /// bucket.
+    pub fn add_logical_u32(&mut self, counts: &[u32]) -> Result<(), Error> {
+        check_len("logical counts [L][N]", self.layers * self.experts, counts.len())?;
+        let bucket = self.head_bucket();
+        for (h, &c) in bucket.iter_mut().zip(counts) {
+            *h = h.saturating_add(u64::from(c));
+        }
+        Ok(())
+    }
+
     /// Closes one counted iteration: after `iters_per_bucket` of them the next counts go to a
     /// fresh bucket (the oldest one is overwritten once the ring is full).
     pub fn end_iteration(&mut self) {

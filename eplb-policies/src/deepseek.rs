@@ -14,9 +14,10 @@
 //!    the order they entered the node's pack.
 //! 4. **Replication within a node.** Each of the node's `N/M` experts starts with one copy;
 //!    each of the `R*S/M - N/M` extra slots goes to `argmax_e w_e / c_e` (f64 division, first
-//!    index on ties), found with a binary max-heap over the only candidates, the experts whose
-//!    single copy ranks among the top `extra` (`select_nth_unstable`). The physical order is the node's experts,
-//!    then the extra copies in the order they were chosen.
+//!    index on ties). Only the experts whose single copy ranks among the top `extra` can ever
+//!    win (their first copies alone outrank any other expert), so they are selected with
+//!    `select_nth_unstable` and the argmax is a binary max-heap over them. The physical order
+//!    is the node's experts, then the extra copies in the order they were chosen.
 //! 5. **Copies to ranks.** Each copy weighs `w_e / c_e` with the final count; balanced packing
 //!    puts `S` copies on each of the node's `R/M` ranks. Slot `rank * S + position in pack`.
 //!
@@ -28,8 +29,10 @@
 //!
 //! # Complexity
 //!
-//! Per layer `O(N log N + X log N + R S log R)` time (`X = R*S - N`); scratch
-//! `O(N + R*S/M + R)` words, a pure function of the shape ([`Policy::scratch_len`]).
+//! Per layer `O(G log G + N + X log X + P log P)` time with `X = R*S - N` extra copies and
+//! `P = R*S` copies (the sort of each node's copies dominates; each packing step is one climb
+//! of a tournament tree, `O(log R)`); scratch `O(N + R*S/M + R)` words, a pure function of the
+//! shape ([`Policy::scratch_len`]).
 //!
 //! # Differences from the reference
 //!
@@ -250,10 +253,10 @@ struct Topo {
 impl Topo {
     fn of(shape: &Shape) -> Result<Self, Error> {
         let (n, g, m) = (shape.experts(), shape.groups(), shape.nodes());
-        if g % m == 0 {
-            if n % g != 0 {
+        if g.is_multiple_of(m) {
+            if !n.is_multiple_of(g) {
                 return Err(Error::Topology {
-                    what: "hierarchical DeepSeek EPLB needs the experts to be a multiple of the groups",
+                    what: "hierarchical DeepSeek EPLB needs experts divisible by expert groups",
                     value: g,
                 });
             }
@@ -471,14 +474,7 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
         for (nw, &id) in b.node_w.iter_mut().zip(m2l) {
             *nw = w.get(usize::from(id)).copied().unwrap_or(0.0);
         }
-        replicate(
-            b.node_w,
-            b.packing.keys,
-            b.value,
-            b.count,
-            b.heap,
-            b.phy,
-        )?;
+        replicate(b.node_w, b.packing.keys, b.value, b.count, b.heap, b.phy)?;
         for (cw, &m) in b.copy_w.iter_mut().zip(b.phy.iter()) {
             let m = usize::from(m);
             let (x, c) = (
@@ -511,7 +507,7 @@ impl DeepSeek {
 
     /// Whether `shape` runs hierarchically (`groups % nodes == 0`).
     pub fn is_hierarchical(shape: &Shape) -> bool {
-        shape.groups() % shape.nodes() == 0
+        shape.groups().is_multiple_of(shape.nodes())
     }
 }
 

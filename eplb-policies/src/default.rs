@@ -18,29 +18,32 @@
 //!    (one running index), carrying the expert's final weight.
 //! 4. **Greedy packing.** The list, sorted once more by the same rule, is visited in order; each
 //!    expert goes to the box with the smallest weight among the boxes with room that do not hold
-//!    it (strict `<`: the lowest index on ties; a min tournament tree over the boxes). Box
-//!    weights are summed in insertion order. A box's row is its pre-placed copies, then its
-//!    experts in insertion order.
+//!    it (strict `<`: the lowest index on ties). A min tournament tree over the boxes gives the
+//!    lightest box with room; only when that box holds the expert are the boxes holding it (a
+//!    bitset `[R][N]`) masked out for one query. Box weights are summed in insertion order. A
+//!    box's row is its pre-placed copies, then its experts in insertion order.
 //! 5. **Local-constraint exchange** ([`common::keep_slots`](crate::common::keep_slots)): box `i`
 //!    is rank `i`; an expert the rank already held keeps its old slot.
 //!
 //! # Complexity
 //!
-//! Per layer `O(N log N + X (log N + N) + N log R + R S^2)` time; the `X * N` term is a
-//! `memmove` of at most `N` ids per round. Scratch `O(N + R + S)` words, a pure function of the
-//! shape.
+//! Per layer `O(N log N + X N + N log R + R S^2)` time, where the `X N` term is a scan and a
+//! `memmove` of at most `N` entries per replication round (plus an `O(N)` pass per round only
+//! while equal weights exist, and a full re-sort on the copy cap below). Scratch
+//! `O(N + R + S + R N / 64)` words, a pure function of the shape.
 //!
 //! # Fixes and differences from the reference
 //!
 //! - **Fix: no fall-back to the last box** (upstream quirk §9.7). When every box with room
-//!   already holds the expert, upstream appends it to the last box anyway (a co-located copy, or
-//!   a box over capacity). We *repair by a swap* instead: let `b` be the lightest box with room
-//!   (all of them hold `e`); among the full boxes `b2` that do not hold `e` and the experts `f`
-//!   of `b2` that were not pre-placed and that `b` does not hold, take the pair minimising the
-//!   larger of the two new box weights (lowest `b2`, then lowest slot, on ties); move `f` to `b`
-//!   and put `e` in `f`'s slot. Such a pair exists whenever `X <= R`; if none exists the layer
-//!   is [`Error::NoPlacement`]. Upstream never reaches this case on a valid output, so exactness
-//!   is unaffected.
+//!   already holds the expert `e`, upstream appends it to the last box anyway (a co-located
+//!   copy, or a box over capacity). We *repair by a swap* instead: let `b` be the lightest box
+//!   with room (all of them hold `e`); among the full boxes `b2` that do not hold `e` and the
+//!   experts `f` of `b2` that `b` does not hold, take the pair minimising the larger of the two
+//!   new box weights (lowest `b2`, then lowest slot, on ties); move `f` to `b` and put `e` in
+//!   `f`'s slot. Such a pair always exists while `e` has fewer than `R` copies (`b2` holds `S`
+//!   experts, `b` at most `S - 1`, one of them `e`), which the next fix guarantees; otherwise the
+//!   layer would be [`Error::NoPlacement`]. Upstream's output in this case is invalid (the
+//!   planner reverts the layer), so exactness on valid outputs is unaffected.
 //! - **Fix: at most `R` copies per expert.** Replication skips an expert that already has one
 //!   copy per rank (the first such in sort order is passed over, then the list is fully
 //!   re-sorted by the same rule); upstream would give it an `(R+1)`-th copy that cannot be placed.
@@ -201,7 +204,7 @@ fn replicate(b: &mut Bufs<'_>, x: usize, ranks: usize) {
             continue;
         }
         if b.ow.get(1).is_some_and(|&n| n == old) {
-            eq -= 1;
+            eq = eq.saturating_sub(1);
         }
         // Re-sort: the rest is sorted; its equal runs flip, and `top` (position 0) goes last
         // among the weights >= its new one.

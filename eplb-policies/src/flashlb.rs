@@ -215,8 +215,7 @@ struct Lpt<'a> {
     dev_mu: &'a mut [f64],
     dev_var: &'a mut [f64],
     fill: &'a mut [u16],
-    heap: &'a mut [u16],
-    popped: &'a mut [u16],
+    avail: &'a mut [f64],
     held: &'a mut [u16],
 }
 
@@ -273,8 +272,8 @@ impl<'a> Work<'a> {
             + words_u16(n)
             // lpt
             + 2 * words_u16(n)
-            + 2 * words_f64(r)
-            + 4 * words_u16(r)
+            + 3 * words_f64(r)
+            + 2 * words_u16(r)
             // tree
             + words_u16(n)
             + words_u16(n)
@@ -314,8 +313,7 @@ impl<'a> Work<'a> {
                 dev_mu: arena.f64s(r)?,
                 dev_var: arena.f64s(r)?,
                 fill: arena.u16s(r)?,
-                heap: arena.u16s(r)?,
-                popped: arena.u16s(r)?,
+                avail: arena.f64s(r)?,
                 held: arena.u16s(r)?,
             },
             tree: Tree {
@@ -502,8 +500,11 @@ fn var_after(
 
 /// Variance-aware LPT of the replicas `rep` onto `r` devices of `s` slots, into `dep`.
 /// Returns false when some replica finds no device (not full, not holding the expert).
+pub static LPT_CALLS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+pub static LPT_HEAPOPS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 fn lpt(st: &Stats<'_>, lw: &mut Lpt<'_>, rep: &[u16], r: usize, s: usize, dep: &mut [u16]) -> bool {
     let n = rep.len();
+    LPT_CALLS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
     let mu = &*st.mu;
     let key = |e: u16| at(mu, usize::from(e)) / f64::from(at(rep, usize::from(e)).max(1));
 
@@ -545,65 +546,58 @@ fn lpt(st: &Stats<'_>, lw: &mut Lpt<'_>, rep: &[u16], r: usize, s: usize, dep: &
     lw.dev_mu.fill(0.0);
     lw.dev_var.fill(0.0);
     lw.fill.fill(0);
-    let mut hl = 0usize;
-    for d in 0..r {
-        // Equal keys: pushing in index order keeps the heap property without sifting.
-        hpush(lw.heap, &mut hl, d as u16, lw.dev_mu);
-    }
+    // `avail[d]` = the device's mean load, or infinity while it is full or holds the expert.
+    lw.avail.fill(0.0);
     for k in 0..n {
         let e = usize::from(at(lw.order, k));
         let c = at(rep, e).max(1);
         let u = at(mu, e) / f64::from(c);
         let mut nh = 0usize;
         for _ in 0..c {
-            let mut best: Option<(usize, f64, f64)> = None;
-            let mut np = 0usize;
-            while hl > 0 {
-                let top = usize::from(at(lw.heap, 0));
-                let lb = at(lw.dev_mu, top) + u;
-                if best.is_some_and(|(_, br, _)| lb > br) {
-                    break;
-                }
-                let _ = hpop(lw.heap, &mut hl, lw.dev_mu);
-                put(lw.popped, np, top as u16);
-                np += 1;
-                if !st.has_var {
-                    // Without variance the risk is `lb`, and the heap top (lowest load, then
-                    // lowest index) is the answer.
-                    best = Some((top, lb, 0.0));
-                    break;
-                }
-                let (risk, va) = if st.has_var {
-                    let va = var_after(st, lw, dep, rep, n, s, e, top);
-                    (lb + Z_075 * libm::sqrt(va.max(0.0)), va)
-                } else {
-                    (lb, 0.0)
-                };
-                if best.is_none_or(|(bd, br, _)| risk < br || (risk == br && top < bd)) {
-                    best = Some((top, risk, va));
+            // The device with the lowest load (lowest index on ties): without variance it is
+            // the answer; with variance it bounds the search (risk >= load + u).
+            let mut d0 = usize::MAX;
+            let mut k0 = f64::INFINITY;
+            for (d, &a) in lw.avail.iter().enumerate() {
+                if a < k0 {
+                    k0 = a;
+                    d0 = d;
                 }
             }
-            let Some((d, _, va)) = best else {
+            if d0 == usize::MAX {
                 return false;
-            };
-            for q in 0..np {
-                let p = at(lw.popped, q);
-                if usize::from(p) != d {
-                    hpush(lw.heap, &mut hl, p, lw.dev_mu);
-                }
             }
+            let (d, va) = if st.has_var {
+                let va0 = var_after(st, lw, dep, rep, n, s, e, d0);
+                let mut best = (d0, k0 + u + Z_075 * libm::sqrt(va0.max(0.0)), va0);
+                for (d, &a) in lw.avail.iter().enumerate() {
+                    let lb = a + u;
+                    if d == d0 || !(lb <= best.1) {
+                        continue;
+                    }
+                    let va = var_after(st, lw, dep, rep, n, s, e, d);
+                    let risk = lb + Z_075 * libm::sqrt(va.max(0.0));
+                    if risk < best.1 || (risk == best.1 && d < best.0) {
+                        best = (d, risk, va);
+                    }
+                }
+                (best.0, best.2)
+            } else {
+                (d0, 0.0)
+            };
             let f = usize::from(at(lw.fill, d));
             put(dep, d * s + f, e as u16);
             put(lw.fill, d, (f + 1) as u16);
             put(lw.dev_mu, d, at(lw.dev_mu, d) + u);
             put(lw.dev_var, d, va);
+            put(lw.avail, d, f64::INFINITY);
             put(lw.held, nh, d as u16);
             nh += 1;
         }
         for q in 0..nh {
-            let d = at(lw.held, q);
-            if usize::from(at(lw.fill, usize::from(d))) < s {
-                hpush(lw.heap, &mut hl, d, lw.dev_mu);
+            let d = usize::from(at(lw.held, q));
+            if usize::from(at(lw.fill, d)) < s {
+                put(lw.avail, d, at(lw.dev_mu, d));
             }
         }
     }

@@ -21,7 +21,7 @@ struct Case {
 }
 
 fn divisors(n: u16) -> Vec<u16> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -64,7 +64,13 @@ fn case() -> impl Strategy<Value = Case> {
 fn current(c: &Case) -> Vec<u16> {
     let mut base = vec![0u16; c.shape.placement_len()];
     Layout::default().fill(&c.shape, &mut base).unwrap();
-    let input = Input::new(Placement::new(c.shape, &base).unwrap(), &c.loads, None, c.shuffle).unwrap();
+    let input = Input::new(
+        Placement::new(c.shape, &base).unwrap(),
+        &c.loads,
+        None,
+        c.shuffle,
+    )
+    .unwrap();
     let mut out = vec![0u16; c.shape.placement_len()];
     Random::with_swaps(3 * c.shape.ranks())
         .place(&input, &mut [], &mut [], &mut out)
@@ -104,8 +110,12 @@ fn check_common(c: &Case, out: &[u16], par: &[f64], colocates: bool) -> Result<(
     let n = shape.experts();
     let mut copies = vec![0u16; n];
     for (l, &pl) in par.iter().enumerate() {
-        let lb = metrics::lower_bound_par(&shape, &c.loads[l * n..(l + 1) * n], &mut copies).unwrap();
-        prop_assert!(pl >= lb - 1e-9, "layer {l}: PAR {pl} below the lower bound {lb}");
+        let lb =
+            metrics::lower_bound_par(&shape, &c.loads[l * n..(l + 1) * n], &mut copies).unwrap();
+        prop_assert!(
+            pl >= lb - 1e-9,
+            "layer {l}: PAR {pl} below the lower bound {lb}"
+        );
     }
     Ok(())
 }
@@ -116,7 +126,7 @@ proptest! {
     #[test]
     fn deepseek_props(c in case()) {
         let cur = current(&c);
-        let hier = c.shape.groups() % c.shape.nodes() == 0;
+        let hier = c.shape.groups().is_multiple_of(c.shape.nodes());
         match run(&mut DeepSeek, &c, &cur) {
             Ok((out, par)) => {
                 check_common(&c, &out, &par, true)?;
@@ -124,7 +134,7 @@ proptest! {
                 prop_assert_eq!(out, again);
             }
             Err(e) => {
-                prop_assert!(hier && c.shape.experts() % c.shape.groups() != 0, "{e}");
+                prop_assert!(hier && !c.shape.experts().is_multiple_of(c.shape.groups()), "{e}");
                 prop_assert!(matches!(e, Error::Topology { .. }), "{}", e);
             }
         }

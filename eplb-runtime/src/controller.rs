@@ -387,8 +387,7 @@ impl<T: Transport> Controller<T> {
 
     fn add_heat(&mut self, slot_counts: &[u32]) -> Result<(), ControllerError> {
         // The local ring holds [W][L][S] with the slot index as the "expert".
-        let counts: Vec<u64> = slot_counts.iter().map(|&c| u64::from(c)).collect();
-        self.heat.add_logical(&counts)?;
+        self.heat.add_logical_u32(slot_counts)?;
         self.heat.end_iteration();
         Ok(())
     }
