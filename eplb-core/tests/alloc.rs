@@ -2,6 +2,7 @@
 //! since the allocator is process-wide).
 
 use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use eplb_core::metrics::{self, Routing};
@@ -10,10 +11,21 @@ use eplb_core::{Cycle, HeatWindow, Layout, Placement, ReplicaChoice, Shape, Stag
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Only the measuring thread counts: the harness's main thread may allocate meanwhile.
+    static MEASURING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if MEASURING.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 // SAFETY: forwards to the system allocator unchanged; only counts calls.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -22,7 +34,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        count();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new) }
     }
@@ -52,6 +64,7 @@ fn hot_operations_do_not_allocate() {
     let changed = vec![true; 58];
 
     let before = ALLOCS.load(Ordering::SeqCst);
+    MEASURING.set(true);
     Layout::Default.fill(&shape, &mut placement).unwrap();
     let p = Placement::new(shape, &placement).unwrap();
     let mut heat = HeatWindow::new(&shape, w, per, &mut storage).unwrap();
@@ -93,7 +106,14 @@ fn hot_operations_do_not_allocate() {
         )
         .unwrap();
     }
+    MEASURING.set(false);
     let after = ALLOCS.load(Ordering::SeqCst);
     assert_eq!(after - before, 0, "core hot path allocated");
+    // The counter does count this thread's allocations.
+    MEASURING.set(true);
+    let v = std::hint::black_box(vec![1u8; 16]);
+    MEASURING.set(false);
+    drop(v);
+    assert!(ALLOCS.load(Ordering::SeqCst) > after);
     assert!(sums.iter().sum::<f64>() > 0.0);
 }

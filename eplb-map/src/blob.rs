@@ -162,6 +162,35 @@ impl<'b> Reader<'b> {
     }
 }
 
+impl Reader<'_> {
+    /// One postcard `u16` (LEB128, at most 3 bytes), decoded by hand: the hot loop of [`decode`].
+    /// Accepts exactly what postcard's `u16` accepts.
+    fn varint_u16(&mut self, what: &'static str) -> Result<u16, Error> {
+        let start = self.offset;
+        let mut value: u32 = 0;
+        for i in 0..3 {
+            let Some(&byte) = self.bytes.get(self.offset) else {
+                return Err(Error::Truncated {
+                    offset: self.offset,
+                    what,
+                });
+            };
+            self.offset += 1;
+            value |= u32::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return u16::try_from(value).map_err(|_| Error::BadVarint {
+                    offset: start,
+                    what,
+                });
+            }
+        }
+        Err(Error::BadVarint {
+            offset: start,
+            what,
+        })
+    }
+}
+
 /// Reads magic, version, shape and slot count; leaves the reader at the first slot.
 fn read_header(r: &mut Reader<'_>) -> Result<(Shape, usize), Error> {
     if r.bytes.len() < MAGIC.len() {
@@ -233,7 +262,7 @@ pub fn decode<'o>(bytes: &[u8], out: &'o mut [u16]) -> Result<Placement<'o>, Err
         });
     }
     for o in out.iter_mut().take(count) {
-        *o = r.take("placement slots")?;
+        *o = r.varint_u16("placement slots")?;
     }
     let body_end = r.offset;
     let stored: [u8; 4] = r.take("checksum")?;

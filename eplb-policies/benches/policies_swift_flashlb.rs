@@ -62,10 +62,15 @@ fn golden(name: &'static str) -> Case {
 }
 
 fn cases() -> Vec<Case> {
-    ["dsv3_prefill_ep32", "dsv3_decode_ep32", "dsv3_prefill_ep64", "dsv3_decode_ep64"]
-        .into_iter()
-        .map(golden)
-        .collect()
+    [
+        "dsv3_prefill_ep32",
+        "dsv3_decode_ep32",
+        "dsv3_prefill_ep64",
+        "dsv3_decode_ep64",
+    ]
+    .into_iter()
+    .map(golden)
+    .collect()
 }
 
 /// `t` windows `[T][L][N]`: window `k` is `loads / t * (1 + 0.2 * sin(k * 1.7 + i * 0.37))`.

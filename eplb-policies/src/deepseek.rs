@@ -213,9 +213,32 @@ impl Packing<'_> {
         let pack_n = self.pack_n.get_mut(..packs).unwrap_or_default();
         pack_w.fill(0.0);
         pack_n.fill(0);
+        // First round: while the items so far weigh more than zero, item `j` goes to the empty
+        // pack `j` (the lightest non-full one, the lowest index among the zero weights), so
+        // the tree is built once after it.
+        let mut first = 0;
+        for (p, k) in keys.iter().enumerate().take(packs) {
+            let i = *k as u64 as usize;
+            let (Some(pw), Some(pn), Some(&x)) = (pack_w.get_mut(p), pack_n.get_mut(p), w.get(i))
+            else {
+                break;
+            };
+            if let (Some(po), Some(ro)) = (pack_of.get_mut(i), rank_of.get_mut(i)) {
+                *po = p as u16;
+                *ro = 0;
+            }
+            *pw = x;
+            *pn = 1;
+            first += 1;
+            if x <= 0.0 {
+                break;
+            }
+        }
         let tree = &mut self.tree;
-        tree.reset(packs, pack_w, |_| true)?;
-        for k in keys.iter() {
+        tree.reset(packs, pack_w, |p| {
+            pack_n.get(p).is_some_and(|&c| (c as usize) < per)
+        })?;
+        for k in keys.iter().skip(first) {
             let i = *k as u64 as usize;
             let (Some(p), Some(&x)) = (tree.min(), w.get(i)) else {
                 return Err(Error::NoPlacement {
@@ -420,7 +443,11 @@ fn replicate(
     // Only the top `extra` experts by (weight desc, index asc) can gain a copy: their first
     // copies alone outrank any other expert's.
     let cand = extra.len().min(e);
-    let keys = keys.get_mut(..e).unwrap_or_default();
+    let have = keys.len();
+    let keys = keys.get_mut(..e).ok_or(Error::Scratch {
+        needed: key_words(e),
+        got: key_words(have),
+    })?;
     for (i, (k, &x)) in keys.iter_mut().zip(w).enumerate() {
         *k = u128::from(!weight_bits(x)) << 64 | i as u128;
     }
@@ -641,6 +668,101 @@ mod tests {
         ));
         let mut scratch = vec![0u64; need];
         assert!(p.place(&input, &mut scratch, &mut [], &mut out).is_ok());
+    }
+
+    /// A tiny deterministic generator for the reference comparisons.
+    fn lcg(state: &mut u64) -> u64 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *state >> 33
+    }
+
+    /// Balanced packing as written in `eplb.py`: stable descending sort, linear scan for the
+    /// lightest non-full pack (first on ties).
+    fn naive_pack(w: &[f64], packs: usize) -> (Vec<u16>, Vec<u16>) {
+        let per = w.len() / packs;
+        if per == 1 {
+            return ((0..w.len() as u16).collect(), vec![0; w.len()]);
+        }
+        let mut idx: Vec<usize> = (0..w.len()).collect();
+        idx.sort_by(|&a, &b| w[b].partial_cmp(&w[a]).unwrap());
+        let (mut pw, mut pn) = (vec![0.0; packs], vec![0usize; packs]);
+        let (mut po, mut ro) = (vec![0u16; w.len()], vec![0u16; w.len()]);
+        for i in idx {
+            let p = (0..packs)
+                .filter(|&p| pn[p] < per)
+                .fold(None, |best: Option<usize>, p| match best {
+                    Some(b) if pw[b] <= pw[p] => Some(b),
+                    _ => Some(p),
+                })
+                .unwrap();
+            po[i] = p as u16;
+            ro[i] = pn[p] as u16;
+            pw[p] += w[i];
+            pn[p] += 1;
+        }
+        (po, ro)
+    }
+
+    /// `replicate_experts` as written: argmax of `w / c` (first on ties) for each extra slot.
+    fn naive_replicate(w: &[f64], slots: usize) -> Vec<u16> {
+        let mut c = vec![1u32; w.len()];
+        let mut phy: Vec<u16> = (0..w.len() as u16).collect();
+        for _ in w.len()..slots {
+            let mut best = 0;
+            for e in 1..w.len() {
+                if w[e] / f64::from(c[e]) > w[best] / f64::from(c[best]) {
+                    best = e;
+                }
+            }
+            c[best] += 1;
+            phy.push(best as u16);
+        }
+        phy
+    }
+
+    #[test]
+    fn pack_and_replicate_match_the_reference_with_ties() {
+        let mut st = 7u64;
+        for round in 0..400 {
+            let packs = 1 + (lcg(&mut st) % 9) as usize;
+            let per = 1 + (lcg(&mut st) % 5) as usize;
+            let n = packs * per;
+            // Small integers (many ties and zeros), or spread values.
+            let w: Vec<f64> = (0..n)
+                .map(|_| {
+                    if round % 2 == 0 {
+                        (lcg(&mut st) % 4) as f64
+                    } else {
+                        (lcg(&mut st) % 1000) as f64 / 7.0
+                    }
+                })
+                .collect();
+            let mut buf = vec![0u64; key_words(n) + 2 * packs + tree_words(packs)];
+            let mut arena = Arena::new(&mut buf);
+            let mut packing = Packing {
+                keys: carve_keys(&mut arena, n).unwrap(),
+                pack_w: arena.f64s(packs).unwrap(),
+                pack_n: arena.u32s(packs).unwrap(),
+                tree: MinTree::carve(&mut arena, packs).unwrap(),
+            };
+            let (mut po, mut ro) = (vec![0u16; n], vec![0u16; n]);
+            packing.pack(&w, packs, &mut po, &mut ro).unwrap();
+            assert_eq!((po, ro), naive_pack(&w, packs), "pack {w:?} into {packs}");
+
+            let extra = (lcg(&mut st) % 12) as usize;
+            let slots = n + extra;
+            let (mut value, mut count) = (vec![0.0; n], vec![0u32; n]);
+            let (mut heap, mut phy) = (vec![0u16; n], vec![0u16; slots]);
+            let mut keys = vec![0u128; n];
+            replicate(&w, &mut keys, &mut value, &mut count, &mut heap, &mut phy).unwrap();
+            assert_eq!(
+                phy,
+                naive_replicate(&w, slots),
+                "replicate {w:?} to {slots}"
+            );
+        }
     }
 
     #[test]

@@ -485,6 +485,106 @@ mod tests {
         Ok(out)
     }
 
+    /// DefaultEplb as written upstream, for one layer; `None` where upstream would fall back
+    /// to the last box or give an expert more than `R` copies.
+    fn naive(r: usize, s: usize, cur: &[u16], w: &[f64]) -> Option<Vec<u16>> {
+        let n = w.len();
+        let x = r * s - n;
+        let mut list: Vec<(u16, f64)> = (0..n as u16).zip(w.iter().copied()).collect();
+        let mut red = vec![0usize; n];
+        // np.argsort(kind="stable")[::-1]: ascending stable, reversed.
+        let sort = |l: &mut Vec<(u16, f64)>| {
+            let mut idx: Vec<usize> = (0..l.len()).collect();
+            idx.sort_by(|&a, &b| l[a].1.partial_cmp(&l[b].1).unwrap());
+            idx.reverse();
+            *l = idx.iter().map(|&i| l[i]).collect();
+        };
+        for _ in 0..x {
+            sort(&mut list);
+            let (e, wt) = list[0];
+            let c = red[usize::from(e)] + 1;
+            red[usize::from(e)] += 1;
+            list[0] = (e, (wt * c as f64) / (c + 1) as f64);
+        }
+        if red.iter().any(|&k| k + 1 > r) {
+            return None;
+        }
+        let avg = |e: usize| list.iter().find(|p| usize::from(p.0) == e).unwrap().1;
+        let mut boxes: Vec<Vec<u16>> = vec![Vec::new(); r];
+        let mut bw = vec![0.0; r];
+        let mut idx = 0;
+        for (e, &k) in red.iter().enumerate() {
+            for _ in 0..k {
+                boxes[idx].push(e as u16);
+                bw[idx] += avg(e);
+                idx += 1;
+            }
+        }
+        sort(&mut list);
+        for &(e, wt) in &list {
+            let mut best: Option<usize> = None;
+            for (i, bx) in boxes.iter().enumerate() {
+                if bx.contains(&e) || bx.len() >= s {
+                    continue;
+                }
+                if best.is_none_or(|b| bw[i] < bw[b]) {
+                    best = Some(i);
+                }
+            }
+            let b = best?;
+            boxes[b].push(e);
+            bw[b] += wt;
+        }
+        let mut out = Vec::new();
+        let mut tmp = vec![0u16; 2 * s];
+        for (old, row) in cur.chunks_exact(s).zip(boxes.iter_mut()) {
+            keep_slots(old, row, &mut tmp).unwrap();
+            out.extend_from_slice(row);
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn matches_the_upstream_reference_with_ties() {
+        let mut st = 11u64;
+        let mut next = || {
+            st = st
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            st >> 33
+        };
+        let mut compared = 0;
+        for round in 0..600 {
+            let r = 1 + (next() % 8) as usize;
+            let n = 1 + (next() % 16) as usize;
+            let s = n.div_ceil(r) + (next() % 2) as usize;
+            if s > n || r * s - n > r {
+                continue;
+            }
+            let shape = Shape::new(1, n as u16, r as u16, s as u16).unwrap();
+            let mut current = vec![0u16; shape.placement_len()];
+            eplb_core::Layout::default()
+                .fill(&shape, &mut current)
+                .unwrap();
+            let loads: Vec<f64> = (0..n)
+                .map(|_| {
+                    if round % 2 == 0 {
+                        (next() % 4) as f64
+                    } else {
+                        (next() % 1000) as f64 / 3.0
+                    }
+                })
+                .collect();
+            let Some(want) = naive(r, s, &current, &loads) else {
+                continue;
+            };
+            let got = run(shape, &current, &loads).unwrap();
+            assert_eq!(got, want, "R={r} S={s} loads {loads:?}");
+            compared += 1;
+        }
+        assert!(compared > 200, "{compared}");
+    }
+
     #[test]
     fn spec_vector_3_6() {
         let shape = Shape::new(1, 10, 4, 3).unwrap();
@@ -492,6 +592,24 @@ mod tests {
         let loads = [160.0, 80.0, 10.0, 5.0, 5.0, 5.0, 300.0, 20.0, 1.0, 2.0];
         let out = run(shape, &current, &loads).unwrap();
         assert_eq!(out, [0, 7, 2, 3, 6, 5, 6, 4, 9, 8, 0, 1]);
+    }
+
+    #[test]
+    fn small_scratch_is_an_error() {
+        let shape = Shape::new(1, 8, 4, 3).unwrap();
+        let current = [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3];
+        let loads = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let input = Input::new(Placement::new(shape, &current).unwrap(), &loads, None, 0).unwrap();
+        let mut p = DefaultEplb;
+        let need = p.scratch_len(&shape);
+        let mut out = vec![0u16; shape.placement_len()];
+        let mut scratch = vec![0u64; need - 1];
+        assert!(matches!(
+            p.place(&input, &mut scratch, &mut [], &mut out),
+            Err(Error::Scratch { .. })
+        ));
+        let mut scratch = vec![0u64; need];
+        assert!(p.place(&input, &mut scratch, &mut [], &mut out).is_ok());
     }
 
     #[test]

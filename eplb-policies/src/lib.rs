@@ -39,6 +39,7 @@ pub mod deepseek;
 pub mod default;
 mod error;
 pub mod flashlb;
+pub mod incremental;
 mod kind;
 mod policy;
 pub mod random;

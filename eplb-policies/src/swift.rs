@@ -228,7 +228,14 @@ impl Policy for SwiftBalance {
             .zip(out.chunks_exact_mut(per_layer))
             .enumerate()
         {
-            self.layer(&shape, cur, input.layer_loads(l), ave0, new, &mut wk)?;
+            self.layer(&shape, cur, input.layer_loads(l), ave0, new, &mut wk)
+                .map_err(|e| match e {
+                    Error::NoPlacement { why, .. } => Error::NoPlacement {
+                        layer: l as u16,
+                        why,
+                    },
+                    e => e,
+                })?;
         }
         Ok(())
     }

@@ -17,6 +17,11 @@ use eplb_policies::PolicyKind;
 use serde_json::json;
 
 use crate::config::{EplbConfig, ProcessEnv};
+use crate::deployment::{Deployment, Hardware, QuantType, Role};
+use crate::payload::{
+    CostBasis, CostSpec, Link, ModelPreset, MoveCost, human_bytes, human_ms, move_cost,
+    sequence_cost,
+};
 use crate::planner::{PlanRequest, plan_once};
 use crate::policies::policy_for;
 use crate::simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate};
@@ -82,9 +87,101 @@ struct PlanArgs {
     /// Where to write the new expert map.
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    cost: CostArgs,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// What one expert weighs and how fast it moves, for the cost estimate of `plan` and
+/// `simulate` (default: DeepSeek-V3, W8A8, 10 Gbit/s).
+#[derive(Debug, Args)]
+struct CostArgs {
+    /// Model preset sizing an expert: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b.
+    #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
+    model: Option<ModelPreset>,
+    /// Hidden size H (with --intermediate, instead of --model).
+    #[arg(long, requires = "intermediate")]
+    hidden: Option<u64>,
+    /// Expert intermediate size I (with --hidden, instead of --model).
+    #[arg(long, requires = "hidden")]
+    intermediate: Option<u64>,
+    /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8.
+    #[arg(long, value_parser = parse_from_str::<QuantType>)]
+    quant: Option<QuantType>,
+    /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
+    #[arg(long)]
+    fused_mc2: bool,
+    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or <N>gbps.
+    #[arg(long, value_parser = parse_from_str::<Link>)]
+    link: Option<Link>,
+}
+
+impl CostArgs {
+    fn resolve(&self) -> Result<CostBasis, String> {
+        CostSpec {
+            model: self.model,
+            hidden: self.hidden,
+            intermediate: self.intermediate,
+            quant: self.quant,
+            fused_mc2: self.fused_mc2,
+            link: self.link.clone(),
+        }
+        .resolve()
+    }
+}
+
+/// The deployment facts of `check-config` (override the file's `deployment` object).
+#[derive(Debug, Args)]
+struct DeploymentArgs {
+    /// Hardware: A2, A3, 950PR, 950DT.
+    #[arg(long, value_parser = parse_from_str::<Hardware>)]
+    hardware: Option<Hardware>,
+    /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8, W4A8MXFP4, W4A16, W4A16MXFP4.
+    #[arg(long = "quant", alias = "quant-type", value_parser = parse_from_str::<QuantType>)]
+    quant_type: Option<QuantType>,
+    /// Fused MC2 is enabled.
+    #[arg(long)]
+    fused_mc2: bool,
+    /// Node role: prefill, decode, colocated.
+    #[arg(long, value_parser = parse_from_str::<Role>)]
+    role: Option<Role>,
+    /// Typical input length (tokens).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    input_len: Option<u32>,
+    /// Typical concurrency (requests).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: Option<u32>,
+    /// Physical experts per die.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    experts_per_die: Option<u32>,
+    /// Tokens per die per forward.
+    #[arg(long)]
+    tokens_per_die: Option<u32>,
+}
+
+impl DeploymentArgs {
+    fn facts(&self) -> Deployment {
+        Deployment {
+            hardware: self.hardware,
+            quant_type: self.quant_type,
+            fused_mc2: self.fused_mc2.then_some(true),
+            role: self.role,
+            input_len: self.input_len,
+            concurrency: self.concurrency,
+            experts_per_die: self.experts_per_die,
+            tokens_per_die: self.tokens_per_die,
+        }
+    }
+}
+
+fn parse_from_str<T>(s: &str) -> Result<T, String>
+where
+    T: core::str::FromStr,
+    T::Err: core::fmt::Display,
+{
+    s.parse::<T>().map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +209,8 @@ struct CheckConfigArgs {
     /// EP ranks.
     #[arg(long)]
     ranks: Option<u16>,
+    #[command(flatten)]
+    deployment: DeploymentArgs,
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +265,8 @@ struct SimulateArgs {
     /// Write the eplb-placements/v1 log here.
     #[arg(long)]
     placements_log: Option<PathBuf>,
+    #[command(flatten)]
+    cost: CostArgs,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -255,6 +356,7 @@ fn warn_heat(heat: &Heat, path: &Path) {
 
 fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
+    let basis = a.cost.resolve()?;
     let bytes = read(&a.loads)?;
     let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
     if format == HeatFormat::SlotLoads {
@@ -305,8 +407,15 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
         std::fs::write(out, to_json(&p)).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     let elapsed_us = plan.elapsed.as_secs_f64() * 1e6;
+    let cost = move_cost(
+        &shape,
+        &req.current,
+        &plan.placement,
+        basis.payload.total_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
     if a.json {
-        let v = json!({
+        let mut v = json!({
             "policy": kind.name(),
             "layers": shape.layers(),
             "par_before": plan.par_before,
@@ -317,6 +426,7 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             "changed_layers": plan.summary.changed_layers,
             "colocated_rows": plan.summary.colocated_rows,
         });
+        add_plan_cost(&mut v, &cost, &basis);
         println!("{v}");
     } else {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
@@ -340,11 +450,36 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             "changed layers: {}, weight fetches: {}, policy time: {:.1} us",
             plan.summary.changed_layers, plan.summary.moves, elapsed_us
         );
+        println!("{}", basis.describe());
+        println!("{}", plan_cost_line(&cost, &basis));
         if let Some(out) = &a.out {
             println!("wrote {}", out.display());
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cost keys of `plan --json`.
+fn add_plan_cost(v: &mut serde_json::Value, cost: &MoveCost, basis: &CostBasis) {
+    v["bytes_moved"] = json!(cost.bytes_moved());
+    v["bytes_per_layer"] = json!(cost.bytes_per_layer());
+    v["transfer_ms"] = json!(cost.transfer_ms(&basis.link));
+    v["transfer_ms_max_layer"] = json!(cost.transfer_ms_max_layer(&basis.link));
+    v["payload"] = basis.payload_json();
+    v["link"] = basis.link.to_json();
+}
+
+fn plan_cost_line(cost: &MoveCost, basis: &CostBasis) -> String {
+    let max_layer = cost.bytes_per_layer().into_iter().max().unwrap_or(0);
+    format!(
+        "cost: {} expert copies, {} moved (at most {} in one layer); at {}: about {} for the update, the longest layer {} (busiest rank's link)",
+        cost.transfers(),
+        human_bytes(cost.bytes_moved()),
+        human_bytes(max_layer),
+        basis.link.name(),
+        human_ms(cost.transfer_ms(&basis.link)),
+        human_ms(cost.transfer_ms_max_layer(&basis.link))
+    )
 }
 
 fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
@@ -404,7 +539,13 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
-    let cfg = match EplbConfig::from_file(&a.file, &ProcessEnv, Some(&validator)) {
+    let overrides = a.deployment.facts();
+    let cfg = match EplbConfig::from_file_with_deployment(
+        &a.file,
+        &ProcessEnv,
+        Some(&validator),
+        &overrides,
+    ) {
         Ok(c) => c,
         Err(errors) => {
             for m in errors.messages() {
@@ -426,6 +567,9 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
     }
     println!("{}: valid", a.file.display());
     println!("{}", cfg.summary());
+    if let Some(d) = cfg.deployment_facts() {
+        println!("deployment facts: {}", d.summary());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -513,6 +657,7 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
         SimPolicy::Policy(parse_policy(&a.policy)?)
     };
     let initial = parse_initial(&a.initial)?;
+    let basis = a.cost.resolve()?;
     let bytes = read(&a.trace)?;
     let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     warn_heat(&heat, &a.trace);
@@ -564,12 +709,59 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     if let Some(path) = &a.placements_log {
         write_placements_log(path, &r, policy.name(), heat.name())?;
     }
+    let costs = sequence_cost(
+        &r.shape,
+        r.log.iter().map(|e| e.placement.as_slice()),
+        basis.payload.total_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
     if a.json {
-        println!("{}", sim_json(&r, policy.name(), cfg.routing));
+        let mut v = sim_json(&r, policy.name(), cfg.routing);
+        add_sim_cost(&mut v, &costs, &basis);
+        println!("{v}");
     } else {
         print_sim(&r, policy.name(), cfg.routing);
+        println!("{}", basis.describe());
+        println!("{}", sim_cost_line(&costs, &basis));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes moved over all cycles, their mean per cycle, and the mean transfer time per cycle at
+/// the link (cycles that change nothing count as zero).
+fn sim_cost(costs: &[MoveCost], basis: &CostBasis) -> (u64, f64, f64) {
+    let total: u64 = costs.iter().map(MoveCost::bytes_moved).sum();
+    let ms: f64 = costs.iter().map(|c| c.transfer_ms(&basis.link)).sum();
+    let n = costs.len().max(1) as f64;
+    (total, total as f64 / n, ms / n)
+}
+
+/// The cost keys of `simulate --json`.
+fn add_sim_cost(v: &mut serde_json::Value, costs: &[MoveCost], basis: &CostBasis) {
+    let (total, per_cycle, ms) = sim_cost(costs, basis);
+    v["bytes_moved_total"] = json!(total);
+    v["bytes_per_cycle_mean"] = json!(per_cycle);
+    v["transfer_ms_per_cycle_mean"] = json!(ms);
+    v["transfer_ms_per_cycle_max"] = json!(
+        costs
+            .iter()
+            .map(|c| c.transfer_ms(&basis.link))
+            .fold(0.0, f64::max)
+    );
+    v["payload"] = basis.payload_json();
+    v["link"] = basis.link.to_json();
+}
+
+fn sim_cost_line(costs: &[MoveCost], basis: &CostBasis) -> String {
+    let (total, per_cycle, ms) = sim_cost(costs, basis);
+    format!(
+        "cost: {} moved over {} cycles ({} per cycle on average); at {}: about {} per cycle (busiest rank's link, layers one after another)",
+        human_bytes(total),
+        costs.len(),
+        human_bytes(per_cycle.round() as u64),
+        basis.link.name(),
+        human_ms(ms)
+    )
 }
 
 fn routing_name(r: Routing) -> &'static str {

@@ -19,8 +19,12 @@
 //! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
 //! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
 //!
-//! Beside `eplb_config`, only `deployment` is accepted; it is kept raw
-//! ([`EplbConfig::deployment`]) for the code that checks deployments.
+//! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
+//! [`crate::deployment`] (hardware, quant type, role, ...). It is kept raw
+//! ([`EplbConfig::deployment`]) and parsed ([`EplbConfig::deployment_facts`]); its problems are
+//! reported with the config's ([`ConfigError::Deployment`]), and so is a quant type that EPLB
+//! does not support on the named hardware, when EPLB is on. Its usage advice joins
+//! [`EplbConfig::warnings`], which are also logged (`log::warn!`) when a config is accepted.
 //!
 //! # Env guard
 //!
@@ -75,7 +79,7 @@
 
 mod env;
 mod error;
-mod suggest;
+pub(crate) mod suggest;
 
 use core::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -83,6 +87,8 @@ use std::path::{Path, PathBuf};
 use eplb_core::{HeatStage, Shape};
 use eplb_policies::PolicyKind;
 use serde_json::{Map, Value};
+
+use crate::deployment::{Advice, Deployment};
 
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
 pub use error::{ConfigError, ConfigErrors};
@@ -173,6 +179,7 @@ pub struct EplbConfig {
     policy_seed: u64,
     heat_stage: HeatStage,
     deployment: Option<Value>,
+    facts: Option<Deployment>,
 }
 
 impl Default for EplbConfig {
@@ -189,6 +196,7 @@ impl Default for EplbConfig {
             policy_seed: 0,
             heat_stage: HeatStage::All,
             deployment: None,
+            facts: None,
         }
     }
 }
@@ -240,15 +248,54 @@ impl EplbConfig {
         env: &dyn Env,
         map_validator: Option<&MapValidator<'_>>,
     ) -> Result<Self, ConfigErrors> {
+        Self::from_value_with_deployment(value, env, map_validator, &Deployment::default())
+    }
+
+    /// [`EplbConfig::from_value_with`], with deployment facts from elsewhere (command-line
+    /// flags) that override those of the document's `deployment` object before the support
+    /// table is applied.
+    ///
+    /// Every accepted config's [`EplbConfig::warnings`] are logged with `log::warn!`.
+    pub fn from_value_with_deployment(
+        value: &Value,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+        overrides: &Deployment,
+    ) -> Result<Self, ConfigErrors> {
         let mut p = Parser {
             errs: Vec::new(),
             cfg: Self::default(),
         };
-        p.document(value, env, map_validator);
+        p.document(value, env, map_validator, overrides);
         match ConfigErrors::new(p.errs) {
             Some(errs) => Err(errs),
-            None => Ok(p.cfg),
+            None => {
+                for w in p.cfg.warnings() {
+                    log::warn!("eplb: {w}");
+                }
+                Ok(p.cfg)
+            }
         }
+    }
+
+    /// [`EplbConfig::from_file`] with deployment facts that override the file's (see
+    /// [`EplbConfig::from_value_with_deployment`]).
+    pub fn from_file_with_deployment(
+        path: &Path,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+        overrides: &Deployment,
+    ) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ConfigError::Json {
+            line: e.line(),
+            column: e.column(),
+            message: json_message(&e),
+        })?;
+        Self::from_value_with_deployment(&value, env, map_validator, overrides)
     }
 
     /// What the runtime does: [`Mode::Record`] with a record path, else [`Mode::Dynamic`] when
@@ -322,9 +369,25 @@ impl EplbConfig {
         self.heat_stage
     }
 
-    /// The raw `deployment` object given beside `eplb_config`, unchecked.
+    /// The raw `deployment` object given beside `eplb_config`, as written.
     pub fn deployment(&self) -> Option<&Value> {
         self.deployment.as_ref()
+    }
+
+    /// The parsed deployment facts: the `deployment` object merged with any overrides;
+    /// `None` when neither gave one.
+    pub fn deployment_facts(&self) -> Option<&Deployment> {
+        self.facts.as_ref()
+    }
+
+    /// The usage advice for this config and its deployment (see [`crate::deployment`]):
+    /// `algorithm_execution_interval` below 50 and the deployment's not-recommended scenarios
+    /// when the cycle runs, unverified quant types when EPLB is on, unsupported combinations
+    /// while EPLB is off.
+    pub fn advice(&self) -> Vec<Advice> {
+        self.facts
+            .unwrap_or_default()
+            .advice(self.mode(), self.algo_interval, self.heat_stage)
     }
 
     /// Checks the config against the model: `experts` logical experts (`N`) on `ranks` EP ranks
@@ -406,7 +469,7 @@ impl EplbConfig {
         let _ = write!(
             s,
             "deployment: {}",
-            if self.deployment.is_some() {
+            if self.deployment.is_some() || self.facts.is_some() {
                 "given"
             } else {
                 "none"
@@ -436,6 +499,7 @@ impl EplbConfig {
                 "static EPLB is scheduled for removal upstream (vLLM-Ascend v0.25.1)".to_owned(),
             );
         }
+        w.extend(self.advice().iter().map(ToString::to_string));
         w
     }
 }
@@ -480,7 +544,13 @@ struct Parser {
 }
 
 impl Parser {
-    fn document(&mut self, value: &Value, env: &dyn Env, map_validator: Option<&MapValidator<'_>>) {
+    fn document(
+        &mut self,
+        value: &Value,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+        overrides: &Deployment,
+    ) {
         let Some(top) = value.as_object() else {
             self.errs.push(ConfigError::NotAnObject {
                 key: None,
@@ -505,6 +575,14 @@ impl Parser {
                 });
             }
             self.cfg.deployment = top.get("deployment").cloned();
+            if let Some(v) = top.get("deployment") {
+                match Deployment::from_value(v) {
+                    Ok(d) => self.cfg.facts = Some(d),
+                    Err(errs) => self
+                        .errs
+                        .extend(errs.into_iter().map(ConfigError::Deployment)),
+                }
+            }
             match top.get("eplb_config") {
                 None => &empty,
                 Some(Value::Object(m)) => m,
@@ -519,6 +597,12 @@ impl Parser {
         } else {
             top
         };
+        if !overrides.is_empty() {
+            self.cfg
+                .facts
+                .get_or_insert_with(Deployment::default)
+                .merge(overrides);
+        }
         self.eplb_config(inner, env, map_validator);
     }
 
@@ -610,6 +694,14 @@ impl Parser {
                 dynamic_eplb: env.var(DYNAMIC_EPLB),
                 expert_map_record: env.var(EXPERT_MAP_RECORD),
             });
+        }
+
+        // The support table, once the mode is known: an error only when EPLB is on.
+        if self.cfg.mode() != Mode::Off
+            && let Some(facts) = &self.cfg.facts
+            && let Err(e) = facts.check_support()
+        {
+            self.errs.push(ConfigError::Deployment(e));
         }
 
         if self.errs.is_empty() {

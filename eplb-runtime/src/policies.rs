@@ -45,7 +45,8 @@ pub fn policy_for(kind: PolicyKind) -> Result<Box<dyn Policy + Send>, String> {
         PolicyKind::Default => Box::new(eplb_policies::default::DefaultEplb::new()),
         PolicyKind::Swift => Box::new(eplb_policies::swift::SwiftBalance::default()),
         PolicyKind::DeepSeek => Box::new(eplb_policies::deepseek::DeepSeek::new()),
-        PolicyKind::FlashLb | PolicyKind::Incremental => {
+        PolicyKind::Incremental => Box::new(eplb_policies::incremental::Incremental::new()),
+        PolicyKind::FlashLb => {
             return Err(format!("policy {kind} is not available in this build yet"));
         }
     })

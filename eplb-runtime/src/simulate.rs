@@ -275,6 +275,20 @@ pub fn simulate(
     cfg: &SimConfig,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SimResult, String> {
+    let policy: Box<dyn eplb_policies::Policy + Send> = match cfg.policy {
+        SimPolicy::Static => Box::new(Keep),
+        SimPolicy::Policy(k) => policy_for(k)?,
+    };
+    simulate_with(trace, cfg, policy, progress)
+}
+
+/// [`simulate`] with a given policy object (for tuning and tests); `cfg.policy` only names it.
+pub fn simulate_with(
+    trace: &SimTrace,
+    cfg: &SimConfig,
+    policy: Box<dyn eplb_policies::Policy + Send>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SimResult, String> {
     let (t_len, l, n) = (trace.windows, trace.layers, trace.experts);
     if trace.counts.len() != t_len * l * n {
         return Err(format!(
@@ -299,10 +313,6 @@ pub fn simulate(
     let r = shape.ranks();
     let (h, a) = (cfg.heat_interval as usize, cfg.algo_interval as usize);
 
-    let policy: Box<dyn eplb_policies::Policy + Send> = match cfg.policy {
-        SimPolicy::Static => Box::new(Keep),
-        SimPolicy::Policy(k) => policy_for(k)?,
-    };
     let planner = Arc::new(Planner::spawn(policy, shape));
     let world = HostWorld::new(r, Duration::from_secs(600));
     let ctrl_cfg = ControllerConfig {

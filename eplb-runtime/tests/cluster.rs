@@ -25,7 +25,7 @@ fn slot_counts(shape: &Shape, placement: &[u16], rank: usize, iter: usize) -> Ve
     for l in 0..shape.layers() {
         for slot in 0..s {
             let e = placement[l * per + rank * s + slot] as usize;
-            let hot = if (e + l) % 5 == 0 { 40 } else { 1 };
+            let hot = if (e + l).is_multiple_of(5) { 40 } else { 1 };
             out.push((hot * (1 + (e * 7 + iter) % 11)) as u32);
         }
     }

@@ -31,7 +31,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--seconds" => {
-                let v = it.next().ok_or_else(|| format!("--seconds needs a value\n{USAGE}"))?;
+                let v = it
+                    .next()
+                    .ok_or_else(|| format!("--seconds needs a value\n{USAGE}"))?;
                 seconds = v
                     .parse()
                     .map_err(|e| format!("--seconds {v:?}: {e}\n{USAGE}"))?;
@@ -40,7 +42,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
             }
             "--target" => {
-                let v = it.next().ok_or_else(|| format!("--target needs a value\n{USAGE}"))?;
+                let v = it
+                    .next()
+                    .ok_or_else(|| format!("--target needs a value\n{USAGE}"))?;
                 let t = TARGETS
                     .iter()
                     .find(|t| **t == v.as_str())

@@ -5,10 +5,12 @@
 //!   when their targets are installed).
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
+//! - `cargo xtask fuzz`: runs each decoder's fuzz target (cargo-fuzz, nightly).
 //! - `cargo xtask bench`: runs the criterion benchmarks.
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
 
 mod demo;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
         "test" => test(rest),
         "cross" => cross(true),
         "demo" => demo::demo(rest),
+        "fuzz" => fuzz::run(rest),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -54,6 +57,7 @@ tasks:
   demo    replay the vendored ESFT trace through every policy and print the results
   test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
+  fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)
   bench   run the criterion benchmarks (extra args go to `cargo bench`)";
 
 pub(crate) fn root() -> PathBuf {

@@ -16,10 +16,7 @@ fuzz_target!(|data: &[u8]| {
         match heat::load_heat(data, placement) {
             Ok(h) => {
                 assert_eq!(sniffed.as_ref().ok(), Some(&h.format()));
-                assert_eq!(
-                    h.as_slice().len(),
-                    h.windows() * h.layers() * h.experts()
-                );
+                assert_eq!(h.as_slice().len(), h.windows() * h.layers() * h.experts());
                 assert!(h.as_slice().iter().all(|v| v.is_finite() && *v >= 0.0));
                 assert!(h.summed().iter().all(|v| v.is_finite()));
                 assert_eq!(h.layer_ids().len(), h.layers());

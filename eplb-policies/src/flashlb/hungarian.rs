@@ -76,7 +76,9 @@ pub(super) fn assign(
         loop {
             put(h.used, j0, 1);
             let i0 = usize::from(at(h.p, j0));
-            let row = cost.get((i0 - 1) * n..i0 * n).unwrap_or_default();
+            let row = cost
+                .get(i0.saturating_sub(1) * n..i0 * n)
+                .unwrap_or_default();
             let ui0 = at(h.u, i0);
             let mut delta = f64::INFINITY;
             let mut j1 = 0usize;

@@ -157,6 +157,9 @@ pub enum ConfigError {
         /// not divide.
         source: eplb_core::Error,
     },
+    /// A problem with the `deployment` object, or a quant type that EPLB does not support on
+    /// the named hardware (with EPLB on); the message names the key or the combination.
+    Deployment(crate::deployment::DeploymentError),
 }
 
 fn quoted(path: &std::path::Path) -> String {
@@ -320,6 +323,7 @@ impl fmt::Display for ConfigError {
                 }
                 write!(f, " with {experts} experts on {ranks} ranks: {source}")
             }
+            ConfigError::Deployment(e) => write!(f, "{e}"),
         }
     }
 }
@@ -328,6 +332,7 @@ impl core::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             ConfigError::Shape { source, .. } => Some(source),
+            ConfigError::Deployment(e) => Some(e),
             _ => None,
         }
     }

@@ -5,12 +5,18 @@
 //! messages go through per-pair mailboxes in posting order (each message carries its layer and
 //! expert, which the receiver checks). Faults can be injected per (layer, rank): the exchange
 //! fails, or its receives time out.
+//!
+//! A slot is one contiguous blob: either `expert_bytes` opaque bytes ([`HostTransport::new`]) or
+//! the concatenated tensors of an [`ExpertPayload`] ([`HostTransport::with_payload`]): weights,
+//! scales and offsets of one expert travel in one message and are installed by one copy, so a
+//! commit never installs weights without their scales.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Transport, TransportError};
+use crate::payload::ExpertPayload;
 use crate::transfer::{RankPlan, SlotSource};
 
 /// An injected fault.
@@ -81,7 +87,9 @@ impl HostWorld {
 /// The deterministic content of expert `expert` of layer `layer`, `len` bytes: what a checkpoint
 /// loader would have put in its slot. Tests compare slots against it.
 pub fn canonical_expert_bytes(layer: usize, expert: u16, len: usize) -> Vec<u8> {
-    let mut x = (layer as u64) << 32 | u64::from(expert) | 0x9E37_79B9_0000_0000;
+    // XOR, not OR, with the constant: OR would set bit 32 for every layer, so layers 0 and 1
+    // would share their bytes.
+    let mut x = ((layer as u64) << 32 | u64::from(expert)) ^ 0x9E37_79B9_0000_0000;
     (0..len)
         .map(|_| {
             x ^= x << 13;
@@ -92,6 +100,43 @@ pub fn canonical_expert_bytes(layer: usize, expert: u16, len: usize) -> Vec<u8> 
         .collect()
 }
 
+/// The deterministic content of tensor `name` of expert `expert` of layer `layer`, `len` bytes:
+/// what a checkpoint loader would have put there. Differs between tensors of one expert.
+pub fn canonical_tensor_bytes(layer: usize, expert: u16, name: &str, len: usize) -> Vec<u8> {
+    // FNV-1a of the name, folded into the seed of the expert's stream.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut x = (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ u64::from(expert)
+            .wrapping_add(1)
+            .wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ h;
+    if x == 0 {
+        x = 1;
+    }
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The canonical blob of expert `expert` of layer `layer` under `payload`: each tensor's
+/// [`canonical_tensor_bytes`] at its offset.
+pub fn canonical_payload_bytes(layer: usize, expert: u16, payload: &ExpertPayload) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(payload.total_bytes());
+    for t in payload.tensors() {
+        blob.extend(canonical_tensor_bytes(layer, expert, t.name(), t.bytes()));
+    }
+    blob
+}
+
 /// One rank's endpoint of a [`HostWorld`], holding that rank's expert weights.
 #[derive(Debug)]
 pub struct HostTransport {
@@ -99,6 +144,8 @@ pub struct HostTransport {
     rank: usize,
     seq: u64,
     expert_bytes: usize,
+    /// The tensors of a slot, when built with [`HostTransport::with_payload`].
+    payload: Option<ExpertPayload>,
     /// `[L][S]` live slots.
     slots: Vec<Vec<Vec<u8>>>,
     /// `S` receive buffers.
@@ -124,14 +171,62 @@ impl HostTransport {
             rank,
             seq: 0,
             expert_bytes,
+            payload: None,
             slots,
             buffers: vec![vec![0; expert_bytes]; s],
+        }
+    }
+
+    /// Rank `rank`'s endpoint whose slots are blobs of `payload`'s tensors, loaded with the
+    /// [`canonical_payload_bytes`] of `rows` (`[L][S]`, this rank's experts per layer). An
+    /// expert's tensors move in one message and are installed together.
+    pub fn with_payload(
+        world: Arc<HostWorld>,
+        rank: usize,
+        rows: &[Vec<u16>],
+        payload: &ExpertPayload,
+    ) -> Self {
+        let bytes = payload.total_bytes();
+        let s = rows.first().map_or(0, Vec::len);
+        let slots = rows
+            .iter()
+            .enumerate()
+            .map(|(l, row)| {
+                row.iter()
+                    .map(|&e| canonical_payload_bytes(l, e, payload))
+                    .collect()
+            })
+            .collect();
+        Self {
+            world,
+            rank,
+            seq: 0,
+            expert_bytes: bytes,
+            payload: Some(payload.clone()),
+            slots,
+            buffers: vec![vec![0; bytes]; s],
         }
     }
 
     /// The bytes of a live slot.
     pub fn slot(&self, layer: usize, slot: usize) -> Option<&[u8]> {
         self.slots.get(layer)?.get(slot).map(Vec::as_slice)
+    }
+
+    /// Bytes of one slot (one expert).
+    pub fn expert_bytes(&self) -> usize {
+        self.expert_bytes
+    }
+
+    /// The payload of a slot, when built with [`HostTransport::with_payload`].
+    pub fn payload(&self) -> Option<&ExpertPayload> {
+        self.payload.as_ref()
+    }
+
+    /// The bytes of tensor `name` in a live slot (needs a payload).
+    pub fn slot_tensor(&self, layer: usize, slot: usize, name: &str) -> Option<&[u8]> {
+        let t = self.payload.as_ref()?.tensor(name)?;
+        self.slot(layer, slot)?.get(t.range())
     }
 
     fn collective(&mut self, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {

@@ -11,6 +11,8 @@ use std::fmt;
 
 use crate::transfer::RankPlan;
 
+#[cfg(feature = "ascend")]
+pub mod hccl;
 pub mod host;
 
 /// A transport failure. Keeps the vendor code and message where there is one.

@@ -1,0 +1,789 @@
+//! Incremental (type 4, ours): plans from the current placement and takes only the moves that pay.
+//!
+//! # Algorithm
+//!
+//! Per layer:
+//!
+//! 1. **Load model.** From the per-window samples of the heat interval (or the summed loads as
+//!    one sample) it estimates each expert's per-window load. A shift test compares the recent
+//!    third of the windows with the older ones, scaled by the per-window variance (a mean squared
+//!    z-score over the experts); after a shift only the recent windows count. Without a shift,
+//!    the estimate is blended with the previous cycles' estimate kept in the policy state (up to
+//!    `history_windows` windows of history), unless that one differs significantly too. So noisy
+//!    stationary traffic is averaged over many windows, and a shift is followed at once.
+//! 2. **Routing-aware rank loads.** The predicted load of each rank follows vLLM-Ascend's
+//!    `log2phy` rule exactly: holder `j` (in ascending rank order) of an expert with `d` distinct
+//!    holders receives `(floor((R - 1 - j) / d) + 1) / R` of its tokens. A rank's value is its
+//!    predicted per-window load plus `z` times the standard deviation of its per-window load
+//!    over the heat interval's windows, computed exactly from the windows (so the covariance of
+//!    experts that rise and fall together counts): PAR is measured per window, and a rank that
+//!    holds experts which peak together peaks more often.
+//! 3. **Local search from the current placement.** Repeatedly take the heaviest rank `p` and
+//!    look for the move that lowers it most per weight fetch, against the `K` lightest ranks `q`:
+//!    *swap* an expert of `p` with one of `q` (2 fetches), or *replicate* an expert of `p` onto
+//!    `q` over a copy of an expert that has another copy elsewhere (1 fetch; this is how replica
+//!    counts follow the heat). A move is taken only if no rank it touches ends above
+//!    `load(p) - gain_per_fetch * mean * fetches`; so every move pays, the sorted load vector
+//!    falls lexicographically, and the search stops by itself. A per-layer budget caps the
+//!    fetches. A layer whose heaviest rank cannot be lowered enough is left as it is.
+//!
+//! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
+//! placed on a rank that already holds the expert: the output never co-locates copies (the
+//! current placement must not either).
+//!
+//! # Complexity
+//!
+//! Per accepted move `O(S^2 K (1 + d))` with `d` the copies of the experts involved (1 for most),
+//! plus `O(R)` to find the heaviest rank; the estimate is `O(T N)` per layer.
+//!
+//! # Memory
+//!
+//! Scratch: per-expert estimates and holder bitsets, per-rank loads, `O(N (4 + R/64) + 2R)`
+//! words. State: a header and `L x N` estimates plus `L` history counts.
+//!
+//! # Differences from the published policies
+//!
+//! No published policy plans from the current placement with a cost per move: DeepSeek,
+//! DefaultEplb and FlashLB re-solve from scratch (FlashLB then maps rows to ranks to save
+//! moves), SwiftBalance swaps within a fixed budget but balances an even-split model and
+//! re-decides every redundant slot each cycle.
+
+use eplb_core::Shape;
+
+use eplb_core::heat::MAX_WINDOWS;
+
+use crate::arena::{Arena, words_f64, words_u16};
+use crate::{Error, Input, Policy, PolicyKind};
+
+/// Tuning of [`Incremental`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    /// A move must lower the heaviest rank by at least this fraction of the mean rank load per
+    /// weight fetch.
+    pub gain_per_fetch: f64,
+    /// At most this fraction of a layer's slots is fetched per cycle.
+    pub max_fetch_fraction: f64,
+    /// Lightest ranks considered as partners of the heaviest one.
+    pub partners: usize,
+    /// Mean squared z-score above which the recent windows are taken as a shift.
+    pub shift_threshold: f64,
+    /// Windows of history blended into the estimate while nothing shifts.
+    pub history_windows: f64,
+    /// Experts of the heaviest rank considered per step (its heaviest ones).
+    pub movers: usize,
+    /// Weight of a rank's per-window standard deviation in its value `mean + z * sd`: the
+    /// per-window maximum is what PAR measures, and noisy hot experts raise it.
+    pub z: f64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Self {
+            gain_per_fetch: 0.004,
+            max_fetch_fraction: 0.25,
+            partners: 8,
+            shift_threshold: 2.5,
+            history_windows: 30.0,
+            z: 0.7,
+            movers: 16,
+        }
+    }
+}
+
+/// The incremental policy (type 4). See the module documentation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Incremental {
+    params: Params,
+}
+
+impl Incremental {
+    /// With the default parameters.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `params`.
+    pub fn with_params(params: Params) -> Self {
+        Self { params }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+}
+
+const STATE_MAGIC: u64 = 0x4550_4c42_494e_4331; // "EPLBINC1"
+
+fn fingerprint(shape: &Shape) -> u64 {
+    (shape.layers() as u64) << 48 ^ (shape.experts() as u64) << 32 ^ (shape.ranks() as u64) << 16
+        ^ shape.slots_per_rank() as u64
+}
+
+fn mask_words(shape: &Shape) -> usize {
+    shape.ranks().div_ceil(64)
+}
+
+/// Per-layer working buffers.
+struct Work<'a> {
+    /// Predicted per-window load per expert.
+    est: &'a mut [f64],
+    old: &'a mut [f64],
+    rec: &'a mut [f64],
+    /// Per-window variance per expert (for the shift tests).
+    var: &'a mut [f64],
+    /// Centered per-window samples `[T][N]` (`T <= MAX_WINDOWS`).
+    xc: &'a mut [f64],
+    /// Windows in `xc`.
+    t: usize,
+    /// Predicted load per rank.
+    load: &'a mut [f64],
+    /// Centered per-window load per rank `[R][MAX_WINDOWS]`.
+    y: &'a mut [f64],
+    /// Per-candidate deltas per rank: load, share of expert a, share of expert b.
+    dmu: &'a mut [f64],
+    da: &'a mut [f64],
+    db: &'a mut [f64],
+    /// Rank values, for ordering.
+    val: &'a mut [f64],
+    mask: &'a mut [u64],
+    copies: &'a mut [u16],
+    touched: &'a mut [u16],
+    order: &'a mut [u16],
+    /// Scratch of `common::keep_slots`.
+    keep: &'a mut [u16],
+}
+
+impl<'a> Work<'a> {
+    fn carve(arena: &mut Arena<'a>, shape: &Shape) -> Result<Self, Error> {
+        let (n, r) = (shape.experts(), shape.ranks());
+        Ok(Self {
+            est: arena.f64s(n)?,
+            old: arena.f64s(n)?,
+            rec: arena.f64s(n)?,
+            var: arena.f64s(n)?,
+            xc: arena.f64s(MAX_WINDOWS * n)?,
+            t: 0,
+            load: arena.f64s(r)?,
+            y: arena.f64s(r * MAX_WINDOWS)?,
+            dmu: arena.f64s(r)?,
+            da: arena.f64s(r)?,
+            db: arena.f64s(r)?,
+            val: arena.f64s(r)?,
+            mask: arena.words(n * mask_words(shape))?,
+            copies: arena.u16s(n)?,
+            touched: arena.u16s(2 * r + 4)?,
+            order: arena.u16s(r)?,
+            keep: arena.u16s(2 * shape.slots_per_rank())?,
+        })
+    }
+
+    fn words(shape: &Shape) -> usize {
+        let (n, r) = (shape.experts(), shape.ranks());
+        4 * words_f64(n)
+            + words_f64(MAX_WINDOWS * n)
+            + 5 * words_f64(r)
+            + words_f64(r * MAX_WINDOWS)
+            + n * mask_words(shape)
+            + words_u16(n)
+            + words_u16(2 * r + 4)
+            + words_u16(r)
+            + words_u16(2 * shape.slots_per_rank())
+    }
+}
+
+impl Policy for Incremental {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Incremental
+    }
+
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        Work::words(shape)
+    }
+
+    fn state_len(&self, shape: &Shape) -> usize {
+        2 + shape.loads_len() + shape.layers()
+    }
+
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error> {
+        let shape = *input.shape();
+        let current = input.current();
+        if out.len() != shape.placement_len() {
+            return Err(eplb_core::Error::Length {
+                what: "new placement [L][R][S]",
+                expected: shape.placement_len(),
+                got: out.len(),
+            }
+            .into());
+        }
+        current.check_servable()?;
+        let needed = self.state_len(&shape);
+        let Some(state) = state.get_mut(..needed) else {
+            return Err(Error::State {
+                needed,
+                got: state.len(),
+            });
+        };
+        let (header, rest) = state.split_at_mut(2);
+        let fresh = header.first() != Some(&STATE_MAGIC) || header.get(1) != Some(&fingerprint(&shape));
+        if fresh {
+            rest.fill(0);
+            if let [m, f] = header {
+                *m = STATE_MAGIC;
+                *f = fingerprint(&shape);
+            }
+        }
+        let (hist_est, hist_n) = rest.split_at_mut(shape.loads_len());
+        let hist_est: &mut [f64] = bytemuck::cast_slice_mut(hist_est);
+        let hist_n: &mut [f64] = bytemuck::cast_slice_mut(hist_n);
+
+        out.copy_from_slice(current.as_slice());
+        let mut arena = Arena::new(scratch);
+        let mut w = Work::carve(&mut arena, &shape)?;
+        let (n, per) = (shape.experts(), shape.slots_per_layer());
+        for (l, row) in out.chunks_exact_mut(per).enumerate() {
+            let (Some(he), Some(hn)) = (hist_est.get_mut(l * n..(l + 1) * n), hist_n.get_mut(l))
+            else {
+                continue;
+            };
+            estimate(input, l, &self.params, &mut w, he, hn);
+            search(&shape, &self.params, &mut w, row);
+            // An expert that left a rank and came back sits in its old slot again.
+            let s = shape.slots_per_rank();
+            let old = current.as_slice().get(l * per..(l + 1) * per).unwrap_or(&[]);
+            for (o, nrow) in old.chunks_exact(s).zip(row.chunks_exact_mut(s)) {
+                crate::common::keep_slots(o, nrow, w.keep)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fills `w.est` (per-window load estimate), `w.var` and the centered samples `w.xc` for layer
+/// `l`, and updates the layer's history.
+fn estimate(
+    input: &Input<'_>,
+    l: usize,
+    p: &Params,
+    w: &mut Work<'_>,
+    hist: &mut [f64],
+    hist_n: &mut f64,
+) {
+    let samples = input.samples();
+    let all = samples.map_or(1, |s| s.windows()).max(1);
+    // At most MAX_WINDOWS of the most recent windows.
+    let first = all.saturating_sub(MAX_WINDOWS);
+    let t = all - first;
+    let sample = |i: usize| -> &[f64] {
+        match samples {
+            Some(s) => s.get(first + i, l),
+            None => input.layer_loads(l),
+        }
+    };
+    let n = w.est.len();
+    let k = if t >= 4 { (t / 3).max(2) } else { 0 };
+    w.est.fill(0.0);
+    w.old.fill(0.0);
+    w.rec.fill(0.0);
+    w.var.fill(0.0);
+    for i in 0..t {
+        let recent = i >= t - k;
+        for (e, &v) in sample(i).iter().enumerate() {
+            if let (Some(a), Some(o), Some(r)) =
+                (w.est.get_mut(e), w.old.get_mut(e), w.rec.get_mut(e))
+            {
+                *a += v;
+                if recent {
+                    *r += v;
+                } else {
+                    *o += v;
+                }
+            }
+        }
+    }
+    let tf = t as f64;
+    for a in w.est.iter_mut() {
+        *a /= tf;
+    }
+    if t > 1 {
+        for i in 0..t {
+            for ((v, &x), &m) in w.var.iter_mut().zip(sample(i)).zip(w.est.iter()) {
+                *v += (x - m) * (x - m);
+            }
+        }
+        for v in w.var.iter_mut() {
+            *v /= tf - 1.0;
+        }
+    } else {
+        for (v, &m) in w.var.iter_mut().zip(w.est.iter()) {
+            *v = m;
+        }
+    }
+    let floor = w.est.iter().sum::<f64>() / (n.max(1) as f64) * 1e-3 + 1e-9;
+    let mut shifted = false;
+    if k > 0 {
+        let (kf, of) = (k as f64, (t - k) as f64);
+        let mut z2 = 0.0;
+        for ((&o, &r), &v) in w.old.iter().zip(w.rec.iter()).zip(w.var.iter()) {
+            let d = r / kf - o / of;
+            z2 += d * d / ((v + floor) * (1.0 / kf + 1.0 / of));
+        }
+        shifted = z2 / (n.max(1) as f64) > p.shift_threshold;
+    }
+    // The windows the spread is measured on: the recent ones after a shift.
+    let from = if shifted { t - k } else { 0 };
+    w.t = t - from;
+    if shifted {
+        let kf = k as f64;
+        for (a, &r) in w.est.iter_mut().zip(w.rec.iter()) {
+            *a = r / kf;
+        }
+    }
+    for (i, row) in w.xc.chunks_exact_mut(n.max(1)).take(w.t).enumerate() {
+        for ((x, &v), &m) in row.iter_mut().zip(sample(from + i)).zip(w.est.iter()) {
+            *x = v - m;
+        }
+    }
+    let n_now = w.t as f64;
+    // Blend with the history unless this interval shifted or differs from it.
+    let mut use_hist = !shifted && *hist_n > 0.0;
+    if use_hist {
+        let mut z2 = 0.0;
+        for ((&a, &h), &v) in w.est.iter().zip(hist.iter()).zip(w.var.iter()) {
+            let d = a - h;
+            z2 += d * d / ((v + floor) * (1.0 / n_now + 1.0 / *hist_n));
+        }
+        use_hist = z2 / (n.max(1) as f64) <= p.shift_threshold;
+    }
+    if use_hist {
+        let hn = hist_n.min(p.history_windows);
+        for (a, &h) in w.est.iter_mut().zip(hist.iter()) {
+            *a = (*a * n_now + h * hn) / (n_now + hn);
+        }
+        *hist_n = (n_now + hn).min(p.history_windows);
+    } else {
+        *hist_n = n_now;
+    }
+    hist.copy_from_slice(w.est);
+}
+
+fn holds(mask: &[u64], mw: usize, e: usize, r: usize) -> bool {
+    mask.get(e * mw + r / 64)
+        .is_some_and(|m| m & (1u64 << (r % 64)) != 0)
+}
+
+fn set_holder(mask: &mut [u64], mw: usize, e: usize, r: usize, on: bool) {
+    if let Some(m) = mask.get_mut(e * mw + r / 64) {
+        if on {
+            *m |= 1u64 << (r % 64);
+        } else {
+            *m &= !(1u64 << (r % 64));
+        }
+    }
+}
+
+/// Share of holder `j` among `d` holders on `r` ranks: `(floor((r - 1 - j) / d) + 1) / r`.
+fn share(r: usize, d: usize, j: usize) -> f64 {
+    if d == 0 || r == 0 {
+        return 0.0;
+    }
+    ((r - 1 - j.min(r - 1)) / d + 1) as f64 / r as f64
+}
+
+/// A rank's value: predicted per-window load plus `z` standard deviations.
+fn value(load: f64, var: f64, z: f64) -> f64 {
+    load + z * libm::sqrt(var.max(0.0))
+}
+
+/// One planned change of holders: expert `e` leaves `remove` and/or gains `add`.
+#[derive(Clone, Copy)]
+struct Change {
+    e: usize,
+    remove: Option<usize>,
+    add: Option<usize>,
+}
+
+impl Work<'_> {
+    /// Records in `dmu` and `da`/`db` (by `which`) the load and share changes of `c` on every
+    /// rank, and the touched ranks.
+    fn change(&mut self, mw: usize, r: usize, c: Change, which: bool, nt: &mut usize) {
+        let words = self.mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
+        let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+        let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
+        let we = self.est.get(c.e).copied().unwrap_or(0.0);
+        let (mut j_old, mut j_new) = (0usize, 0usize);
+        for (wi, &m) in words.iter().enumerate() {
+            let mut bits = m;
+            if let Some(a) = c.add
+                && a / 64 == wi
+            {
+                bits |= 1u64 << (a % 64);
+            }
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let rank = wi * 64 + b;
+                let in_old = m & (1u64 << b) != 0;
+                let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
+                let before = if in_old { share(r, d_old, j_old) } else { 0.0 };
+                let after = if in_new { share(r, d_new, j_new) } else { 0.0 };
+                j_old += usize::from(in_old);
+                j_new += usize::from(in_new);
+                let ds = after - before;
+                if ds == 0.0 {
+                    continue;
+                }
+                let first_touch = self.da.get(rank).is_some_and(|&x| x == 0.0)
+                    && self.db.get(rank).is_some_and(|&x| x == 0.0);
+                if first_touch && let Some(t) = self.touched.get_mut(*nt) {
+                    *t = rank as u16;
+                    *nt += 1;
+                }
+                if let Some(x) = self.dmu.get_mut(rank) {
+                    *x += we * ds;
+                }
+                let buf = if which { &mut *self.db } else { &mut *self.da };
+                if let Some(x) = buf.get_mut(rank) {
+                    *x += ds;
+                }
+            }
+        }
+    }
+
+    /// The new value of touched rank `rank` under the recorded deltas for experts `a`, `b`.
+    fn new_value(&self, rank: usize, a: usize, b: usize, z: f64) -> f64 {
+        let mu = self.load.get(rank).copied().unwrap_or(0.0)
+            + self.dmu.get(rank).copied().unwrap_or(0.0);
+        let (sa, sb) = (
+            self.da.get(rank).copied().unwrap_or(0.0),
+            self.db.get(rank).copied().unwrap_or(0.0),
+        );
+        mu + z * libm::sqrt(self.var_with(rank, a, sa, b, sb))
+    }
+
+    /// Per-window variance of `rank` after its shares of `a` and `b` change by `sa`, `sb`.
+    fn var_with(&self, rank: usize, a: usize, sa: f64, b: usize, sb: f64) -> f64 {
+        if self.t < 2 {
+            return 0.0;
+        }
+        let n = self.est.len();
+        let y = self
+            .y
+            .get(rank * MAX_WINDOWS..rank * MAX_WINDOWS + self.t)
+            .unwrap_or(&[]);
+        let mut ss = 0.0;
+        for (i, &yi) in y.iter().enumerate() {
+            let xa = self.xc.get(i * n + a).copied().unwrap_or(0.0);
+            let xb = self.xc.get(i * n + b).copied().unwrap_or(0.0);
+            let v = yi + sa * xa + sb * xb;
+            ss += v * v;
+        }
+        ss / (self.t - 1) as f64
+    }
+
+    /// Clears the deltas of the touched ranks; with `apply`, adds them to the rank state first.
+    fn settle(&mut self, nt: usize, a: usize, b: usize, apply: bool) {
+        let n = self.est.len();
+        for ti in 0..nt {
+            let rank = usize::from(self.touched.get(ti).copied().unwrap_or(0));
+            let (dm, sa, sb) = (
+                self.dmu.get(rank).copied().unwrap_or(0.0),
+                self.da.get(rank).copied().unwrap_or(0.0),
+                self.db.get(rank).copied().unwrap_or(0.0),
+            );
+            if apply {
+                if let Some(x) = self.load.get_mut(rank) {
+                    *x += dm;
+                }
+                let t = self.t;
+                if let Some(y) = self.y.get_mut(rank * MAX_WINDOWS..rank * MAX_WINDOWS + t) {
+                    for (i, yi) in y.iter_mut().enumerate() {
+                        *yi += sa * self.xc.get(i * n + a).copied().unwrap_or(0.0)
+                            + sb * self.xc.get(i * n + b).copied().unwrap_or(0.0);
+                    }
+                }
+            }
+            for buf in [&mut *self.dmu, &mut *self.da, &mut *self.db] {
+                if let Some(x) = buf.get_mut(rank) {
+                    *x = 0.0;
+                }
+            }
+        }
+    }
+
+    /// Records a move: `swap` trades `a` (on `hp`) and `b` (on `q`); otherwise `a` gets a copy on
+    /// `q` in place of `b`'s. Returns the touched-rank count.
+    fn record(&mut self, mw: usize, r: usize, a: usize, b: usize, hp: usize, q: usize, swap: bool) -> usize {
+        let mut nt = 0;
+        let (ca, cb) = if swap {
+            (
+                Change { e: a, remove: Some(hp), add: Some(q) },
+                Change { e: b, remove: Some(q), add: Some(hp) },
+            )
+        } else {
+            (
+                Change { e: a, remove: None, add: Some(q) },
+                Change { e: b, remove: Some(q), add: None },
+            )
+        };
+        self.change(mw, r, ca, false, &mut nt);
+        self.change(mw, r, cb, true, &mut nt);
+        nt
+    }
+}
+
+/// A candidate move: gain per fetch, slot `i` of the heaviest rank, partner `q`, its slot `j`,
+/// fetches, swap or replicate.
+type Candidate = (f64, usize, usize, usize, usize, bool);
+
+/// The local search on one layer `row` (`[R][S]`), in place.
+fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
+    let (r, s, n) = (shape.ranks(), shape.slots_per_rank(), shape.experts());
+    let mw = mask_words(shape);
+    if r < 2 {
+        return;
+    }
+    w.mask.fill(0);
+    w.copies.fill(0);
+    for (rank, rr) in row.chunks_exact(s).enumerate() {
+        for &e in rr {
+            let e = usize::from(e);
+            if !holds(w.mask, mw, e, rank) {
+                set_holder(w.mask, mw, e, rank, true);
+                if let Some(c) = w.copies.get_mut(e) {
+                    *c += 1;
+                }
+            }
+        }
+    }
+    // Rank loads and centered per-window rank loads under log2phy.
+    w.load.fill(0.0);
+    w.y.fill(0.0);
+    w.dmu.fill(0.0);
+    w.da.fill(0.0);
+    w.db.fill(0.0);
+    let t = w.t;
+    for e in 0..n {
+        let we = w.est.get(e).copied().unwrap_or(0.0);
+        let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+        let d: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+        let mut j = 0;
+        for (wi, &m) in words.iter().enumerate() {
+            let mut bits = m;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let rank = wi * 64 + b;
+                let sh = share(r, d, j);
+                if let Some(x) = w.load.get_mut(rank) {
+                    *x += we * sh;
+                }
+                if let Some(y) = w.y.get_mut(rank * MAX_WINDOWS..rank * MAX_WINDOWS + t) {
+                    for (i, yi) in y.iter_mut().enumerate() {
+                        *yi += sh * w.xc.get(i * n + e).copied().unwrap_or(0.0);
+                    }
+                }
+                j += 1;
+            }
+        }
+    }
+    let total: f64 = w.load.iter().sum();
+    if total <= 0.0 {
+        return;
+    }
+    let mean = total / r as f64;
+    let budget = ((p.max_fetch_fraction * (r * s) as f64) as usize).max(2);
+    let partners = p.partners.clamp(1, r - 1);
+    let mut fetched = 0usize;
+    // Each accepted move lowers the sorted value vector; the cap is a safety net.
+    for _ in 0..4 * r * s {
+        sort_ranks(w, p.z);
+        let Some(&heavy) = w.order.last() else { return };
+        let hp = usize::from(heavy);
+        let lp = w.val.get(hp).copied().unwrap_or(0.0);
+        let lp_mu = w.load.get(hp).copied().unwrap_or(0.0);
+        let floor_gain = p.gain_per_fetch * mean;
+        let mut best: Option<Candidate> = None;
+        // The heaviest rank's slots by expert load, heaviest first.
+        let mut slots = [0u16; 64];
+        let ns = s.min(slots.len());
+        for (k, x) in slots.iter_mut().take(ns).enumerate() {
+            *x = k as u16;
+        }
+        if let Some(sl) = slots.get_mut(..ns) {
+            let est = &*w.est;
+            let load_of = |k: u16| {
+                row.get(hp * s + usize::from(k))
+                    .and_then(|&e| est.get(usize::from(e)))
+                    .copied()
+                    .unwrap_or(0.0)
+            };
+            sl.sort_unstable_by(|&x, &y| load_of(y).total_cmp(&load_of(x)).then(x.cmp(&y)));
+        }
+        for &i in slots.iter().take(ns.min(p.movers.max(1))) {
+            let i = usize::from(i);
+            let Some(&a) = row.get(hp * s + i) else { break };
+            let a = usize::from(a);
+            let wa = w.est.get(a).copied().unwrap_or(0.0);
+            if wa <= 0.0 {
+                continue;
+            }
+            let ca = usize::from(w.copies.get(a).copied().unwrap_or(1)).max(1);
+            for qi in 0..partners {
+                let Some(&q) = w.order.get(qi) else { break };
+                let q = usize::from(q);
+                if q == hp || holds(w.mask, mw, a, q) {
+                    continue;
+                }
+                for j in 0..s {
+                    let Some(&b) = row.get(q * s + j) else { break };
+                    let b = usize::from(b);
+                    if b == a {
+                        continue;
+                    }
+                    let cb = w.copies.get(b).copied().unwrap_or(1);
+                    let wb = w.est.get(b).copied().unwrap_or(0.0);
+                    let lq = w.load.get(q).copied().unwrap_or(0.0);
+                    let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+                    // Replicate a onto q over a spare copy of b (1 fetch). Cheap bound first:
+                    // q gains at least its share of a and loses at most all of b.
+                    if cb >= 2 && fetched < budget {
+                        let sq = share(r, ca + 1, if q < hp { 0 } else { ca });
+                        let quick = if ca == 1 {
+                            let sp = share(r, 2, usize::from(q < hp));
+                            (lp_mu - wa + wa * sp).max(lq + wa * sq - wb)
+                        } else {
+                            lq + wa * sq - wb
+                        };
+                        if quick < lp - need {
+                            let nt = w.record(mw, r, a, b, hp, q, false);
+                            score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
+                        }
+                    }
+                    // Swap a and b (2 fetches); with single copies the loads are exact.
+                    if !holds(w.mask, mw, b, hp) && fetched + 2 <= budget {
+                        let quick = if ca == 1 && cb == 1 {
+                            (lp_mu - wa + wb).max(lq + wa - wb)
+                        } else {
+                            f64::MIN
+                        };
+                        if quick < lp - 2.0 * need {
+                            let nt = w.record(mw, r, a, b, hp, q, true);
+                            score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                        }
+                    }
+                }
+            }
+        }
+        let Some((_, i, q, j, cost, swap)) = best else {
+            return;
+        };
+        let (Some(&a), Some(&b)) = (row.get(hp * s + i), row.get(q * s + j)) else {
+            return;
+        };
+        let (a, b) = (usize::from(a), usize::from(b));
+        let nt = w.record(mw, r, a, b, hp, q, swap);
+        w.settle(nt, a, b, true);
+        if swap {
+            set_holder(w.mask, mw, a, hp, false);
+            set_holder(w.mask, mw, b, hp, true);
+            if let Some(x) = row.get_mut(hp * s + i) {
+                *x = b as u16;
+            }
+        } else {
+            if let Some(c) = w.copies.get_mut(a) {
+                *c += 1;
+            }
+            if let Some(c) = w.copies.get_mut(b) {
+                *c -= 1;
+            }
+        }
+        set_holder(w.mask, mw, b, q, false);
+        set_holder(w.mask, mw, a, q, true);
+        if let Some(x) = row.get_mut(q * s + j) {
+            *x = a as u16;
+        }
+        fetched += cost;
+    }
+}
+
+/// Orders `w.order` by rank value, ascending (ties by rank).
+fn sort_ranks(w: &mut Work<'_>, z: f64) {
+    for i in 0..w.order.len() {
+        let v = value(
+            w.load.get(i).copied().unwrap_or(0.0),
+            w.var_with(i, 0, 0.0, 0, 0.0),
+            z,
+        );
+        if let Some(x) = w.val.get_mut(i) {
+            *x = v;
+        }
+    }
+    let val = &*w.val;
+    for (i, o) in w.order.iter_mut().enumerate() {
+        *o = i as u16;
+    }
+    w.order.sort_unstable_by(|&x, &y| {
+        let kx = val.get(usize::from(x)).copied().unwrap_or(0.0);
+        let ky = val.get(usize::from(y)).copied().unwrap_or(0.0);
+        kx.total_cmp(&ky).then(x.cmp(&y))
+    });
+}
+
+/// Scores the move whose deltas `record` left in `w`, clears them, and keeps it in `best` if
+/// it pays more per fetch than what `best` holds.
+#[allow(clippy::too_many_arguments)]
+fn score(
+    w: &mut Work<'_>,
+    nt: usize,
+    a: usize,
+    b: usize,
+    lp: f64,
+    mean: f64,
+    p: &Params,
+    cost: usize,
+    (i, q, j, swap): (usize, usize, usize, bool),
+    best: &mut Option<Candidate>,
+) {
+    // The move must bring every rank it touches below this.
+    let needed = best.map_or(p.gain_per_fetch * mean, |c| c.0.max(p.gain_per_fetch * mean));
+    let bar = lp - needed * cost as f64;
+    // Loads alone bound the values from below: most candidates fail on them cheaply.
+    let mut worst = f64::MIN;
+    let mut pruned = false;
+    for ti in 0..nt {
+        let rank = usize::from(w.touched.get(ti).copied().unwrap_or(0));
+        let mu = w.load.get(rank).copied().unwrap_or(0.0) + w.dmu.get(rank).copied().unwrap_or(0.0);
+        if mu >= bar {
+            pruned = true;
+            break;
+        }
+    }
+    if !pruned {
+        for ti in 0..nt {
+            let rank = usize::from(w.touched.get(ti).copied().unwrap_or(0));
+            worst = worst.max(w.new_value(rank, a, b, p.z));
+            if worst >= bar {
+                pruned = true;
+                break;
+            }
+        }
+    }
+    w.settle(nt, a, b, false);
+    if nt == 0 || pruned {
+        return;
+    }
+    let gain = (lp - worst) / cost as f64;
+    if gain < p.gain_per_fetch * mean {
+        return;
+    }
+    if best.is_none_or(|c| gain > c.0) {
+        *best = Some((gain, i, q, j, cost, swap));
+    }
+}

@@ -1,0 +1,100 @@
+//! Parameter sweep of the incremental policy on a trace (tuning aid; not part of the gate).
+//!
+//! `cargo run --release -p eplb-runtime --example tune_incremental -- TRACE R X [key=value ...]`
+//! with keys `gain`, `budget`, `partners`, `shift`, `history`.
+
+use eplb_core::metrics::Routing;
+use eplb_policies::PolicyKind;
+use eplb_policies::incremental::{Incremental, Params};
+use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate_with};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!("usage: tune_incremental TRACE R X [key=value ...]");
+        std::process::exit(2);
+    }
+    let bytes = std::fs::read(&args[0]).expect("trace");
+    let heat = eplb_map::heat::load_heat(&bytes, None).expect("heat");
+    let trace = SimTrace {
+        windows: heat.windows(),
+        layers: heat.layers(),
+        experts: heat.experts(),
+        counts: heat.counts_u64().expect("integer counts"),
+    };
+    let mut p = Params::default();
+    for kv in &args[3..] {
+        let (k, v) = kv.split_once('=').expect("key=value");
+        let v: f64 = v.parse().expect("number");
+        match k {
+            "gain" => p.gain_per_fetch = v,
+            "budget" => p.max_fetch_fraction = v,
+            "partners" => p.partners = v as usize,
+            "shift" => p.shift_threshold = v,
+            "history" => p.history_windows = v,
+            "z" => p.z = v,
+            "movers" => p.movers = v as usize,
+            _ => panic!("unknown key {k}"),
+        }
+    }
+    let cfg = SimConfig {
+        ranks: args[1].parse().expect("R"),
+        redundant: args[2].parse().expect("X"),
+        ranks_per_node: None,
+        groups: None,
+        policy: SimPolicy::Policy(PolicyKind::Incremental),
+        heat_interval: 10,
+        algo_interval: 1,
+        initial: Initial::Default,
+        routing: Routing::Log2Phy,
+        seed: 0,
+        expert_bytes: 8,
+    };
+    let r = simulate_with(&trace, &cfg, Box::new(Incremental::with_params(p)), &mut |_, _| {})
+        .expect("simulate");
+    let per: Vec<usize> = r
+        .log
+        .windows(2)
+        .map(|w| eplb_core::metrics::moves(&w[0].placement, &w[1].placement, r.shape.slots_per_rank()))
+        .collect();
+    let times: Vec<String> = r
+        .log
+        .iter()
+        .filter_map(|e| e.policy_time_s.map(|t| format!("{:.1}", t * 1e3)))
+        .collect();
+    println!("moves per cycle {per:?}\nms per cycle {times:?}");
+    // Mean PAR per cycle span, scored from the log.
+    let (l, n) = (trace.layers, trace.experts);
+    let shape = r.shape;
+    let mut scratch = vec![0u32; eplb_core::metrics::scratch_len(&shape)];
+    let mut ranks = vec![0.0; shape.ranks()];
+    let mut spans = Vec::new();
+    for (k, e) in r.log.iter().enumerate() {
+        let end = r.log.get(k + 1).map_or(trace.windows, |x| x.active_from_window);
+        let p = eplb_core::Placement::new(shape, &e.placement).unwrap();
+        let mut sum = 0.0;
+        let mut cnt = 0;
+        for wdw in e.active_from_window..end {
+            for (li, lp) in p.layers().enumerate() {
+                let loads: Vec<f64> = trace.counts[(wdw * l + li) * n..(wdw * l + li + 1) * n]
+                    .iter()
+                    .map(|&c| c as f64)
+                    .collect();
+                sum += eplb_core::metrics::layer_par(&lp, &loads, Routing::Log2Phy, &mut scratch, &mut ranks).unwrap();
+                cnt += 1;
+            }
+        }
+        spans.push(format!("{}:{:.3}", e.active_from_window, sum / cnt.max(1) as f64));
+    }
+    println!("PAR per span {spans:?}");
+    println!(
+        "{:?}\n  w>=11 mean {:.4} p99 {:.4} | moves total {} ({:.0}/change) | {:.2} ms/cycle (max {:.1})",
+        p,
+        r.mean_par_from_first_activation,
+        r.p99_par_from_first_activation,
+        r.moves_total,
+        r.moves_per_change(),
+        r.policy_time_ms_mean,
+        r.policy_time_ms_max
+    );
+}

@@ -1,0 +1,894 @@
+//! What moves for one expert, and what a rebalance costs.
+//!
+//! An expert is not one tensor: per quant type it is a fixed, ordered set of named tensors
+//! (weights, per-channel scales, scale biases, MX block scales, the fused-MC2 scales), and they
+//! must move together: a layer commit never installs weights without their scales. An
+//! [`ExpertPayload`] lists them with their byte sizes and their offsets into one contiguous
+//! expert blob of [`ExpertPayload::total_bytes`]; a transport moves the blob as one unit (the
+//! host transport: [`crate::transport::host::HostTransport::with_payload`]). The type knows
+//! nothing about any transport: a total size and a tensor table.
+//!
+//! # Tensors per quant type (`research/vllm-ascend-eplb.md` §6)
+//!
+//! With `H` the hidden size and `I` the expert intermediate size, `w13` (gate and up) is
+//! `2*I x H` and `w2` (down) is `H x I`. Per-channel scales are one fp32 per output channel
+//! (`2*I` for `w13`, `H` for `w2`); MX block scales are one 8-bit scale per 32 elements along
+//! the reduction dimension.
+//!
+//! | quant type | tensors (in blob order) |
+//! | --- | --- |
+//! | `none` | `w13_weight`, `w2_weight` (bf16); with fused MC2 the `*_list` names |
+//! | `W8A8`, `W8A8-Dynamic` | `w13_weight_list`, `w2_weight_list` (int8), `w13_weight_scale_fp32_list`, `w2_weight_scale_list` (fp32); with fused MC2 also `fused_w1_scale_list`, `fused_w2_scale_list` (fp32) |
+//! | `W4A8` + fused MC2 | `w13_weight_list`, `w2_weight_list` (int4, two per byte), `w13_weight_scale_list`, `w2_weight_scale_list`, `w13_scale_bias_list`, `w2_scale_bias_list` (fp32) |
+//! | `MXFP4` / `MXFP8` | `w13_weight`, `w2_weight` (fp4 / fp8), `w13_weight_scale`, `w2_weight_scale` (e8m0 per 32) |
+//!
+//! `W4A8` without fused MC2, `W4A8MXFP4`, `W4A16` and `W4A16MXFP4` have no payload: EPLB does
+//! not support them ([`crate::deployment`]).
+//!
+//! # Cost
+//!
+//! [`move_cost`] plans each changed layer as the runtime does ([`crate::transfer::plan_layer`])
+//! and counts, per layer, the expert copies sent between ranks, their bytes, and the bytes of
+//! the busiest rank (the larger of what it sends and what it receives). At a [`Link`]
+//! bandwidth per rank, a layer's exchange takes the busiest rank's bytes over the bandwidth
+//! (the links work in parallel and in both directions); layers are updated one after another,
+//! so a rebalance takes the sum over layers ([`MoveCost::transfer_ms`]).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
+use core::fmt;
+use core::ops::Range;
+use core::str::FromStr;
+
+use eplb_core::Shape;
+use serde_json::{Value, json};
+
+use crate::deployment::{QuantType, UnknownName};
+use crate::transfer::{PlanError, plan_layer};
+
+/// How one element of a tensor is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Element {
+    /// bf16 (2 bytes).
+    Bf16,
+    /// int8 (1 byte).
+    Int8,
+    /// int4, two per byte.
+    Int4,
+    /// fp8 (1 byte).
+    Fp8,
+    /// fp4, two per byte.
+    Fp4,
+    /// fp32 (4 bytes).
+    Fp32,
+    /// e8m0 MX block scale (1 byte).
+    E8m0,
+    /// An opaque byte.
+    Byte,
+}
+
+impl Element {
+    /// Bits per element.
+    pub fn bits(self) -> u64 {
+        match self {
+            Element::Int4 | Element::Fp4 => 4,
+            Element::Int8 | Element::Fp8 | Element::E8m0 | Element::Byte => 8,
+            Element::Bf16 => 16,
+            Element::Fp32 => 32,
+        }
+    }
+
+    /// Lower-case name (`bf16`, `int8`, `int4`, `fp8`, `fp4`, `fp32`, `e8m0`, `byte`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Element::Bf16 => "bf16",
+            Element::Int8 => "int8",
+            Element::Int4 => "int4",
+            Element::Fp8 => "fp8",
+            Element::Fp4 => "fp4",
+            Element::Fp32 => "fp32",
+            Element::E8m0 => "e8m0",
+            Element::Byte => "byte",
+        }
+    }
+}
+
+/// Why a payload cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PayloadError {
+    /// No tensors.
+    Empty,
+    /// Two tensors with one name.
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// A tensor of zero bytes.
+    EmptyTensor {
+        /// The name.
+        name: String,
+    },
+    /// A size does not fit in `usize`.
+    Overflow {
+        /// The tensor whose size or offset overflowed.
+        name: String,
+    },
+    /// A model dimension of zero.
+    ZeroDim {
+        /// `hidden` or `intermediate`.
+        what: &'static str,
+    },
+    /// EPLB moves no payload for this quant type (it does not support it).
+    Unsupported {
+        /// The quant type.
+        quant: QuantType,
+        /// Whether fused MC2 is on.
+        fused_mc2: bool,
+    },
+}
+
+impl fmt::Display for PayloadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PayloadError::Empty => write!(f, "an expert payload needs at least one tensor"),
+            PayloadError::DuplicateName { name } => {
+                write!(f, "expert payload: tensor {name:?} listed twice")
+            }
+            PayloadError::EmptyTensor { name } => {
+                write!(f, "expert payload: tensor {name:?} has no bytes")
+            }
+            PayloadError::Overflow { name } => {
+                write!(f, "expert payload: tensor {name:?} is too large")
+            }
+            PayloadError::ZeroDim { what } => {
+                write!(f, "model dimension {what} must be at least 1")
+            }
+            PayloadError::Unsupported { quant, fused_mc2 } => write!(
+                f,
+                "EPLB moves no expert payload for quant type {quant} {} (not supported by EPLB)",
+                if *fused_mc2 {
+                    "with fused MC2"
+                } else {
+                    "without fused MC2"
+                }
+            ),
+        }
+    }
+}
+
+impl core::error::Error for PayloadError {}
+
+/// One named tensor of an expert: its place in the expert blob.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PayloadTensor {
+    name: String,
+    element: Element,
+    elements: u64,
+    bytes: usize,
+    offset: usize,
+}
+
+impl PayloadTensor {
+    /// The tensor's name (vLLM-Ascend's parameter name for the quant type).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How elements are stored.
+    pub fn element(&self) -> Element {
+        self.element
+    }
+
+    /// Number of elements (for [`Element::Byte`] tensors, the bytes).
+    pub fn elements(&self) -> u64 {
+        self.elements
+    }
+
+    /// Bytes of the tensor.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Offset of its first byte in the expert blob.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Its byte range in the expert blob.
+    pub fn range(&self) -> Range<usize> {
+        // `offset + bytes` was checked when the payload was built.
+        self.offset..self.offset.saturating_add(self.bytes)
+    }
+}
+
+/// The tensors that make up one expert, laid out back to back in one contiguous blob.
+///
+/// Built once ([`ExpertPayload::new`], [`ExpertPayload::from_bytes`],
+/// [`ExpertPayload::for_quant`]); a payload that exists has at least one tensor, unique
+/// names, no empty tensor, and a total size that fits in `usize`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ExpertPayload {
+    tensors: Vec<PayloadTensor>,
+    total: usize,
+}
+
+fn bytes_of(name: &str, element: Element, elements: u64) -> Result<usize, PayloadError> {
+    let bits = elements
+        .checked_mul(element.bits())
+        .ok_or_else(|| PayloadError::Overflow {
+            name: name.to_owned(),
+        })?;
+    usize::try_from(bits.div_ceil(8)).map_err(|_| PayloadError::Overflow {
+        name: name.to_owned(),
+    })
+}
+
+impl ExpertPayload {
+    /// A payload of typed tensors `(name, element, elements)`, in blob order.
+    pub fn new<S: Into<String>>(
+        tensors: impl IntoIterator<Item = (S, Element, u64)>,
+    ) -> Result<Self, PayloadError> {
+        let mut out: Vec<PayloadTensor> = Vec::new();
+        let mut offset = 0usize;
+        for (name, element, elements) in tensors {
+            let name = name.into();
+            if out.iter().any(|t| t.name == name) {
+                return Err(PayloadError::DuplicateName { name });
+            }
+            let bytes = bytes_of(&name, element, elements)?;
+            if bytes == 0 {
+                return Err(PayloadError::EmptyTensor { name });
+            }
+            let end = offset
+                .checked_add(bytes)
+                .ok_or_else(|| PayloadError::Overflow { name: name.clone() })?;
+            out.push(PayloadTensor {
+                name,
+                element,
+                elements,
+                bytes,
+                offset,
+            });
+            offset = end;
+        }
+        if out.is_empty() {
+            return Err(PayloadError::Empty);
+        }
+        Ok(Self {
+            tensors: out,
+            total: offset,
+        })
+    }
+
+    /// A payload of opaque tensors `(name, bytes)`, in blob order (for a transport that knows
+    /// its tensors only by size).
+    pub fn from_bytes<S: Into<String>>(
+        tensors: impl IntoIterator<Item = (S, usize)>,
+    ) -> Result<Self, PayloadError> {
+        Self::new(
+            tensors
+                .into_iter()
+                .map(|(n, b)| (n, Element::Byte, b as u64)),
+        )
+    }
+
+    /// The payload of one expert of a model with dimensions `dims` quantised as `quant`,
+    /// with fused MC2 `fused_mc2` (the table in the module docs).
+    pub fn for_quant(
+        dims: ModelDims,
+        quant: QuantType,
+        fused_mc2: bool,
+    ) -> Result<Self, PayloadError> {
+        if dims.hidden == 0 {
+            return Err(PayloadError::ZeroDim { what: "hidden" });
+        }
+        if dims.intermediate == 0 {
+            return Err(PayloadError::ZeroDim {
+                what: "intermediate",
+            });
+        }
+        let h = dims.hidden;
+        let i = dims.intermediate;
+        let too_big = || PayloadError::Overflow {
+            name: "w13".to_owned(),
+        };
+        let i2 = i.checked_mul(2).ok_or_else(too_big)?;
+        let w13 = i2.checked_mul(h).ok_or_else(too_big)?;
+        let w2 = h.checked_mul(i).ok_or_else(too_big)?;
+        // MX block scales: one per 32 elements along the reduction dimension (H for w13, I for w2).
+        let w13_mx = i2.checked_mul(h.div_ceil(32)).ok_or_else(too_big)?;
+        let w2_mx = h.checked_mul(i.div_ceil(32)).ok_or_else(too_big)?;
+        let t: Vec<(&str, Element, u64)> = match (quant, fused_mc2) {
+            (QuantType::None, false) => vec![
+                ("w13_weight", Element::Bf16, w13),
+                ("w2_weight", Element::Bf16, w2),
+            ],
+            (QuantType::None, true) => vec![
+                ("w13_weight_list", Element::Bf16, w13),
+                ("w2_weight_list", Element::Bf16, w2),
+            ],
+            (QuantType::W8A8 | QuantType::W8A8Dynamic, fused) => {
+                let mut v = vec![
+                    ("w13_weight_list", Element::Int8, w13),
+                    ("w2_weight_list", Element::Int8, w2),
+                    ("w13_weight_scale_fp32_list", Element::Fp32, i2),
+                    ("w2_weight_scale_list", Element::Fp32, h),
+                ];
+                if fused {
+                    v.push(("fused_w1_scale_list", Element::Fp32, i2));
+                    v.push(("fused_w2_scale_list", Element::Fp32, h));
+                }
+                v
+            }
+            (QuantType::W4A8, true) => vec![
+                ("w13_weight_list", Element::Int4, w13),
+                ("w2_weight_list", Element::Int4, w2),
+                ("w13_weight_scale_list", Element::Fp32, i2),
+                ("w2_weight_scale_list", Element::Fp32, h),
+                ("w13_scale_bias_list", Element::Fp32, i2),
+                ("w2_scale_bias_list", Element::Fp32, h),
+            ],
+            (QuantType::Mxfp4, _) => vec![
+                ("w13_weight", Element::Fp4, w13),
+                ("w2_weight", Element::Fp4, w2),
+                ("w13_weight_scale", Element::E8m0, w13_mx),
+                ("w2_weight_scale", Element::E8m0, w2_mx),
+            ],
+            (QuantType::Mxfp8, _) => vec![
+                ("w13_weight", Element::Fp8, w13),
+                ("w2_weight", Element::Fp8, w2),
+                ("w13_weight_scale", Element::E8m0, w13_mx),
+                ("w2_weight_scale", Element::E8m0, w2_mx),
+            ],
+            (
+                QuantType::W4A8 | QuantType::W4A8Mxfp4 | QuantType::W4A16 | QuantType::W4A16Mxfp4,
+                _,
+            ) => return Err(PayloadError::Unsupported { quant, fused_mc2 }),
+        };
+        Self::new(t)
+    }
+
+    /// The tensors, in blob order.
+    pub fn tensors(&self) -> &[PayloadTensor] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&PayloadTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Bytes of one expert blob (the sum of the tensors).
+    pub fn total_bytes(&self) -> usize {
+        self.total
+    }
+
+    /// Each tensor with its bytes in `blob`; `None` when `blob` is not
+    /// [`ExpertPayload::total_bytes`] long.
+    pub fn split<'b>(&self, blob: &'b [u8]) -> Option<Vec<(&PayloadTensor, &'b [u8])>> {
+        if blob.len() != self.total {
+            return None;
+        }
+        self.tensors
+            .iter()
+            .map(|t| blob.get(t.range()).map(|b| (t, b)))
+            .collect()
+    }
+
+    /// The payload as JSON: `{"expert_bytes", "tensors": [{"name", "element", "bytes"}]}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "expert_bytes": self.total,
+            "tensors": self
+                .tensors
+                .iter()
+                .map(|t| json!({"name": t.name, "element": t.element.name(), "bytes": t.bytes}))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The MoE dimensions that size an expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModelDims {
+    /// Hidden size `H`.
+    pub hidden: u64,
+    /// Expert intermediate size `I`.
+    pub intermediate: u64,
+}
+
+/// A model whose expert dimensions are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelPreset {
+    /// DeepSeek-V3 / R1: `H = 7168`, `I = 2048`.
+    DeepSeekV3,
+    /// Qwen3-235B-A22B: `H = 4096`, `I = 1536`.
+    Qwen3_235B,
+    /// Qwen3-30B-A3B: `H = 2048`, `I = 768`.
+    Qwen3_30B,
+}
+
+const MODEL_NAMES: [&str; 3] = ["deepseek-v3", "qwen3-235b", "qwen3-30b"];
+
+impl ModelPreset {
+    /// Every preset.
+    pub const ALL: [ModelPreset; 3] = [
+        ModelPreset::DeepSeekV3,
+        ModelPreset::Qwen3_235B,
+        ModelPreset::Qwen3_30B,
+    ];
+
+    /// The command-line name: `deepseek-v3`, `qwen3-235b` or `qwen3-30b`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelPreset::DeepSeekV3 => "deepseek-v3",
+            ModelPreset::Qwen3_235B => "qwen3-235b",
+            ModelPreset::Qwen3_30B => "qwen3-30b",
+        }
+    }
+
+    /// The model's display name.
+    pub fn title(self) -> &'static str {
+        match self {
+            ModelPreset::DeepSeekV3 => "DeepSeek-V3/R1",
+            ModelPreset::Qwen3_235B => "Qwen3-235B-A22B",
+            ModelPreset::Qwen3_30B => "Qwen3-30B-A3B",
+        }
+    }
+
+    /// `H` and `I`.
+    pub fn dims(self) -> ModelDims {
+        let (hidden, intermediate) = match self {
+            ModelPreset::DeepSeekV3 => (7168, 2048),
+            ModelPreset::Qwen3_235B => (4096, 1536),
+            ModelPreset::Qwen3_30B => (2048, 768),
+        };
+        ModelDims {
+            hidden,
+            intermediate,
+        }
+    }
+}
+
+impl FromStr for ModelPreset {
+    type Err = UnknownName;
+
+    /// Case-insensitive; also `deepseek-r1`, `qwen3-235b-a22b`, `qwen3-30b-a3b`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "deepseek-v3" | "deepseek-r1" => Ok(ModelPreset::DeepSeekV3),
+            "qwen3-235b" | "qwen3-235b-a22b" => Ok(ModelPreset::Qwen3_235B),
+            "qwen3-30b" | "qwen3-30b-a3b" => Ok(ModelPreset::Qwen3_30B),
+            _ => Err(UnknownName {
+                what: "model",
+                got: s.to_owned(),
+                expected: &MODEL_NAMES,
+                suggestion: crate::config::suggest::closest(s, &MODEL_NAMES),
+            }),
+        }
+    }
+}
+
+/// The bandwidth of each rank's link for weight transfers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    name: String,
+    bytes_per_s: f64,
+}
+
+/// Why a link description was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkError {
+    /// The text given.
+    pub got: String,
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown link {:?}; expected 10gbps, hccs, roce or <N>gbps with N > 0",
+            self.got
+        )
+    }
+}
+
+impl core::error::Error for LinkError {}
+
+impl Link {
+    /// The seed's minimum network for redistribution: 10 Gbit/s.
+    pub fn min_10gbps() -> Self {
+        Self {
+            name: "10gbps".to_owned(),
+            bytes_per_s: 10e9 / 8.0,
+        }
+    }
+
+    /// A2 HCCS peer-to-peer: about 56 GB/s per NPU pair (`research/cann-hccl.md`, a secondary
+    /// source, unconfirmed).
+    pub fn hccs() -> Self {
+        Self {
+            name: "hccs".to_owned(),
+            bytes_per_s: 56e9,
+        }
+    }
+
+    /// One RoCE port per NPU at 200 GbE (`research/cann-hccl.md`, commonly quoted, not
+    /// verified).
+    pub fn roce() -> Self {
+        Self {
+            name: "roce".to_owned(),
+            bytes_per_s: 200e9 / 8.0,
+        }
+    }
+
+    /// `gbit` Gbit/s; `None` unless positive and finite.
+    pub fn gbps(gbit: f64) -> Option<Self> {
+        (gbit.is_finite() && gbit > 0.0).then(|| Self {
+            name: format!("{gbit}gbps"),
+            bytes_per_s: gbit * 1e9 / 8.0,
+        })
+    }
+
+    /// The name (`10gbps`, `hccs`, `roce`, `<N>gbps`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes per second.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes_per_s
+    }
+
+    /// Gbit/s.
+    pub fn gbit_per_s(&self) -> f64 {
+        self.bytes_per_s * 8.0 / 1e9
+    }
+
+    /// Milliseconds to move `bytes` over this link.
+    pub fn ms(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.bytes_per_s * 1e3
+    }
+
+    /// `{"name", "gbit_per_s"}`.
+    pub fn to_json(&self) -> Value {
+        json!({"name": self.name, "gbit_per_s": self.gbit_per_s()})
+    }
+}
+
+impl FromStr for Link {
+    type Err = LinkError;
+
+    /// `10gbps` (the default), `hccs`, `roce`, or `<N>gbps` (`25gbps`, `2.5gbps`); any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        let err = || LinkError { got: s.to_owned() };
+        match t.as_str() {
+            "hccs" => Ok(Link::hccs()),
+            "roce" => Ok(Link::roce()),
+            _ => {
+                let n = t.strip_suffix("gbps").ok_or_else(err)?;
+                let gbit: f64 = n.trim().parse().map_err(|_| err())?;
+                let mut link = Link::gbps(gbit).ok_or_else(err)?;
+                link.name = t;
+                Ok(link)
+            }
+        }
+    }
+}
+
+/// The cost of one layer's exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerCost {
+    /// Expert copies sent between ranks.
+    pub transfers: usize,
+    /// Bytes sent between ranks.
+    pub bytes: u64,
+    /// The busiest rank's bytes: the larger of what it sends and what it receives.
+    pub max_rank_bytes: u64,
+}
+
+/// The cost of going from one placement to another, per layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveCost {
+    /// Bytes of one expert.
+    pub expert_bytes: u64,
+    /// Per layer (unchanged layers cost nothing).
+    pub layers: Vec<LayerCost>,
+}
+
+impl MoveCost {
+    /// Expert copies sent between ranks, over all layers.
+    pub fn transfers(&self) -> usize {
+        self.layers.iter().map(|l| l.transfers).sum()
+    }
+
+    /// Bytes sent between ranks, over all layers.
+    pub fn bytes_moved(&self) -> u64 {
+        self.layers.iter().map(|l| l.bytes).sum()
+    }
+
+    /// Bytes sent between ranks, per layer.
+    pub fn bytes_per_layer(&self) -> Vec<u64> {
+        self.layers.iter().map(|l| l.bytes).collect()
+    }
+
+    /// Estimated time of the whole update at `link` per rank: per layer, the busiest rank's
+    /// bytes over the bandwidth; layers one after another.
+    pub fn transfer_ms(&self, link: &Link) -> f64 {
+        self.layers.iter().map(|l| link.ms(l.max_rank_bytes)).sum()
+    }
+
+    /// The longest single layer's exchange at `link` (it must hide behind one forward).
+    pub fn transfer_ms_max_layer(&self, link: &Link) -> f64 {
+        self.layers
+            .iter()
+            .map(|l| link.ms(l.max_rank_bytes))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// The cost of replacing placement `old` with `new` (both `[L][R][S]` of `shape`) when one
+/// expert is `expert_bytes` long; each changed layer is planned as the runtime plans it.
+pub fn move_cost(
+    shape: &Shape,
+    old: &[u16],
+    new: &[u16],
+    expert_bytes: usize,
+) -> Result<MoveCost, PlanError> {
+    for (what, got) in [("old placement", old.len()), ("new placement", new.len())] {
+        if got != shape.placement_len() {
+            return Err(PlanError::Shape {
+                what,
+                expected: shape.placement_len(),
+                got,
+            });
+        }
+    }
+    let per = shape.slots_per_layer().max(1);
+    let bytes = expert_bytes as u64;
+    let mut layers = Vec::with_capacity(shape.layers());
+    for (l, (o, n)) in old.chunks_exact(per).zip(new.chunks_exact(per)).enumerate() {
+        if o == n {
+            layers.push(LayerCost {
+                transfers: 0,
+                bytes: 0,
+                max_rank_bytes: 0,
+            });
+            continue;
+        }
+        let plan = plan_layer(shape, l, o, n)?;
+        let mut sent = vec![0u64; shape.ranks()];
+        let mut recv = vec![0u64; shape.ranks()];
+        for t in &plan.transfers {
+            if let Some(s) = sent.get_mut(usize::from(t.src)) {
+                *s = s.saturating_add(bytes);
+            }
+            if let Some(r) = recv.get_mut(usize::from(t.dst)) {
+                *r = r.saturating_add(bytes);
+            }
+        }
+        let max_rank_bytes = sent.iter().chain(&recv).copied().max().unwrap_or(0);
+        layers.push(LayerCost {
+            transfers: plan.transfers.len(),
+            bytes: bytes.saturating_mul(plan.transfers.len() as u64),
+            max_rank_bytes,
+        });
+    }
+    Ok(MoveCost {
+        expert_bytes: bytes,
+        layers,
+    })
+}
+
+/// The cost of each step of a sequence of placements (`placements[k]` to `placements[k+1]`).
+pub fn sequence_cost<'p>(
+    shape: &Shape,
+    placements: impl IntoIterator<Item = &'p [u16]>,
+    expert_bytes: usize,
+) -> Result<Vec<MoveCost>, PlanError> {
+    let mut out = Vec::new();
+    let mut prev: Option<&[u16]> = None;
+    for p in placements {
+        if let Some(old) = prev {
+            out.push(move_cost(shape, old, p, expert_bytes)?);
+        }
+        prev = Some(p);
+    }
+    Ok(out)
+}
+
+/// What a cost estimate is asked for (the command-line flags); unset fields take the defaults:
+/// DeepSeek-V3, W8A8, the 10 Gbit/s link.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CostSpec {
+    /// A model preset.
+    pub model: Option<ModelPreset>,
+    /// `H`, given with `intermediate` instead of a preset.
+    pub hidden: Option<u64>,
+    /// `I`, given with `hidden` instead of a preset.
+    pub intermediate: Option<u64>,
+    /// The quant type.
+    pub quant: Option<QuantType>,
+    /// Whether fused MC2 is on.
+    pub fused_mc2: bool,
+    /// The link per rank.
+    pub link: Option<Link>,
+}
+
+/// A resolved [`CostSpec`]: the payload and link a cost estimate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostBasis {
+    /// The model's name (a preset's title, or `custom`).
+    pub model: String,
+    /// Its dimensions.
+    pub dims: ModelDims,
+    /// The quant type.
+    pub quant: QuantType,
+    /// Whether fused MC2 is on.
+    pub fused_mc2: bool,
+    /// One expert's tensors.
+    pub payload: ExpertPayload,
+    /// The link per rank.
+    pub link: Link,
+    /// Which of `model`, `quant`, `link` were defaulted.
+    pub defaulted: Vec<&'static str>,
+}
+
+/// `n` bytes in binary units (`42.04 MiB`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        unit = u;
+        if v < 1024.0 || u == "TiB" {
+            break;
+        }
+        v /= 1024.0;
+    }
+    if unit == "B" {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
+/// A duration in milliseconds for people (`35.3 ms`, `4.21 s`).
+pub fn human_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+impl CostSpec {
+    /// Applies the defaults and builds the payload. `hidden` and `intermediate` go together
+    /// and exclude `model`.
+    pub fn resolve(&self) -> Result<CostBasis, String> {
+        let mut defaulted = Vec::new();
+        let (model, dims) = match (self.model, self.hidden, self.intermediate) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                return Err(
+                    "give either --model or --hidden with --intermediate, not both".to_owned(),
+                );
+            }
+            (None, Some(hidden), Some(intermediate)) => (
+                "custom".to_owned(),
+                ModelDims {
+                    hidden,
+                    intermediate,
+                },
+            ),
+            (None, Some(_), None) | (None, None, Some(_)) => {
+                return Err("--hidden and --intermediate go together".to_owned());
+            }
+            (Some(m), None, None) => (m.title().to_owned(), m.dims()),
+            (None, None, None) => {
+                defaulted.push("model");
+                let m = ModelPreset::DeepSeekV3;
+                (m.title().to_owned(), m.dims())
+            }
+        };
+        let quant = self.quant.unwrap_or_else(|| {
+            defaulted.push("quant");
+            QuantType::W8A8
+        });
+        let link = self.link.clone().unwrap_or_else(|| {
+            defaulted.push("link");
+            Link::min_10gbps()
+        });
+        let payload =
+            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(|e| e.to_string())?;
+        Ok(CostBasis {
+            model,
+            dims,
+            quant,
+            fused_mc2: self.fused_mc2,
+            payload,
+            link,
+            defaulted,
+        })
+    }
+}
+
+impl CostBasis {
+    /// `{"model", "hidden", "intermediate", "quant_type", "fused_mc2", "expert_bytes",
+    /// "tensors", "defaulted"}`.
+    pub fn payload_json(&self) -> Value {
+        let p = self.payload.to_json();
+        json!({
+            "model": self.model,
+            "hidden": self.dims.hidden,
+            "intermediate": self.dims.intermediate,
+            "quant_type": self.quant.name(),
+            "fused_mc2": self.fused_mc2,
+            "expert_bytes": p.get("expert_bytes"),
+            "tensors": p.get("tensors"),
+            "defaulted": self.defaulted,
+        })
+    }
+
+    /// One line: the model, quant type, expert size, link, and what was defaulted.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "payload: {} (H={}, I={}) {}{}, {} per expert ({} bytes, {} tensors); link {} ({} Gbit/s per rank)",
+            self.model,
+            self.dims.hidden,
+            self.dims.intermediate,
+            self.quant,
+            if self.fused_mc2 { " fused MC2" } else { "" },
+            human_bytes(self.payload.total_bytes() as u64),
+            self.payload.total_bytes(),
+            self.payload.tensors().len(),
+            self.link.name(),
+            self.link.gbit_per_s()
+        );
+        if !self.defaulted.is_empty() {
+            s.push_str(&format!(
+                " [default {}: set --model/--quant/--link]",
+                self.defaulted.join(", ")
+            ));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(44 * 1024), "44.00 KiB");
+        assert_eq!(human_bytes(42 * 1024 * 1024), "42.00 MiB");
+        assert_eq!(human_ms(35.25), "35.2 ms");
+        assert_eq!(human_ms(4210.0), "4.21 s");
+    }
+
+    #[test]
+    fn links() {
+        assert_eq!("10gbps".parse::<Link>().unwrap(), {
+            let mut l = Link::min_10gbps();
+            l.name = "10gbps".into();
+            l
+        });
+        assert_eq!("HCCS".parse::<Link>().unwrap().bytes_per_s(), 56e9);
+        assert_eq!("roce".parse::<Link>().unwrap().gbit_per_s(), 200.0);
+        assert_eq!("2.5gbps".parse::<Link>().unwrap().bytes_per_s(), 312.5e6);
+        for bad in ["0gbps", "-1gbps", "fast", "gbps", "nangbps", "infgbps"] {
+            assert!(bad.parse::<Link>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,772 @@
+//! The HCCL transport: expert weights in device memory, moved with HCCL (feature `ascend`).
+//!
+//! Each rank owns one [`HcclTransport`]: a stream and its device buffers
+//! ([`Workspace`]) and an HCCL communicator. Live slots are device
+//! buffers (one per layer, `S` slots of `expert_bytes` each, 64-byte aligned). One layer's
+//! exchange is one `HcclBatchSendRecv` per rank: the experts this rank sends to one peer are
+//! packed into one block (so each direction to each peer carries one buffer, as HCCL requires),
+//! sent as `UINT8` so any weight type works; receives land in a spare receive arena, never in
+//! live slots. Every block starts with a small header (layer, ranks, expert ids, expert size)
+//! that the receiver checks, so a stale or misrouted block is a protocol error, never wrong
+//! weights.
+//!
+//! [`Transport::commit`] first copies the old content of every slot it touches into a staging
+//! area, then installs (local moves read from staging, received experts from the arena); if an
+//! install copy fails, the staged content is put back. [`Transport::wait`] and
+//! [`Transport::abort`] never touch live slots. `all_gather` is `HcclAllGather` of `u64`s;
+//! `all_agree` an all-gather of one flag per rank.
+//!
+//! Every wait (exchange or collective) is bounded by [`HcclConfig::timeout`]; after a failed
+//! wait the stream is drained again before the next use of its buffers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use eplb_ascend_sys as sys;
+use sys::types::HcclDataType;
+use sys::{BufferId, Comm, ErrorKind, P2p, P2pKind, Region, RootInfo, Runtime, Workspace};
+
+use super::{Transport, TransportError};
+use crate::transfer::{RankPlan, SlotSource};
+
+/// Alignment of every slot and packed block (on-chip device copies want 64-byte addresses).
+const ALIGN: usize = 64;
+const MAGIC: [u8; 4] = *b"EPLB";
+const VERSION: u32 = 1;
+const HEADER_FIXED: usize = 32;
+
+fn round_up(x: usize) -> Option<usize> {
+    x.checked_add(ALIGN - 1).map(|v| v / ALIGN * ALIGN)
+}
+
+fn header_len(experts: usize) -> usize {
+    round_up(HEADER_FIXED + 2 * experts).unwrap_or(usize::MAX)
+}
+
+/// Settings of one rank's endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HcclConfig {
+    /// The device (NPU) of this rank.
+    pub device: i32,
+    /// Limit of every wait: a layer's exchange, a collective.
+    pub timeout: Duration,
+}
+
+impl HcclConfig {
+    /// `device` with a 30 s timeout.
+    pub fn new(device: i32) -> Self {
+        Self {
+            device,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The shape of one rank's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLayout {
+    /// MoE layers (`L`).
+    pub layers: usize,
+    /// Slots per rank (`S`).
+    pub slots_per_rank: usize,
+    /// Bytes of one expert's weights (every tensor of the expert, packed).
+    pub expert_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Arena {
+    buf: Option<BufferId>,
+    cap: usize,
+}
+
+#[derive(Debug)]
+struct RecvBlock {
+    peer: u16,
+    offset: usize,
+    experts: Vec<u16>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    layer: usize,
+    blocks: Vec<RecvBlock>,
+    /// Per receive buffer index: offset of the expert in the receive arena.
+    recv_at: Vec<Option<usize>>,
+    waited: bool,
+}
+
+/// One rank's HCCL endpoint, holding that rank's expert weights in device memory.
+pub struct HcclTransport {
+    // Field order is drop order: the workspace drains its stream and frees its buffers before
+    // the communicator is destroyed.
+    ws: Workspace,
+    comm: Comm,
+    rank: usize,
+    ranks: usize,
+    layout: SlotLayout,
+    stride: usize,
+    layers: Vec<BufferId>,
+    staging: BufferId,
+    send: Arena,
+    recv: Arena,
+    gather_send: Arena,
+    gather_recv: Arena,
+    in_flight: Option<InFlight>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for HcclTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HcclTransport")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .field("layout", &self.layout)
+            .field("in_flight", &self.in_flight.as_ref().map(|i| i.layer))
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(what: String, e: &sys::Error) -> TransportError {
+    if e.kind() == ErrorKind::Timeout {
+        TransportError::Timeout {
+            what: format!("{what}: {e}"),
+        }
+    } else {
+        TransportError::Failed {
+            what: format!("{what}: {e}"),
+            code: e.code(),
+        }
+    }
+}
+
+fn invalid(what: String) -> TransportError {
+    TransportError::Invalid { what }
+}
+
+/// Groups ops ordered by peer into `(peer, ops)`; `Err` names the first op out of order.
+fn by_peer<T: Copy>(
+    ops: &[T],
+    key: impl Fn(&T) -> (u16, u16),
+) -> Result<Vec<(u16, Vec<T>)>, usize> {
+    let mut out: Vec<(u16, Vec<T>)> = Vec::new();
+    let mut last: Option<(u16, u16)> = None;
+    for (i, op) in ops.iter().enumerate() {
+        let k = key(op);
+        if last.is_some_and(|l| l >= k) {
+            return Err(i);
+        }
+        last = Some(k);
+        match out.last_mut() {
+            Some((p, v)) if *p == k.0 => v.push(*op),
+            _ => out.push((k.0, vec![*op])),
+        }
+    }
+    Ok(out)
+}
+
+impl HcclTransport {
+    /// Rank `rank`'s endpoint of a world of `ranks`, joined through `root` (made by the root
+    /// rank with [`RootInfo::generate`] and shipped to every rank). Blocks until every rank has
+    /// joined. The slots are allocated but hold no weights yet: load them with
+    /// [`HcclTransport::load_slot`].
+    pub fn new(
+        rt: &Runtime,
+        root: &RootInfo,
+        rank: usize,
+        ranks: usize,
+        layout: SlotLayout,
+        cfg: HcclConfig,
+    ) -> Result<Self, TransportError> {
+        if ranks == 0 || rank >= ranks || ranks > usize::from(u16::MAX) {
+            return Err(invalid(format!("rank {rank} of {ranks} ranks")));
+        }
+        if layout.layers == 0 || layout.slots_per_rank == 0 || layout.expert_bytes == 0 {
+            return Err(invalid(format!("empty slot layout {layout:?}")));
+        }
+        let stride =
+            round_up(layout.expert_bytes).ok_or_else(|| invalid("expert size overflows".into()))?;
+        let layer_len = stride
+            .checked_mul(layout.slots_per_rank)
+            .ok_or_else(|| invalid("layer size overflows".into()))?;
+        let here = format!("rank {rank}");
+        let mut ws = Workspace::new(rt, cfg.device).map_err(|e| failed(here.clone(), &e))?;
+        ws.set_drain_timeout(Some(cfg.timeout));
+        let comm = Comm::init_root_info(rt, cfg.device, ranks as u32, rank as u32, root)
+            .map_err(|e| failed(format!("{here}: joining the HCCL world"), &e))?;
+        let mut layers = Vec::with_capacity(layout.layers);
+        for _ in 0..layout.layers {
+            layers.push(
+                ws.alloc(layer_len)
+                    .map_err(|e| failed(format!("{here}: slots"), &e))?,
+            );
+        }
+        let staging = ws
+            .alloc(layer_len)
+            .map_err(|e| failed(format!("{here}: staging"), &e))?;
+        Ok(Self {
+            ws,
+            comm,
+            rank,
+            ranks,
+            layout,
+            stride,
+            layers,
+            staging,
+            send: Arena::default(),
+            recv: Arena::default(),
+            gather_send: Arena::default(),
+            gather_recv: Arena::default(),
+            in_flight: None,
+            timeout: cfg.timeout,
+        })
+    }
+
+    /// The slot layout.
+    pub fn layout(&self) -> SlotLayout {
+        self.layout
+    }
+
+    fn slot_region(&self, layer: usize, slot: usize) -> Result<Region, TransportError> {
+        let buf = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| invalid(format!("layer {layer} out of range")))?;
+        if slot >= self.layout.slots_per_rank {
+            return Err(invalid(format!("layer {layer}: slot {slot} out of range")));
+        }
+        Ok(Region::new(
+            *buf,
+            slot * self.stride,
+            self.layout.expert_bytes,
+        ))
+    }
+
+    fn staging_region(&self, slot: usize) -> Region {
+        Region::new(self.staging, slot * self.stride, self.layout.expert_bytes)
+    }
+
+    /// Writes an expert's weights into a live slot (host to device), e.g. at start-up.
+    pub fn load_slot(
+        &mut self,
+        layer: usize,
+        slot: usize,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let r = self.slot_region(layer, slot)?;
+        if bytes.len() != r.len {
+            return Err(invalid(format!(
+                "layer {layer} slot {slot}: {} bytes for an expert of {}",
+                bytes.len(),
+                r.len
+            )));
+        }
+        self.ws.write(r, bytes).map_err(|e| {
+            failed(
+                format!("rank {}: loading layer {layer} slot {slot}", self.rank),
+                &e,
+            )
+        })
+    }
+
+    /// The bytes of a live slot (device to host).
+    pub fn slot(&self, layer: usize, slot: usize) -> Result<Vec<u8>, TransportError> {
+        let r = self.slot_region(layer, slot)?;
+        let mut out = vec![0u8; r.len];
+        self.ws.read(r, &mut out).map_err(|e| {
+            failed(
+                format!("rank {}: reading layer {layer} slot {slot}", self.rank),
+                &e,
+            )
+        })?;
+        Ok(out)
+    }
+
+    fn ensure(
+        ws: &mut Workspace,
+        arena: &mut Arena,
+        len: usize,
+        t: Duration,
+    ) -> Result<BufferId, sys::Error> {
+        match arena.buf {
+            Some(b) if arena.cap >= len => return Ok(b),
+            Some(b) => {
+                ws.free(b, Some(t))?;
+                arena.buf = None;
+                arena.cap = 0;
+            }
+            None => {}
+        }
+        let cap = len.max(ALIGN);
+        let b = ws.alloc(cap)?;
+        arena.buf = Some(b);
+        arena.cap = cap;
+        Ok(b)
+    }
+
+    fn header(&self, layer: usize, src: u16, dst: u16, experts: &[u16]) -> Vec<u8> {
+        let mut h = vec![0u8; header_len(experts.len())];
+        let mut put = |at: usize, bytes: &[u8]| {
+            if let Some(d) = h.get_mut(at..at + bytes.len()) {
+                d.copy_from_slice(bytes);
+            }
+        };
+        put(0, &MAGIC);
+        put(4, &VERSION.to_le_bytes());
+        put(8, &(layer as u32).to_le_bytes());
+        put(12, &src.to_le_bytes());
+        put(14, &dst.to_le_bytes());
+        put(16, &(experts.len() as u32).to_le_bytes());
+        put(24, &(self.layout.expert_bytes as u64).to_le_bytes());
+        for (i, e) in experts.iter().enumerate() {
+            put(HEADER_FIXED + 2 * i, &e.to_le_bytes());
+        }
+        h
+    }
+
+    fn collective(&mut self, local: &[u64]) -> Result<Vec<u64>, TransportError> {
+        let what = format!("rank {}: all-gather", self.rank);
+        // HCCL cannot gather nothing; an empty contribution still takes part (one dummy value)
+        // so that every rank issues the same collectives in the same order.
+        let send: Vec<u8> = if local.is_empty() {
+            vec![0; 8]
+        } else {
+            local.iter().flat_map(|v| v.to_le_bytes()).collect()
+        };
+        let recv_len = send.len() * self.ranks;
+        let t = self.timeout;
+        let s = Self::ensure(&mut self.ws, &mut self.gather_send, send.len(), t)
+            .map_err(|e| failed(what.clone(), &e))?;
+        let r = Self::ensure(&mut self.ws, &mut self.gather_recv, recv_len, t)
+            .map_err(|e| failed(what.clone(), &e))?;
+        let (sr, rr) = (Region::new(s, 0, send.len()), Region::new(r, 0, recv_len));
+        self.ws
+            .write(sr, &send)
+            .map_err(|e| failed(what.clone(), &e))?;
+        self.ws
+            .all_gather(&mut self.comm, sr, rr, HcclDataType::UINT64)
+            .map_err(|e| failed(what.clone(), &e))?;
+        self.sync(&what)?;
+        let mut bytes = vec![0u8; recv_len];
+        self.ws
+            .read(rr, &mut bytes)
+            .map_err(|e| failed(what.clone(), &e))?;
+        let all: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(c);
+                u64::from_le_bytes(a)
+            })
+            .collect();
+        if local.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(all)
+    }
+
+    /// Synchronizes the stream with the timeout; a failure carries the communicator's async
+    /// error too.
+    fn sync(&mut self, what: &str) -> Result<(), TransportError> {
+        match self.ws.synchronize(Some(self.timeout)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let mut err = failed(what.to_string(), &e);
+                if let Some(a) = self.comm.async_error() {
+                    match &mut err {
+                        TransportError::Timeout { what } | TransportError::Failed { what, .. } => {
+                            what.push_str(&format!(" (HCCL: {a})"));
+                        }
+                        _ => {}
+                    }
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn launch_inner(&mut self, plan: &RankPlan) -> Result<InFlight, TransportError> {
+        let layer = plan.layer;
+        let here = format!("rank {}: layer {layer}", self.rank);
+        if layer >= self.layout.layers {
+            return Err(invalid(format!("{here} out of range")));
+        }
+        let me = self.rank as u16;
+        let peer_ok = |p: u16| usize::from(p) < self.ranks && p != me;
+        let sends = by_peer(&plan.sends, |o| (o.peer, o.expert))
+            .map_err(|i| invalid(format!("{here}: send #{i} out of (peer, expert) order")))?;
+        let recvs = by_peer(&plan.recvs, |o| (o.peer, o.expert))
+            .map_err(|i| invalid(format!("{here}: receive #{i} out of (peer, expert) order")))?;
+        if plan.recvs.len() > self.layout.slots_per_rank {
+            return Err(invalid(format!(
+                "{here}: {} receives but only {} receive slots",
+                plan.recvs.len(),
+                self.layout.slots_per_rank
+            )));
+        }
+        let e = self.layout.expert_bytes;
+        let stride = self.stride;
+        let block = |n: usize| header_len(n).saturating_add(n.saturating_mul(stride));
+        // Lay the blocks out.
+        let mut send_plan = Vec::with_capacity(sends.len());
+        let mut off = 0usize;
+        for (peer, ops) in &sends {
+            if !peer_ok(*peer) {
+                return Err(invalid(format!("{here}: send to rank {peer}")));
+            }
+            for op in ops {
+                self.slot_region(layer, usize::from(op.slot))?;
+            }
+            send_plan.push((*peer, off, ops));
+            off = off.saturating_add(block(ops.len()));
+        }
+        let send_len = off;
+        let mut recv_at = vec![None; self.layout.slots_per_rank];
+        let mut blocks = Vec::with_capacity(recvs.len());
+        off = 0;
+        for (peer, ops) in &recvs {
+            if !peer_ok(*peer) {
+                return Err(invalid(format!("{here}: receive from rank {peer}")));
+            }
+            let h = header_len(ops.len());
+            for (k, op) in ops.iter().enumerate() {
+                match recv_at.get_mut(usize::from(op.buffer)) {
+                    Some(at @ None) => *at = Some(off + h + k * stride),
+                    _ => {
+                        return Err(invalid(format!(
+                            "{here}: receive buffer {} reused or out of range",
+                            op.buffer
+                        )));
+                    }
+                }
+            }
+            blocks.push(RecvBlock {
+                peer: *peer,
+                offset: off,
+                experts: ops.iter().map(|o| o.expert).collect(),
+            });
+            off = off.saturating_add(block(ops.len()));
+        }
+        let recv_len = off;
+        let t = self.timeout;
+        let err = |e: sys::Error| failed(here.clone(), &e);
+        let mut items = Vec::with_capacity(sends.len() + recvs.len());
+        // Headers first (synchronous writes), then the packing copies, then the exchange.
+        if send_len > 0 {
+            let sbuf = Self::ensure(&mut self.ws, &mut self.send, send_len, t).map_err(err)?;
+            for (peer, off, ops) in &send_plan {
+                let experts: Vec<u16> = ops.iter().map(|o| o.expert).collect();
+                let hdr = self.header(layer, me, *peer, &experts);
+                self.ws
+                    .write(Region::new(sbuf, *off, hdr.len()), &hdr)
+                    .map_err(err)?;
+            }
+        }
+        let rbuf = if recv_len > 0 {
+            let rbuf = Self::ensure(&mut self.ws, &mut self.recv, recv_len, t).map_err(err)?;
+            for b in &blocks {
+                // Zero the header: a receive that never lands cannot pass for a stale one.
+                let zeros = vec![0u8; header_len(b.experts.len())];
+                self.ws
+                    .write(Region::new(rbuf, b.offset, zeros.len()), &zeros)
+                    .map_err(err)?;
+            }
+            Some(rbuf)
+        } else {
+            None
+        };
+        if let Some(sbuf) = self.send.buf.filter(|_| send_len > 0) {
+            for (peer, off, ops) in &send_plan {
+                let h = header_len(ops.len());
+                for (k, op) in ops.iter().enumerate() {
+                    let src = self.slot_region(layer, usize::from(op.slot))?;
+                    self.ws
+                        .copy(Region::new(sbuf, off + h + k * stride, e), src)
+                        .map_err(err)?;
+                }
+                items.push(P2p {
+                    kind: P2pKind::Send,
+                    peer: u32::from(*peer),
+                    region: Region::new(sbuf, *off, block(ops.len())),
+                    dtype: HcclDataType::UINT8,
+                });
+            }
+        }
+        if let Some(rbuf) = rbuf {
+            for b in &blocks {
+                items.push(P2p {
+                    kind: P2pKind::Recv,
+                    peer: u32::from(b.peer),
+                    region: Region::new(rbuf, b.offset, block(b.experts.len())),
+                    dtype: HcclDataType::UINT8,
+                });
+            }
+        }
+        self.ws
+            .batch_send_recv(&mut self.comm, &items)
+            .map_err(err)?;
+        Ok(InFlight {
+            layer,
+            blocks,
+            recv_at,
+            waited: false,
+        })
+    }
+
+    fn check_headers(&self, fl: &InFlight) -> Result<(), TransportError> {
+        let Some(rbuf) = self.recv.buf else {
+            return if fl.blocks.is_empty() {
+                Ok(())
+            } else {
+                Err(invalid("receive arena missing".into()))
+            };
+        };
+        for b in &fl.blocks {
+            let what = format!(
+                "rank {}: layer {} block from rank {}",
+                self.rank, fl.layer, b.peer
+            );
+            let want = self.header(fl.layer, b.peer, self.rank as u16, &b.experts);
+            let mut got = vec![0u8; want.len()];
+            self.ws
+                .read(Region::new(rbuf, b.offset, got.len()), &mut got)
+                .map_err(|e| failed(what.clone(), &e))?;
+            if got != want {
+                let layer = got.get(8..12).map(|s| {
+                    let mut a = [0u8; 4];
+                    a.copy_from_slice(s);
+                    u32::from_le_bytes(a)
+                });
+                return Err(TransportError::Protocol {
+                    what: format!(
+                        "{what}: header does not match the plan (experts {:?}; got layer {layer:?}, \
+                         magic ok: {})",
+                        b.experts,
+                        got.get(..4) == Some(&MAGIC[..])
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_inner(&mut self, plan: &RankPlan, fl: &InFlight) -> Result<(), TransportError> {
+        let layer = plan.layer;
+        let here = format!("rank {}: layer {layer} commit", self.rank);
+        let s = self.layout.slots_per_rank;
+        if plan.install.len() != s {
+            return Err(invalid(format!(
+                "{here}: install plan for {} slots, the rank has {s}",
+                plan.install.len()
+            )));
+        }
+        // Where each changed slot's new content comes from, checked before anything moves.
+        let mut moves = Vec::new();
+        let mut stage = vec![false; s];
+        for (slot, src) in plan.install.iter().enumerate() {
+            let from = match *src {
+                SlotSource::Unchanged => continue,
+                SlotSource::Local { from_slot } => {
+                    let f = usize::from(from_slot);
+                    if f >= s {
+                        return Err(invalid(format!("{here}: local move from slot {f}")));
+                    }
+                    if let Some(x) = stage.get_mut(f) {
+                        *x = true;
+                    }
+                    self.staging_region(f)
+                }
+                SlotSource::Received { buffer } => {
+                    let at = fl
+                        .recv_at
+                        .get(usize::from(buffer))
+                        .copied()
+                        .flatten()
+                        .ok_or_else(|| {
+                            invalid(format!("{here}: receive buffer {buffer} was not received"))
+                        })?;
+                    let rbuf = self
+                        .recv
+                        .buf
+                        .ok_or_else(|| invalid(format!("{here}: receive arena missing")))?;
+                    Region::new(rbuf, at, self.layout.expert_bytes)
+                }
+            };
+            if let Some(x) = stage.get_mut(slot) {
+                *x = true;
+            }
+            moves.push((slot, from));
+        }
+        if moves.is_empty() {
+            return Ok(());
+        }
+        // 1. Stage the old content of every slot that changes or is a local source.
+        let staged: Result<(), sys::Error> = (|| {
+            for (slot, _) in stage.iter().enumerate().filter(|(_, s)| **s) {
+                let live = self
+                    .slot_region(layer, slot)
+                    .map_err(|e| sys::Error::Invalid {
+                        what: e.to_string(),
+                    })?;
+                self.ws.copy(self.staging_region(slot), live)?;
+            }
+            self.ws.synchronize(Some(self.timeout))
+        })();
+        staged.map_err(|e| failed(format!("{here}: staging (nothing installed)"), &e))?;
+        // 2. Install.
+        let installed: Result<(), sys::Error> = (|| {
+            for (slot, from) in &moves {
+                let live = self
+                    .slot_region(layer, *slot)
+                    .map_err(|e| sys::Error::Invalid {
+                        what: e.to_string(),
+                    })?;
+                self.ws.copy(live, *from)?;
+            }
+            self.ws.synchronize(Some(self.timeout))
+        })();
+        let Err(e) = installed else {
+            return Ok(());
+        };
+        // 3. Put the old layer back.
+        let restored: Result<(), sys::Error> = (|| {
+            for (slot, _) in &moves {
+                let live = self
+                    .slot_region(layer, *slot)
+                    .map_err(|e| sys::Error::Invalid {
+                        what: e.to_string(),
+                    })?;
+                self.ws.copy(live, self.staging_region(*slot))?;
+            }
+            self.ws.synchronize(Some(self.timeout))
+        })();
+        match restored {
+            Ok(()) => Err(failed(
+                format!("{here} failed; the old layer is restored"),
+                &e,
+            )),
+            Err(r) => Err(failed(
+                format!(
+                    "{here} failed and restoring the old layer failed too ({r}); the layer may be half-installed"
+                ),
+                &e,
+            )),
+        }
+    }
+}
+
+impl Transport for HcclTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
+        if Some(out.len()) != local.len().checked_mul(self.ranks) {
+            return Err(invalid(format!(
+                "all_gather output holds {} values, needs {}",
+                out.len(),
+                local.len().saturating_mul(self.ranks)
+            )));
+        }
+        let all = self.collective(local)?;
+        if all.len() != out.len() {
+            return Err(TransportError::Protocol {
+                what: "all_gather returned the wrong length".into(),
+            });
+        }
+        out.copy_from_slice(&all);
+        Ok(())
+    }
+
+    fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
+        let all = self.collective(&[u64::from(flag)])?;
+        Ok(all.len() == self.ranks && all.iter().all(|&v| v == 1))
+    }
+
+    fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        if let Some(fl) = &self.in_flight {
+            return Err(invalid(format!(
+                "rank {}: layer {} launched while layer {} is in flight",
+                self.rank, plan.layer, fl.layer
+            )));
+        }
+        let fl = self.launch_inner(plan)?;
+        self.in_flight = Some(fl);
+        Ok(())
+    }
+
+    fn wait(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        let here = format!("rank {}: layer {} exchange", self.rank, plan.layer);
+        match &self.in_flight {
+            Some(fl) if fl.layer == plan.layer => {}
+            _ => return Err(invalid(format!("{here}: nothing launched"))),
+        }
+        self.sync(&here)?;
+        let Some(fl) = self.in_flight.take() else {
+            return Err(invalid(format!("{here}: nothing launched")));
+        };
+        let checked = self.check_headers(&fl);
+        self.in_flight = Some(InFlight {
+            waited: checked.is_ok(),
+            ..fl
+        });
+        checked
+    }
+
+    fn commit(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        let here = format!("rank {}: layer {} commit", self.rank, plan.layer);
+        let fl = match self.in_flight.take() {
+            Some(fl) if fl.layer == plan.layer && fl.waited => fl,
+            other => {
+                self.in_flight = other;
+                return Err(invalid(format!("{here}: the exchange was not waited for")));
+            }
+        };
+        self.commit_inner(plan, &fl)
+    }
+
+    fn abort(&mut self, _plan: &RankPlan) {
+        // Live slots were never touched; forget the exchange. A stream that still holds work is
+        // drained before its buffers are used again.
+        self.in_flight = None;
+    }
+}
+
+/// Makes `ranks` endpoints in this process, one per thread, on devices
+/// `device_base .. device_base + ranks` (for tests and single-host demos).
+pub fn local_world(
+    rt: &Runtime,
+    ranks: usize,
+    layout: SlotLayout,
+    device_base: i32,
+    timeout: Duration,
+) -> Result<Vec<HcclTransport>, TransportError> {
+    let root = RootInfo::generate(rt, device_base)
+        .map_err(|e| failed("generating the root info".into(), &e))?;
+    let root = Arc::new(root);
+    let handles: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let (rt, root) = (rt.clone(), Arc::clone(&root));
+            std::thread::spawn(move || {
+                let cfg = HcclConfig {
+                    device: device_base + rank as i32,
+                    timeout,
+                };
+                HcclTransport::new(&rt, &root, rank, ranks, layout, cfg)
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(ranks);
+    for h in handles {
+        let t = h.join().map_err(|_| TransportError::Failed {
+            what: "a rank thread panicked while joining".into(),
+            code: 0,
+        })??;
+        out.push(t);
+    }
+    Ok(out)
+}

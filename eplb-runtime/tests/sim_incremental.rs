@@ -1,0 +1,43 @@
+//! The incremental policy inside the dynamic loop (`research/dynamic-anchors.md`, ESFT chain,
+//! EP8 with 8 redundant experts, H=10, A=1, log2phy): better balanced than FlashLB's published
+//! 1.1945 from the first activation, with at most half of FlashLB's 19,802 weight fetches, and
+//! never two copies of an expert on one rank.
+
+use eplb_core::metrics::Routing;
+use eplb_policies::PolicyKind;
+use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
+
+#[test]
+fn esft_r8x8_beats_flashlb_with_half_the_fetches() {
+    let path = format!("{}/../../shared/data/series/esft_chain.json", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
+    let trace = SimTrace {
+        windows: heat.windows(),
+        layers: heat.layers(),
+        experts: heat.experts(),
+        counts: heat.counts_u64().unwrap(),
+    };
+    let cfg = SimConfig {
+        ranks: 8,
+        redundant: 8,
+        ranks_per_node: None,
+        groups: None,
+        policy: SimPolicy::Policy(PolicyKind::Incremental),
+        heat_interval: 10,
+        algo_interval: 1,
+        initial: Initial::Default,
+        routing: Routing::Log2Phy,
+        seed: 0,
+        expert_bytes: 8,
+    };
+    let r = simulate(&trace, &cfg, &mut |_, _| {}).unwrap();
+    assert!(
+        r.mean_par_from_first_activation < 1.1945,
+        "mean PAR from the first activation {}",
+        r.mean_par_from_first_activation
+    );
+    assert!(r.moves_total <= 19_802 / 2, "fetches {}", r.moves_total);
+    assert_eq!(r.same_rank_duplicate_rows_max, 0);
+    assert_eq!(r.failed_layers, 0);
+}
