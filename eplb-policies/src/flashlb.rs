@@ -612,7 +612,11 @@ fn lpt(st: &Stats<'_>, lw: &mut Lpt<'_>, rep: &[u16], s: usize, dep: &mut [u16])
             }
             if c == 1 {
                 // The only replica: the device is available again at once (unless full).
-                let k = if f + 1 < s { at(lw.dev_mu, d) } else { f64::INFINITY };
+                let k = if f + 1 < s {
+                    at(lw.dev_mu, d)
+                } else {
+                    f64::INFINITY
+                };
                 set_avail(lw.avail, lw.bmin, d, k);
             } else {
                 set_avail(lw.avail, lw.bmin, d, f64::INFINITY);

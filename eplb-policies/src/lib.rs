@@ -33,6 +33,7 @@
 #[cfg(test)]
 extern crate std;
 
+mod any;
 mod arena;
 pub mod common;
 pub mod deepseek;
@@ -45,6 +46,7 @@ mod policy;
 pub mod random;
 pub mod swift;
 
+pub use any::AnyPolicy;
 pub use arena::{Arena, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use kind::PolicyKind;

@@ -40,14 +40,5 @@ impl Policy for Keep {
 
 /// A boxed policy of `kind`, ready for the planner thread.
 pub fn policy_for(kind: PolicyKind) -> Result<Box<dyn Policy + Send>, String> {
-    Ok(match kind {
-        PolicyKind::Random => Box::new(eplb_policies::random::Random::new()),
-        PolicyKind::Default => Box::new(eplb_policies::default::DefaultEplb::new()),
-        PolicyKind::Swift => Box::new(eplb_policies::swift::SwiftBalance::default()),
-        PolicyKind::DeepSeek => Box::new(eplb_policies::deepseek::DeepSeek::new()),
-        PolicyKind::Incremental => Box::new(eplb_policies::incremental::Incremental::new()),
-        PolicyKind::FlashLb => {
-            return Err(format!("policy {kind} is not available in this build yet"));
-        }
-    })
+    Ok(Box::new(eplb_policies::AnyPolicy::new(kind)))
 }
