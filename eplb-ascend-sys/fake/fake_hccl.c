@@ -14,7 +14,8 @@
  *     group;
  *   - when the peers meet (reported on the stream, by HcclGetCommAsyncError and
  *     aclGetRecentErrMsg): a receive whose matching send has another count or data type
- *     (HCCL_E_PARA), a receive or collective whose peers do not come in time (HCCL_E_TIMEOUT),
+ *     (HCCL_E_PARA), a receive or collective whose peers do not come in time (HCCL_E_TIMEOUT;
+ *     a collective waits twice the timeout plus 100 ms),
  *     collectives whose ranks disagree on count or type (HCCL_E_PARA);
  *   - sends and receives between two ranks match in posting order; a send completes when its
  *     receiver takes it: one that nobody takes within the timeout is withdrawn and reported as
@@ -558,8 +559,11 @@ FAKE_EXPORT HcclResult HcclAllGather(void *sendBuf, void *recvBuf, uint64_t send
     int mode = fake_cann_internal_inject(sym, c->device, &code);
     if (mode == FAKE_FAIL)
         return fail((HcclResult)code, "%s: injected failure (code %ld)", sym, code, 0);
+    /* A collective outlasts a point-to-point timeout (twice it, plus 100 ms), as a deployment's
+     * agreement should: a rank that failed an exchange early still meets the ranks that wait
+     * that exchange out. */
     uint32_t ms = fake_cann_internal_timeout_ms();
-    struct timespec dl = deadline_in(ms);
+    struct timespec dl = deadline_in(ms > (UINT32_MAX - 100) / 2 ? UINT32_MAX : 2 * ms + 100);
     pthread_mutex_lock(&g_mu);
     uint64_t seq = c->coll_seq++;
     round_t *r = w->rounds;

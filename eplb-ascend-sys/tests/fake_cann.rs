@@ -339,3 +339,29 @@ fn injected_failures_carry_the_code_and_message() {
     ctl.clear(Some(dev));
     assert!(ctl.fail("x", None, 0, 1, 1).is_err(), "nth is 1-based");
 }
+
+#[test]
+fn joining_needs_every_rank_and_a_real_root_info() {
+    let (rt, _ctl) = setup();
+    let root = RootInfo::generate(&rt, 950).unwrap();
+    assert_eq!(root.as_bytes().len(), 4108);
+    let again = RootInfo::from_bytes(root.as_bytes()).unwrap();
+    assert_eq!(again, root);
+    // Rank 0 of 2 alone: the other never comes.
+    let t0 = Instant::now();
+    let e = Comm::init_root_info(&rt, 950, 2, 0, &root).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(t0.elapsed() >= TIMEOUT);
+    // Bytes that HcclGetRootInfo did not make.
+    let junk = RootInfo::from_bytes(&[7; 4108]).unwrap();
+    let e = Comm::init_root_info(&rt, 951, 1, 0, &junk).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(
+        Comm::init_root_info(&rt, 951, 2, 2, &root).is_err(),
+        "rank out of range"
+    );
+    // A world of one works.
+    let solo = RootInfo::generate(&rt, 952).unwrap();
+    let comm = Comm::init_root_info(&rt, 952, 1, 0, &solo).unwrap();
+    assert_eq!((comm.rank(), comm.ranks()), (0, 1));
+}

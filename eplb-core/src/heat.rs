@@ -189,7 +189,11 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
     /// Adds logical counts `[L][N]` given as `u32` (one iteration's counts) into the current
     /// bucket.
     pub fn add_logical_u32(&mut self, counts: &[u32]) -> Result<(), Error> {
-        check_len("logical counts [L][N]", self.layers * self.experts, counts.len())?;
+        check_len(
+            "logical counts [L][N]",
+            self.layers * self.experts,
+            counts.len(),
+        )?;
         let bucket = self.head_bucket();
         for (h, &c) in bucket.iter_mut().zip(counts) {
             *h = h.saturating_add(u64::from(c));

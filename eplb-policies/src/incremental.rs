@@ -116,7 +116,9 @@ impl Incremental {
 const STATE_MAGIC: u64 = 0x4550_4c42_494e_4331; // "EPLBINC1"
 
 fn fingerprint(shape: &Shape) -> u64 {
-    (shape.layers() as u64) << 48 ^ (shape.experts() as u64) << 32 ^ (shape.ranks() as u64) << 16
+    (shape.layers() as u64) << 48
+        ^ (shape.experts() as u64) << 32
+        ^ (shape.ranks() as u64) << 16
         ^ shape.slots_per_rank() as u64
 }
 
@@ -231,7 +233,8 @@ impl Policy for Incremental {
             });
         };
         let (header, rest) = state.split_at_mut(2);
-        let fresh = header.first() != Some(&STATE_MAGIC) || header.get(1) != Some(&fingerprint(&shape));
+        let fresh =
+            header.first() != Some(&STATE_MAGIC) || header.get(1) != Some(&fingerprint(&shape));
         if fresh {
             rest.fill(0);
             if let [m, f] = header {
@@ -256,7 +259,10 @@ impl Policy for Incremental {
             search(&shape, &self.params, &mut w, row);
             // An expert that left a rank and came back sits in its old slot again.
             let s = shape.slots_per_rank();
-            let old = current.as_slice().get(l * per..(l + 1) * per).unwrap_or(&[]);
+            let old = current
+                .as_slice()
+                .get(l * per..(l + 1) * per)
+                .unwrap_or(&[]);
             for (o, nrow) in old.chunks_exact(s).zip(row.chunks_exact_mut(s)) {
                 crate::common::keep_slots(o, nrow, w.keep)?;
             }
@@ -519,17 +525,43 @@ impl Work<'_> {
 
     /// Records a move: `swap` trades `a` (on `hp`) and `b` (on `q`); otherwise `a` gets a copy on
     /// `q` in place of `b`'s. Returns the touched-rank count.
-    fn record(&mut self, mw: usize, r: usize, a: usize, b: usize, hp: usize, q: usize, swap: bool) -> usize {
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        mw: usize,
+        r: usize,
+        a: usize,
+        b: usize,
+        hp: usize,
+        q: usize,
+        swap: bool,
+    ) -> usize {
         let mut nt = 0;
         let (ca, cb) = if swap {
             (
-                Change { e: a, remove: Some(hp), add: Some(q) },
-                Change { e: b, remove: Some(q), add: Some(hp) },
+                Change {
+                    e: a,
+                    remove: Some(hp),
+                    add: Some(q),
+                },
+                Change {
+                    e: b,
+                    remove: Some(q),
+                    add: Some(hp),
+                },
             )
         } else {
             (
-                Change { e: a, remove: None, add: Some(q) },
-                Change { e: b, remove: Some(q), add: None },
+                Change {
+                    e: a,
+                    remove: None,
+                    add: Some(q),
+                },
+                Change {
+                    e: b,
+                    remove: Some(q),
+                    add: None,
+                },
             )
         };
         self.change(mw, r, ca, false, &mut nt);
@@ -752,7 +784,9 @@ fn score(
     best: &mut Option<Candidate>,
 ) {
     // The move must bring every rank it touches below this.
-    let needed = best.map_or(p.gain_per_fetch * mean, |c| c.0.max(p.gain_per_fetch * mean));
+    let needed = best.map_or(p.gain_per_fetch * mean, |c| {
+        c.0.max(p.gain_per_fetch * mean)
+    });
     let bar = lp - needed * cost as f64;
     // Loads alone bound the values from below: most candidates fail on them cheaply.
     let mut worst = f64::MIN;

@@ -65,8 +65,13 @@ fn rebalance_does_not_allocate() {
             .map(|i| ((i * 7919) % spread) as f64 + (i % 13) as f64)
             .collect();
         let s = eplb_policies::Samples::new(&shape, 10, &samples).unwrap();
-        let input =
-            Input::new(Placement::new(shape, &current).unwrap(), &loads, Some(s), 42).unwrap();
+        let input = Input::new(
+            Placement::new(shape, &current).unwrap(),
+            &loads,
+            Some(s),
+            42,
+        )
+        .unwrap();
         let mut scratch = vec![0u64; scratch_len(&policy, &shape)];
         let mut state = vec![0u64; policy.state_len(&shape)];
         let l = shape.layers();

@@ -19,8 +19,7 @@ fn case() -> impl Strategy<Value = (Shape, Vec<u16>, Vec<f64>, usize)> {
                 Just((0..n).collect::<Vec<u16>>()).prop_shuffle(),
                 l as usize,
             );
-            let samples =
-                proptest::collection::vec(0.0f64..500.0, t * shape.loads_len());
+            let samples = proptest::collection::vec(0.0f64..500.0, t * shape.loads_len());
             (Just(shape), perms, samples, Just(t))
         })
         .prop_map(|(shape, perms, samples, t)| {

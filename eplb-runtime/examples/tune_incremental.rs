@@ -50,12 +50,19 @@ fn main() {
         seed: 0,
         expert_bytes: 8,
     };
-    let r = simulate_with(&trace, &cfg, Box::new(Incremental::with_params(p)), &mut |_, _| {})
-        .expect("simulate");
+    let r = simulate_with(
+        &trace,
+        &cfg,
+        Box::new(Incremental::with_params(p)),
+        &mut |_, _| {},
+    )
+    .expect("simulate");
     let per: Vec<usize> = r
         .log
         .windows(2)
-        .map(|w| eplb_core::metrics::moves(&w[0].placement, &w[1].placement, r.shape.slots_per_rank()))
+        .map(|w| {
+            eplb_core::metrics::moves(&w[0].placement, &w[1].placement, r.shape.slots_per_rank())
+        })
         .collect();
     let times: Vec<String> = r
         .log
@@ -70,7 +77,10 @@ fn main() {
     let mut ranks = vec![0.0; shape.ranks()];
     let mut spans = Vec::new();
     for (k, e) in r.log.iter().enumerate() {
-        let end = r.log.get(k + 1).map_or(trace.windows, |x| x.active_from_window);
+        let end = r
+            .log
+            .get(k + 1)
+            .map_or(trace.windows, |x| x.active_from_window);
         let p = eplb_core::Placement::new(shape, &e.placement).unwrap();
         let mut sum = 0.0;
         let mut cnt = 0;
@@ -80,11 +90,22 @@ fn main() {
                     .iter()
                     .map(|&c| c as f64)
                     .collect();
-                sum += eplb_core::metrics::layer_par(&lp, &loads, Routing::Log2Phy, &mut scratch, &mut ranks).unwrap();
+                sum += eplb_core::metrics::layer_par(
+                    &lp,
+                    &loads,
+                    Routing::Log2Phy,
+                    &mut scratch,
+                    &mut ranks,
+                )
+                .unwrap();
                 cnt += 1;
             }
         }
-        spans.push(format!("{}:{:.3}", e.active_from_window, sum / cnt.max(1) as f64));
+        spans.push(format!(
+            "{}:{:.3}",
+            e.active_from_window,
+            sum / cnt.max(1) as f64
+        ));
     }
     println!("PAR per span {spans:?}");
     println!(

@@ -112,7 +112,11 @@ fn run(
                     .unwrap();
             std::thread::spawn(move || {
                 let mut commits = Vec::new();
-                for it in 0..iters {
+                // At least `iters` iterations, and on until 3 plans were taken (a slow planner,
+                // e.g. one whose panic prints a backtrace, makes plans late). Every rank sees the
+                // same plan count (the ranks agree on readiness), so all stop together.
+                let mut it = 0;
+                while it < iters || (c.stats().plans_taken < 3 && it < 20 * iters) {
                     c.before_forward();
                     let counts = slot_counts(&shape, c.placement(), rank, it);
                     // Alternate prefill-sized and decode-sized batches.
@@ -124,8 +128,9 @@ fn run(
                     check_weights(&c);
                     // Give the planner thread a moment now and then, as real forwards would.
                     if rep.plan_late {
-                        std::thread::sleep(Duration::from_millis(1));
+                        std::thread::sleep(Duration::from_millis(2));
                     }
+                    it += 1;
                 }
                 Outcome {
                     placement: c.placement().to_vec(),
@@ -331,12 +336,18 @@ fn record_mode_never_moves_a_weight() {
                 }));
             }
             std::thread::spawn(move || {
-                for it in 0..60 {
+                // At least 60 iterations, and on until 3 plans were taken (all ranks alike).
+                let mut it = 0;
+                while it < 60 || (c.stats().plans_taken < 3 && it < 2000) {
                     c.before_forward();
                     let counts = slot_counts(&shape, c.placement(), rank, it);
                     let rep = c.after_forward(&counts, 64).unwrap();
                     assert!(rep.committed.is_none());
                     check_weights(&c);
+                    if rep.plan_late {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    it += 1;
                 }
                 (c.placement().to_vec(), c.stats())
             })

@@ -9,7 +9,10 @@ use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
 
 #[test]
 fn esft_r8x8_beats_flashlb_with_half_the_fetches() {
-    let path = format!("{}/../../shared/data/series/esft_chain.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/../../shared/data/series/esft_chain.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
     let trace = SimTrace {
