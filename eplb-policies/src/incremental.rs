@@ -77,14 +77,17 @@ pub struct Params {
 }
 
 impl Default for Params {
+    /// Tuned on `esft_chain` (R8/X8, R16/X16) and `dsv3_drift_perm` (R32/X32, R64/X64) with
+    /// H=10, A=1 (`BENCHMARKS.md`): a move must gain 1% of the mean rank load per fetch, ranks
+    /// are valued at mean + 1.3 sd of their per-window load, up to 15 partner ranks are tried.
     fn default() -> Self {
         Self {
-            gain_per_fetch: 0.004,
-            max_fetch_fraction: 0.25,
-            partners: 8,
+            gain_per_fetch: 0.01,
+            max_fetch_fraction: 1.0,
+            partners: 15,
             shift_threshold: 2.5,
             history_windows: 30.0,
-            z: 0.7,
+            z: 1.3,
             movers: 16,
         }
     }

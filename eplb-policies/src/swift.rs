@@ -158,6 +158,8 @@ struct Work<'a> {
     recv: &'a mut [u8],
     /// Ranks ordered by load.
     order: &'a mut [u16],
+    /// Experts ordered by replication priority.
+    eorder: &'a mut [u16],
     /// `keep_slots` scratch.
     tmp: &'a mut [u16],
 }
@@ -176,6 +178,7 @@ impl<'a> Work<'a> {
             + words_flags(r * n)
             + words_flags(p)
             + words_u16(r)
+            + words_u16(n)
             + words_u16(2 * s)
     }
 
@@ -196,6 +199,7 @@ impl<'a> Work<'a> {
             on: arena.bools(r * n)?,
             recv: arena.bools(p)?,
             order: arena.u16s(r)?,
+            eorder: arena.u16s(n)?,
             tmp: arena.u16s(2 * s)?,
         })
     }
@@ -330,18 +334,50 @@ impl SwiftBalance {
             *x = 0;
             *c = 1;
         }
-        for _ in 0..n_free {
-            let mut best: Option<(usize, f64)> = None;
-            for (e, (&w, &x)) in wk.w.iter().zip(wk.extras.iter()).enumerate() {
-                if usize::from(x) + 1 < r && best.is_none_or(|(_, b)| w >= b) {
-                    best = Some((e, w));
-                }
+        // Experts by priority (weight descending, higher id first on ties); after each pick
+        // the chosen expert's priority drops and it sinks to its new place.
+        for (i, o) in wk.eorder.iter_mut().enumerate() {
+            *o = i as u16;
+        }
+        let w = &*wk.w;
+        let before = |a: u16, b: u16| {
+            let (wa, wb) = (at(w, usize::from(a)), at(w, usize::from(b)));
+            wa > wb || (wa == wb && a > b)
+        };
+        wk.eorder.sort_unstable_by(|&a, &b| {
+            if before(a, b) {
+                core::cmp::Ordering::Less
+            } else if before(b, a) {
+                core::cmp::Ordering::Greater
+            } else {
+                core::cmp::Ordering::Equal
             }
-            let Some((e, _)) = best else { break };
+        });
+        for _ in 0..n_free {
+            let Some(pos) = wk
+                .eorder
+                .iter()
+                .position(|&e| usize::from(at(wk.extras, usize::from(e))) + 1 < r)
+            else {
+                break;
+            };
+            let e = usize::from(at(wk.eorder, pos));
             // Upstream's priority decay: after k extras, 2 * w0 / (k + 2).
             let a = f64::from(at(wk.extras, e));
             put(wk.w, e, 2.0 * at(loads, e) / (a + 3.0));
             put(wk.extras, e, at(wk.extras, e) + 1);
+            let (w, eo) = (&*wk.w, &mut *wk.eorder);
+            let mut i = pos;
+            while i + 1 < eo.len() {
+                let next = at(eo, i + 1);
+                let (wn, we) = (at(w, usize::from(next)), at(w, e));
+                if wn > we || (wn == we && usize::from(next) > e) {
+                    eo.swap(i, i + 1);
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
         }
         let mut n_list = 0usize;
         for (e, &x) in wk.extras.iter().enumerate() {
@@ -465,17 +501,25 @@ fn swap_rounds(out: &mut [u16], shape: &Shape, threshold: f64, wk: &mut Work<'_>
     if r < 2 {
         return last_max;
     }
+    for (i, o) in wk.order.iter_mut().enumerate() {
+        *o = i as u16;
+    }
     let mut swapped = true;
     for _ in 0..MAX_SWAP_ROUNDS {
-        for (i, o) in wk.order.iter_mut().enumerate() {
-            *o = i as u16;
-        }
+        // Ranks by load, then id: insertion sort from the previous round's order (two ranks
+        // changed since).
         let load = &*wk.load;
-        wk.order.sort_unstable_by(|&a, &b| {
-            at(load, usize::from(a))
-                .total_cmp(&at(load, usize::from(b)))
-                .then(a.cmp(&b))
-        });
+        let less = |a: u16, b: u16| {
+            let (la, lb) = (at(load, usize::from(a)), at(load, usize::from(b)));
+            la < lb || (la == lb && a < b)
+        };
+        for i in 1..r {
+            let mut j = i;
+            while j > 0 && less(at(wk.order, j), at(wk.order, j - 1)) {
+                wk.order.swap(j, j - 1);
+                j -= 1;
+            }
+        }
         let m = usize::from(at(wk.order, r - 1));
         let lm = at(wk.load, m);
         last_max = lm;

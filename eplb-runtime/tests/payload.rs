@@ -345,7 +345,11 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
             let payload = payload.clone();
             std::thread::spawn(move || {
                 let mut checked = check_tensors(&c, &payload);
-                for it in 0..iters {
+                // At least `iters` iterations, and on until 2 plans were taken: a loaded
+                // machine makes plans late. Every rank sees the same plan count, so all stop
+                // together.
+                let mut it = 0;
+                while it < iters || (c.stats().plans_taken < 2 && it < 20 * iters) {
                     c.before_forward();
                     let counts = slot_counts(&shape, c.placement(), rank, it);
                     let rep = c.after_forward(&counts, 64).unwrap();
@@ -353,8 +357,9 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
                         checked += check_tensors(&c, &payload);
                     }
                     if rep.plan_late {
-                        std::thread::sleep(Duration::from_millis(1));
+                        std::thread::sleep(Duration::from_millis(2));
                     }
+                    it += 1;
                 }
                 (c.placement().to_vec(), c.stats(), checked)
             })

@@ -16,8 +16,8 @@
 //! [`Transport::abort`] never touch live slots. `all_gather` is `HcclAllGather` of `u64`s;
 //! `all_agree` an all-gather of one flag per rank.
 //!
-//! Every wait (exchange or collective) is bounded by [`HcclConfig::timeout`]; after a failed
-//! wait the stream is drained again before the next use of its buffers.
+//! Every wait is bounded: an exchange by [`HcclConfig::timeout`], a collective by twice that;
+//! after a failed wait the stream is drained again before the next use of its buffers.
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,7 +49,9 @@ fn header_len(experts: usize) -> usize {
 pub struct HcclConfig {
     /// The device (NPU) of this rank.
     pub device: i32,
-    /// Limit of every wait: a layer's exchange, a collective.
+    /// Limit of a layer's exchange wait. Collectives wait twice as long: a rank whose exchange
+    /// failed at once reaches the next agreement while its peers still wait the exchange out,
+    /// and must still meet them there.
     pub timeout: Duration,
 }
 
@@ -346,7 +348,7 @@ impl HcclTransport {
         self.ws
             .all_gather(&mut self.comm, sr, rr, HcclDataType::UINT64)
             .map_err(|e| failed(what.clone(), &e))?;
-        self.sync(&what)?;
+        self.sync(&what, self.timeout.saturating_mul(2))?;
         let mut bytes = vec![0u8; recv_len];
         self.ws
             .read(rr, &mut bytes)
@@ -367,8 +369,8 @@ impl HcclTransport {
 
     /// Synchronizes the stream with the timeout; a failure carries the communicator's async
     /// error too.
-    fn sync(&mut self, what: &str) -> Result<(), TransportError> {
-        match self.ws.synchronize(Some(self.timeout)) {
+    fn sync(&mut self, what: &str, timeout: Duration) -> Result<(), TransportError> {
+        match self.ws.synchronize(Some(timeout)) {
             Ok(()) => Ok(()),
             Err(e) => {
                 let mut err = failed(what.to_string(), &e);
@@ -705,7 +707,7 @@ impl Transport for HcclTransport {
             Some(fl) if fl.layer == plan.layer => {}
             _ => return Err(invalid(format!("{here}: nothing launched"))),
         }
-        self.sync(&here)?;
+        self.sync(&here, self.timeout)?;
         let Some(fl) = self.in_flight.take() else {
             return Err(invalid(format!("{here}: nothing launched")));
         };
