@@ -248,6 +248,14 @@ impl HostTransport {
             }
             let now = Instant::now();
             if now >= deadline {
+                // Withdraw, so that no rank can complete this round without us: a collective
+                // fails on every rank or on none.
+                if let Some(round) = st.rounds.get_mut(&seq) {
+                    round.parts.remove(&self.rank);
+                    if round.parts.is_empty() {
+                        st.rounds.remove(&seq);
+                    }
+                }
                 return Err(TransportError::Timeout {
                     what: format!("rank {}: collective #{seq}", self.rank),
                 });
