@@ -9,8 +9,8 @@
 //! # Algorithm (per layer)
 //!
 //! 1. **Samples.** The call's per-window loads ([`Input::samples`]; without them the summed
-//!    loads are one sample), each plus 1 (smoothing), are pushed into the layer's ring in the
-//!    caller's state buffer (the newest 64 when there are more). The ring's rows, oldest first,
+//!    loads are one sample), each plus 1 (smoothing), replace the layer's ring in the caller's
+//!    state buffer (the newest 64 when there are more). The ring's rows, oldest first,
 //!    are the samples `X [T][N]` (`T <= 64`).
 //! 2. **Score** of a placement: per sample, device load = `sum X[t][e] / copies(e)` over its
 //!    slots, `score_t = (max * R + 0.01) / (total + 0.01)`; the score is the mean over samples
@@ -59,10 +59,11 @@
 //!   and returns re-planned layers even when their gain is not positive. We score both on the
 //!   same samples and apply only layers whose gain is positive; any other layer keeps the
 //!   current placement exactly.
-//! - **Ring capacity.** The ring holds at most 64 samples per layer whatever the call's `T`
-//!   (upstream sizes it from the first call's `T`, §9 item 16); samples accumulate across
-//!   calls up to 64. With 64 windows per call this is upstream's behaviour (each call replaces
-//!   the ring); the window-summing ("multi-shot") step is then the identity and is omitted.
+//! - **Ring capacity.** Upstream sizes the ring from the first call's `T` (§9 item 16), so with
+//!   the constant `T = H` of the cycle every call replaces the whole ring. We keep exactly that:
+//!   each call's samples (the newest 64 when there are more) replace the ring, whatever `T`
+//!   (a different `T` on a later call does not break it). The window-summing ("multi-shot")
+//!   step is then the identity and is omitted.
 //! - **Current placement.** Upstream keeps its own copy of the deployment; we take the caller's
 //!   current placement every call (the state keeps only the ring and the per-layer history).
 //! - **Replica cap.** MMR never gives an expert more than `R` copies (upstream has no cap and
@@ -916,11 +917,9 @@ impl Policy for FlashLb {
             new.copy_from_slice(cur);
             let (h, ring) = blk.split_at_mut(LAYER_HEADER);
             let ring: &mut [f64] = bytemuck::cast_slice_mut(ring);
-            let (mut start, mut len) = (at(h, 2) as usize, at(h, 3) as usize);
-            if start >= SAMPLES || len > SAMPLES {
-                h.fill(0);
-                (start, len) = (0, 0);
-            }
+            // Each call's samples replace the ring, as upstream's ring (sized by the call's
+            // `T`, the same every cycle) is overwritten whole by every call.
+            let (mut start, mut len) = (0usize, 0usize);
             // 1. Push this call's samples (+1 smoothing).
             for t in first..t_in {
                 let src = match samples {

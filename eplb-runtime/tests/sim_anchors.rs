@@ -99,3 +99,28 @@ fn esft_r8x8_deepseek_global_row() {
         r.moves_per_change()
     );
 }
+
+#[test]
+fn esft_flashlb_rows_within_0_005() {
+    // dynamic-anchors.md: vllm-ascend FlashLB, esft_chain R8/X8 and R16/X16, from window 11.
+    let t = trace("data/series/esft_chain.json");
+    for (r, x, want, moves_per_change) in [(8, 8, 1.1945, 1165.0), (16, 16, 1.3489, 1393.0)] {
+        let res = simulate(
+            &t,
+            &cfg(r, x, SimPolicy::Policy(PolicyKind::FlashLb)),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert!(
+            (res.mean_par_from_first_activation - want).abs() < 0.005,
+            "R{r}: {}",
+            res.mean_par_from_first_activation
+        );
+        assert!(
+            (res.moves_per_change() - moves_per_change).abs() < 0.1 * moves_per_change,
+            "R{r}: {}",
+            res.moves_per_change()
+        );
+        assert_eq!(res.same_rank_duplicate_rows_max, 0);
+    }
+}
