@@ -384,7 +384,15 @@ fn shape_of(
         ranks_per_node
     };
     let groups = groups.max(1);
-    Shape::with_topology(layers, experts, ranks, slots_per_rank, ranks_per_node, groups).ok()
+    Shape::with_topology(
+        layers,
+        experts,
+        ranks,
+        slots_per_rank,
+        ranks_per_node,
+        groups,
+    )
+    .ok()
 }
 
 /// Scratch and state words for `policy` on a shape, or `None` when either is invalid.
@@ -580,17 +588,17 @@ fn load_fail(e: &Error, field: u32, experts: usize, other: Fail) -> Fail {
 fn rebalance_fail(e: &Error, experts: usize) -> Fail {
     let failed = fail(EPLB_AICPU_E_POLICY_FAILED, EPLB_AICPU_FIELD_NONE, 0);
     match *e {
-        Error::Scratch { needed, .. } => {
-            fail(EPLB_AICPU_E_SCRATCH, EPLB_AICPU_FIELD_SCRATCH, to_u64(needed))
-        }
+        Error::Scratch { needed, .. } => fail(
+            EPLB_AICPU_E_SCRATCH,
+            EPLB_AICPU_FIELD_SCRATCH,
+            to_u64(needed),
+        ),
         Error::State { needed, .. } => {
             fail(EPLB_AICPU_E_STATE, EPLB_AICPU_FIELD_STATE, to_u64(needed))
         }
-        Error::SamplesRequired { .. } => fail(
-            EPLB_AICPU_E_SAMPLES_REQUIRED,
-            EPLB_AICPU_FIELD_SAMPLES,
-            0,
-        ),
+        Error::SamplesRequired { .. } => {
+            fail(EPLB_AICPU_E_SAMPLES_REQUIRED, EPLB_AICPU_FIELD_SAMPLES, 0)
+        }
         Error::Topology { value, .. } => {
             fail(EPLB_AICPU_E_TOPOLOGY, EPLB_AICPU_FIELD_SHAPE, to_u64(value))
         }
@@ -648,8 +656,22 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
             bytes: size_of::<EplbAicpuArgs>(),
             written: true,
         },
-        check_buffer(EPLB_AICPU_FIELD_CURRENT, a.current, a.current_len, p, SHORT, false)?,
-        check_buffer(EPLB_AICPU_FIELD_LOADS, a.loads, a.loads_len, ln, SHORT, false)?,
+        check_buffer(
+            EPLB_AICPU_FIELD_CURRENT,
+            a.current,
+            a.current_len,
+            p,
+            SHORT,
+            false,
+        )?,
+        check_buffer(
+            EPLB_AICPU_FIELD_LOADS,
+            a.loads,
+            a.loads_len,
+            ln,
+            SHORT,
+            false,
+        )?,
         check_buffer(
             EPLB_AICPU_FIELD_SAMPLES,
             a.samples,
@@ -842,9 +864,13 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
             (f.status, r)
         }
     };
-    // SAFETY: `args` is aligned and writable (caller's contract); every slice made from its
-    // buffers has ended with `run`, and those buffers never overlap the struct (checked).
-    unsafe { ptr::addr_of_mut!((*args).result).write(result) };
+    let out = args
+        .wrapping_byte_add(offset_of!(EplbAicpuArgs, result))
+        .cast::<EplbAicpuResult>();
+    // SAFETY: `out` is the `result` field of the aligned, writable struct at `args` (caller's
+    // contract), hence aligned; every slice made from the buffers has ended with `run`, and no
+    // written buffer overlaps the struct (checked), so nothing else refers to these bytes.
+    unsafe { out.write(result) };
     status
 }
 

@@ -1,9 +1,9 @@
-//! The Rust-API side of the AICPU check (`cargo xtask aicpu`).
+//! `eplb-aicpu-reference`: the Rust-API side of the AICPU check (`cargo xtask aicpu`).
 //!
 //! `reference DIR CASE...` reads each `DIR/CASE.case` (written by xtask from a golden JSON) and,
 //! for every policy number 0..=5, runs the Rust API (`eplb_policies::rebalance`, not the C ABI)
 //! through the call protocol below and writes `DIR/CASE.pK.expected`. The C program
-//! `tests/c/test_aicpu.c` runs the same protocol through `eplb_aicpu_rebalance` and compares the
+//! `../tests/c/test_aicpu.c` runs the same protocol through `eplb_aicpu_rebalance` and compares the
 //! bytes.
 //!
 //! Protocol: call 1 from the case's current placement with a zeroed state buffer and the case's
@@ -104,7 +104,11 @@ fn read_case(path: &Path) -> Result<Case, String> {
     let loads = r.f64s(shape.loads_len())?;
     let samples = r.f64s(windows * shape.loads_len())?;
     if r.at != buf.len() {
-        return Err(format!("{}: {} trailing bytes", path.display(), buf.len() - r.at));
+        return Err(format!(
+            "{}: {} trailing bytes",
+            path.display(),
+            buf.len() - r.at
+        ));
     }
     Ok(Case {
         shape,
@@ -149,8 +153,13 @@ fn expected(case: &Case, number: u32) -> Result<Vec<u8>, String> {
         } else {
             Some(Samples::new(&shape, case.windows, &case.samples).map_err(|e| e.to_string())?)
         };
-        let input = Input::new(placement, &case.loads, samples, case.seed.wrapping_add(call))
-            .map_err(|e| e.to_string())?;
+        let input = Input::new(
+            placement,
+            &case.loads,
+            samples,
+            case.seed.wrapping_add(call),
+        )
+        .map_err(|e| e.to_string())?;
         let mut new = vec![0u16; shape.placement_len()];
         let mut changed = vec![false; l];
         let mut before = vec![0.0; l];

@@ -1,0 +1,627 @@
+/*
+ * test_aicpu.c - the C side of `cargo xtask aicpu`.
+ *
+ *   test_aicpu DIR CASE...
+ *
+ * For each DIR/CASE.case (written by xtask from a golden JSON) and each policy 0..5, runs the
+ * call protocol of examples/reference.rs through eplb_aicpu_rebalance and compares every output
+ * byte for byte with DIR/CASE.pK.expected (written by the Rust API). Every buffer sits between
+ * guard bytes that must be intact after each call. Then times call 1 (best of 5) per policy,
+ * prints the buffer sizes of the DeepSeek-V3 shapes, and checks that bad arguments give the
+ * documented status codes. Exit status 0 only when every check passed.
+ *
+ * SPDX-License-Identifier: MIT OR Apache-2.0
+ */
+#define _POSIX_C_SOURCE 199309L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "eplb_aicpu.h"
+
+#define NPOLICIES 6u
+#define CALLS 2u
+#define GUARD 64u
+#define GUARD_BYTE 0xA5u
+
+static const char *const POLICY_NAMES[NPOLICIES] = {
+    "random", "default", "swift", "flashlb", "incremental", "deepseek",
+};
+
+static unsigned failures;
+static unsigned checks;
+
+#define CHECK(cond, ...)                                                                         \
+    do {                                                                                         \
+        checks++;                                                                                \
+        if (!(cond)) {                                                                           \
+            failures++;                                                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                 \
+            fprintf(stderr, __VA_ARGS__);                                                        \
+            fputc('\n', stderr);                                                                 \
+        }                                                                                        \
+    } while (0)
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- guarded buffers: GUARD bytes of GUARD_BYTE on each side ---- */
+
+typedef struct {
+    unsigned char *base;
+    size_t bytes;
+} guarded;
+
+static guarded guarded_new(size_t bytes) {
+    guarded g;
+    g.bytes = bytes;
+    g.base = xmalloc(bytes + 2 * GUARD);
+    memset(g.base, GUARD_BYTE, GUARD);
+    memset(g.base + GUARD, 0, bytes);
+    memset(g.base + GUARD + bytes, GUARD_BYTE, GUARD);
+    return g;
+}
+
+static void *guarded_ptr(const guarded *g) { return g->base + GUARD; }
+
+static int guarded_intact(const guarded *g) {
+    for (size_t i = 0; i < GUARD; i++) {
+        if (g->base[i] != GUARD_BYTE || g->base[GUARD + g->bytes + i] != GUARD_BYTE) return 0;
+    }
+    return 1;
+}
+
+/* ---- the .case and .expected files ---- */
+
+typedef struct {
+    uint64_t layers, experts, ranks, slots, ranks_per_node, groups, seed, windows;
+    size_t p, ln;
+    uint16_t *current;
+    double *loads;
+    double *samples;
+} test_case;
+
+static unsigned char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s\n", path);
+        exit(2);
+    }
+    if (fseek(f, 0, SEEK_END) != 0) exit(2);
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) exit(2);
+    unsigned char *buf = xmalloc((size_t)n);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "error: cannot read %s\n", path);
+        exit(2);
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static size_t pad8(size_t n) { return (n + 7u) & ~(size_t)7u; }
+
+typedef struct {
+    const unsigned char *buf;
+    size_t len, at;
+    const char *path;
+} reader;
+
+static const unsigned char *take(reader *r, size_t n) {
+    if (r->len - r->at < n) {
+        fprintf(stderr, "error: %s truncated at byte %zu\n", r->path, r->at);
+        exit(2);
+    }
+    const unsigned char *p = r->buf + r->at;
+    r->at += n;
+    return p;
+}
+
+static uint64_t take_u64(reader *r) {
+    uint64_t v;
+    memcpy(&v, take(r, 8), 8); /* the files are little-endian, as are x86_64 and aarch64 */
+    return v;
+}
+
+static test_case load_case(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.case", dir, name);
+    size_t len;
+    unsigned char *buf = read_file(path, &len);
+    reader r = {buf, len, 0, path};
+    if (memcmp(take(&r, 8), "EPLBCAS1", 8) != 0) {
+        fprintf(stderr, "error: %s is not an EPLBCAS1 file\n", path);
+        exit(2);
+    }
+    test_case c;
+    c.layers = take_u64(&r);
+    c.experts = take_u64(&r);
+    c.ranks = take_u64(&r);
+    c.slots = take_u64(&r);
+    c.ranks_per_node = take_u64(&r);
+    c.groups = take_u64(&r);
+    c.seed = take_u64(&r);
+    c.windows = take_u64(&r);
+    c.p = (size_t)(c.layers * c.ranks * c.slots);
+    c.ln = (size_t)(c.layers * c.experts);
+    c.current = xmalloc(c.p * 2);
+    memcpy(c.current, take(&r, pad8(c.p * 2)), c.p * 2);
+    c.loads = xmalloc(c.ln * 8);
+    memcpy(c.loads, take(&r, c.ln * 8), c.ln * 8);
+    c.samples = xmalloc(c.windows * c.ln * 8);
+    memcpy(c.samples, take(&r, c.windows * c.ln * 8), c.windows * c.ln * 8);
+    if (r.at != len) {
+        fprintf(stderr, "error: %s has trailing bytes\n", path);
+        exit(2);
+    }
+    free(buf);
+    return c;
+}
+
+/* ---- one set of buffers for a (case, policy) ---- */
+
+typedef struct {
+    uint32_t policy;
+    uint64_t scratch_words, state_words;
+    guarded current, out, changed, before, after, scratch, state;
+} buffers;
+
+static uint64_t scratch_len_of(const test_case *c, uint32_t policy) {
+    return eplb_aicpu_scratch_len((uint16_t)c->layers, (uint16_t)c->experts, (uint16_t)c->ranks,
+                                  (uint16_t)c->slots, (uint16_t)c->ranks_per_node,
+                                  (uint16_t)c->groups, policy);
+}
+
+static uint64_t state_len_of(const test_case *c, uint32_t policy) {
+    return eplb_aicpu_state_len((uint16_t)c->layers, (uint16_t)c->experts, (uint16_t)c->ranks,
+                                (uint16_t)c->slots, (uint16_t)c->ranks_per_node,
+                                (uint16_t)c->groups, policy);
+}
+
+static buffers buffers_new(const test_case *c, uint32_t policy) {
+    buffers b;
+    b.policy = policy;
+    b.scratch_words = scratch_len_of(c, policy);
+    b.state_words = state_len_of(c, policy);
+    b.current = guarded_new(c->p * 2);
+    memcpy(guarded_ptr(&b.current), c->current, c->p * 2);
+    b.out = guarded_new(c->p * 2);
+    b.changed = guarded_new((size_t)c->layers);
+    b.before = guarded_new((size_t)c->layers * 8);
+    b.after = guarded_new((size_t)c->layers * 8);
+    b.scratch = guarded_new((size_t)b.scratch_words * 8);
+    b.state = guarded_new((size_t)b.state_words * 8);
+    return b;
+}
+
+static void buffers_free(buffers *b) {
+    guarded *all[] = {&b->current, &b->out, &b->changed, &b->before,
+                      &b->after,   &b->scratch, &b->state};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]->base);
+}
+
+static int buffers_intact(const buffers *b) {
+    const guarded *all[] = {&b->current, &b->out, &b->changed, &b->before,
+                            &b->after,   &b->scratch, &b->state};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!guarded_intact(all[i])) return 0;
+    return 1;
+}
+
+/* Arguments for one call on `b`, every length exactly what the shape needs. */
+static eplb_aicpu_args args_for(const test_case *c, buffers *b, uint64_t seed) {
+    eplb_aicpu_args a;
+    memset(&a, 0, sizeof a);
+    a.version = EPLB_AICPU_ABI_VERSION;
+    a.struct_size = (uint32_t)sizeof a;
+    a.layers = (uint16_t)c->layers;
+    a.experts = (uint16_t)c->experts;
+    a.ranks = (uint16_t)c->ranks;
+    a.slots_per_rank = (uint16_t)c->slots;
+    a.ranks_per_node = (uint16_t)c->ranks_per_node;
+    a.groups = (uint16_t)c->groups;
+    a.policy = b->policy;
+    a.seed = seed;
+    a.windows = c->windows;
+    a.current = guarded_ptr(&b->current);
+    a.current_len = c->p;
+    a.loads = c->loads;
+    a.loads_len = c->ln;
+    a.samples = c->windows ? c->samples : NULL;
+    a.samples_len = c->windows * c->ln;
+    a.out_placement = guarded_ptr(&b->out);
+    a.out_placement_len = c->p;
+    a.out_changed = guarded_ptr(&b->changed);
+    a.out_changed_len = c->layers;
+    a.out_par_before = guarded_ptr(&b->before);
+    a.out_par_before_len = c->layers;
+    a.out_par_after = guarded_ptr(&b->after);
+    a.out_par_after_len = c->layers;
+    a.scratch = guarded_ptr(&b->scratch);
+    a.scratch_len = b->scratch_words;
+    a.state = b->state_words ? guarded_ptr(&b->state) : NULL;
+    a.state_len = b->state_words;
+    return a;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Runs the protocol for one (case, policy) and compares with the Rust API's bytes. */
+static void golden_policy(const char *dir, const char *name, const test_case *c, uint32_t policy) {
+    const char *pname = POLICY_NAMES[policy];
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.p%u.expected", dir, name, policy);
+    size_t len;
+    unsigned char *exp = read_file(path, &len);
+    reader r = {exp, len, 0, path};
+    if (memcmp(take(&r, 8), "EPLBEXP1", 8) != 0) {
+        fprintf(stderr, "error: %s is not an EPLBEXP1 file\n", path);
+        exit(2);
+    }
+    uint64_t calls = take_u64(&r), state_words = take_u64(&r);
+    buffers b = buffers_new(c, policy);
+    CHECK(calls == CALLS, "%s: %llu calls", path, (unsigned long long)calls);
+    CHECK(b.scratch_words > 0, "%s %s: scratch_len is 0", name, pname);
+    CHECK(state_words == b.state_words, "%s %s: state_len %llu, Rust %llu", name, pname,
+          (unsigned long long)b.state_words, (unsigned long long)state_words);
+    size_t l = (size_t)c->layers;
+    unsigned identical = 0;
+    for (uint64_t call = 0; call < CALLS && state_words == b.state_words; call++) {
+        eplb_aicpu_args a = args_for(c, &b, c->seed + call);
+        uint32_t st = eplb_aicpu_rebalance(&a);
+        CHECK(st == EPLB_AICPU_OK, "%s %s call %llu: status %u (field %u, detail %llu)", name,
+              pname, (unsigned long long)call + 1, st, a.result.field,
+              (unsigned long long)a.result.detail);
+        CHECK(buffers_intact(&b), "%s %s call %llu: a guard byte changed", name, pname,
+              (unsigned long long)call + 1);
+        unsigned ok = 1;
+        ok &= memcmp(guarded_ptr(&b.out), take(&r, pad8(c->p * 2)), c->p * 2) == 0;
+        ok &= memcmp(guarded_ptr(&b.changed), take(&r, pad8(l)), l) == 0;
+        ok &= memcmp(guarded_ptr(&b.before), take(&r, l * 8), l * 8) == 0;
+        ok &= memcmp(guarded_ptr(&b.after), take(&r, l * 8), l * 8) == 0;
+        ok &= memcmp(guarded_ptr(&b.state), take(&r, state_words * 8), state_words * 8) == 0;
+        uint64_t counts[3] = {a.result.changed_layers, a.result.colocated_rows, a.result.moves};
+        ok &= memcmp(counts, take(&r, 24), 24) == 0;
+        double hot[4] = {a.result.par_mean_before, a.result.par_max_before,
+                         a.result.par_mean_after, a.result.par_max_after};
+        ok &= memcmp(hot, take(&r, 32), 32) == 0;
+        CHECK(ok, "%s %s call %llu: output differs from the Rust API", name, pname,
+              (unsigned long long)call + 1);
+        identical += ok;
+        if (call == 0)
+            printf("  %-18s %-12s changed %2u/%zu layers, moves %6llu, PAR mean %.4f -> %.4f\n",
+                   name, pname, a.result.changed_layers, l, (unsigned long long)a.result.moves,
+                   a.result.par_mean_before, a.result.par_mean_after);
+        /* Call 2 starts from call 1's placement, with call 1's state. */
+        memcpy(guarded_ptr(&b.current), guarded_ptr(&b.out), c->p * 2);
+    }
+    CHECK(identical == CALLS, "%s %s: %u of %u calls identical", name, pname, identical, CALLS);
+    CHECK(r.at == len, "%s: trailing bytes", path);
+    free(exp);
+    buffers_free(&b);
+}
+
+/* Best of 5 of call 1 (fresh state each time, reset outside the timed region). */
+static double time_policy(const test_case *c, uint32_t policy) {
+    buffers b = buffers_new(c, policy);
+    double best = INFINITY;
+    for (int rep = 0; rep < 5; rep++) {
+        memset(guarded_ptr(&b.state), 0, (size_t)b.state_words * 8);
+        eplb_aicpu_args a = args_for(c, &b, c->seed);
+        double t0 = now_ms();
+        uint32_t st = eplb_aicpu_rebalance(&a);
+        double t = now_ms() - t0;
+        CHECK(st == EPLB_AICPU_OK, "timing %s: status %u", POLICY_NAMES[policy], st);
+        if (t < best) best = t;
+    }
+    buffers_free(&b);
+    return best;
+}
+
+/* ---- bad arguments ---- */
+
+/* Expects `status`, and when `field` is not ~0u, that result.field == field. */
+static void expect(const char *what, eplb_aicpu_args *a, uint32_t status, uint32_t field) {
+    uint32_t st = eplb_aicpu_rebalance(a);
+    CHECK(st == status, "bad args [%s]: status %u, expected %u", what, st, status);
+    if (field != ~0u)
+        CHECK(a->result.field == field, "bad args [%s]: field %u, expected %u", what,
+              a->result.field, field);
+    printf("  %-52s -> status %2u field %2u detail %llu\n", what, st, a->result.field,
+           (unsigned long long)a->result.detail);
+}
+
+static void bad_arguments(const test_case *c) {
+    printf("bad arguments (on %llu x %llu x %llu x %llu):\n", (unsigned long long)c->layers,
+           (unsigned long long)c->experts, (unsigned long long)c->ranks,
+           (unsigned long long)c->slots);
+    buffers d = buffers_new(c, EPLB_AICPU_POLICY_DEFAULT);
+    buffers f = buffers_new(c, EPLB_AICPU_POLICY_FLASHLB);
+    eplb_aicpu_args a;
+    size_t l = (size_t)c->layers;
+
+    /* 1. null args */
+    CHECK(eplb_aicpu_rebalance(NULL) == EPLB_AICPU_E_NULL_ARGS, "null args");
+    printf("  %-52s -> status %2u\n", "null args", EPLB_AICPU_E_NULL_ARGS);
+
+    /* 2. version and struct size: nothing written */
+    a = args_for(c, &d, 1);
+    a.version = 2;
+    a.result.detail = 12345;
+    expect("version 2", &a, EPLB_AICPU_E_VERSION, ~0u);
+    CHECK(a.result.detail == 12345, "version mismatch wrote the result");
+    a = args_for(c, &d, 1);
+    a.struct_size = (uint32_t)sizeof a - 8;
+    expect("struct_size - 8", &a, EPLB_AICPU_E_VERSION, ~0u);
+
+    /* 3. misaligned args */
+    {
+        unsigned char *raw = xmalloc(sizeof a + 16);
+        a = args_for(c, &d, 1);
+        memcpy(raw + 4, &a, sizeof a);
+        CHECK(eplb_aicpu_rebalance(raw + 4) == EPLB_AICPU_E_MISALIGNED, "misaligned args");
+        printf("  %-52s -> status %2u\n", "args at an address = 4 mod 8", EPLB_AICPU_E_MISALIGNED);
+        free(raw);
+    }
+
+    /* 4. null pointer fields */
+#define NULLED(field, id)                                                                        \
+    do {                                                                                         \
+        a = args_for(c, &d, 1);                                                                  \
+        a.field = NULL;                                                                          \
+        expect("null " #field, &a, EPLB_AICPU_E_NULL_POINTER, id);                               \
+    } while (0)
+    NULLED(current, EPLB_AICPU_FIELD_CURRENT);
+    NULLED(loads, EPLB_AICPU_FIELD_LOADS);
+    NULLED(out_placement, EPLB_AICPU_FIELD_OUT_PLACEMENT);
+    NULLED(out_changed, EPLB_AICPU_FIELD_OUT_CHANGED);
+    NULLED(out_par_before, EPLB_AICPU_FIELD_OUT_PAR_BEFORE);
+    NULLED(out_par_after, EPLB_AICPU_FIELD_OUT_PAR_AFTER);
+    NULLED(scratch, EPLB_AICPU_FIELD_SCRATCH);
+    a = args_for(c, &f, 1);
+    a.state = NULL;
+    expect("null state (flashlb keeps state)", &a, EPLB_AICPU_E_NULL_POINTER,
+           EPLB_AICPU_FIELD_STATE);
+    a = args_for(c, &d, 1);
+    a.windows = 1;
+    a.samples = NULL;
+    a.samples_len = c->ln;
+    expect("null samples with windows = 1", &a, EPLB_AICPU_E_NULL_POINTER,
+           EPLB_AICPU_FIELD_SAMPLES);
+
+    /* 5. misaligned buffers */
+    a = args_for(c, &d, 1);
+    a.loads = (const double *)((const unsigned char *)c->loads + 4);
+    expect("loads at an address = 4 mod 8", &a, EPLB_AICPU_E_MISALIGNED, EPLB_AICPU_FIELD_LOADS);
+    a = args_for(c, &d, 1);
+    a.current = (const uint16_t *)((const unsigned char *)guarded_ptr(&d.current) + 1);
+    expect("current at an odd address", &a, EPLB_AICPU_E_MISALIGNED, EPLB_AICPU_FIELD_CURRENT);
+    a = args_for(c, &d, 1);
+    a.scratch = (uint64_t *)((unsigned char *)guarded_ptr(&d.scratch) + 4);
+    a.scratch_len = d.scratch_words - 1;
+    expect("scratch at an address = 4 mod 8", &a, EPLB_AICPU_E_MISALIGNED,
+           EPLB_AICPU_FIELD_SCRATCH);
+    a = args_for(c, &d, 1);
+    a.out_par_after = (double *)((unsigned char *)guarded_ptr(&d.after) + 2);
+    a.out_par_after_len = l - 1;
+    expect("out_par_after at an address = 2 mod 8", &a, EPLB_AICPU_E_MISALIGNED,
+           EPLB_AICPU_FIELD_OUT_PAR_AFTER);
+
+    /* 6. too-short buffers */
+#define SHORT(field, id, needed)                                                                 \
+    do {                                                                                         \
+        a = args_for(c, &d, 1);                                                                  \
+        a.field##_len = (needed) - 1;                                                            \
+        expect(#field "_len one short", &a, EPLB_AICPU_E_TOO_SHORT, id);                         \
+        CHECK(a.result.detail == (needed), #field ": detail %llu",                               \
+              (unsigned long long)a.result.detail);                                              \
+    } while (0)
+    SHORT(current, EPLB_AICPU_FIELD_CURRENT, c->p);
+    SHORT(loads, EPLB_AICPU_FIELD_LOADS, c->ln);
+    SHORT(out_placement, EPLB_AICPU_FIELD_OUT_PLACEMENT, c->p);
+    SHORT(out_changed, EPLB_AICPU_FIELD_OUT_CHANGED, l);
+    SHORT(out_par_before, EPLB_AICPU_FIELD_OUT_PAR_BEFORE, l);
+    SHORT(out_par_after, EPLB_AICPU_FIELD_OUT_PAR_AFTER, l);
+    a = args_for(c, &d, 1);
+    a.windows = 2;
+    a.samples = c->loads;
+    a.samples_len = c->ln;
+    expect("samples_len < windows * L * N", &a, EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_SAMPLES);
+    a = args_for(c, &d, 1);
+    a.windows = UINT64_MAX;
+    a.samples = c->loads;
+    a.samples_len = c->ln;
+    expect("windows = 2^64 - 1 (overflows)", &a, EPLB_AICPU_E_TOO_SHORT,
+           EPLB_AICPU_FIELD_SAMPLES);
+
+    /* 7. scratch and state too small; longer buffers than needed are fine */
+    a = args_for(c, &d, 1);
+    a.scratch_len = d.scratch_words - 1;
+    expect("scratch one word short", &a, EPLB_AICPU_E_SCRATCH, EPLB_AICPU_FIELD_SCRATCH);
+    CHECK(a.result.detail == d.scratch_words, "scratch detail");
+    a = args_for(c, &f, 1);
+    a.state_len = f.state_words - 1;
+    expect("state one word short (flashlb)", &a, EPLB_AICPU_E_STATE, EPLB_AICPU_FIELD_STATE);
+    CHECK(a.result.detail == f.state_words, "state detail");
+    {
+        buffers i = buffers_new(c, EPLB_AICPU_POLICY_INCREMENTAL);
+        a = args_for(c, &i, 1);
+        a.state_len = 0;
+        expect("state_len 0 (incremental)", &a,
+               i.state_words ? EPLB_AICPU_E_STATE : EPLB_AICPU_OK, ~0u);
+        buffers_free(&i);
+    }
+
+    /* 8. invalid shapes */
+#define SHAPE(what, stmt)                                                                        \
+    do {                                                                                         \
+        a = args_for(c, &d, 1);                                                                  \
+        stmt;                                                                                    \
+        expect("shape: " what, &a, EPLB_AICPU_E_SHAPE, EPLB_AICPU_FIELD_SHAPE);                  \
+    } while (0)
+    SHAPE("layers = 0", a.layers = 0);
+    SHAPE("slots per rank > experts", a.slots_per_rank = (uint16_t)(a.experts + 1));
+    SHAPE("ranks * slots < experts", a.experts = (uint16_t)(a.ranks * a.slots_per_rank + 1));
+    SHAPE("ranks_per_node does not divide ranks", a.ranks_per_node = (uint16_t)(a.ranks + 1));
+    SHAPE("groups > experts", a.groups = (uint16_t)(a.experts + 1));
+
+    /* 9. unknown policy */
+    a = args_for(c, &d, 1);
+    a.policy = 6;
+    expect("policy 6", &a, EPLB_AICPU_E_POLICY, EPLB_AICPU_FIELD_POLICY);
+    CHECK(a.result.detail == 6, "policy detail");
+    a = args_for(c, &d, 1);
+    a.policy = UINT32_MAX;
+    expect("policy 2^32 - 1", &a, EPLB_AICPU_E_POLICY, EPLB_AICPU_FIELD_POLICY);
+
+    /* 10. bad loads and samples */
+    {
+        double *bad = xmalloc(c->ln * 8);
+        const double values[3] = {NAN, -1.0, INFINITY};
+        const char *names[3] = {"NaN load at [3][7]", "negative load at [3][7]",
+                                "infinite load at [3][7]"};
+        size_t at = 3 * (size_t)c->experts + 7;
+        for (int k = 0; k < 3; k++) {
+            memcpy(bad, c->loads, c->ln * 8);
+            bad[at] = values[k];
+            a = args_for(c, &d, 1);
+            a.loads = bad;
+            expect(names[k], &a, EPLB_AICPU_E_LOAD, EPLB_AICPU_FIELD_LOADS);
+            CHECK(a.result.detail == at, "load detail %llu", (unsigned long long)a.result.detail);
+        }
+        memcpy(bad, c->loads, c->ln * 8);
+        bad[at] = NAN;
+        a = args_for(c, &f, 1);
+        a.windows = 1;
+        a.samples = bad;
+        a.samples_len = c->ln;
+        expect("NaN sample at [0][3][7]", &a, EPLB_AICPU_E_LOAD, EPLB_AICPU_FIELD_SAMPLES);
+        free(bad);
+    }
+
+    /* 11. invalid current placement */
+    {
+        uint16_t *cur = guarded_ptr(&d.current);
+        uint16_t keep = cur[2 * (c->p / l) + 5];
+        cur[2 * (c->p / l) + 5] = (uint16_t)c->experts;
+        a = args_for(c, &d, 1);
+        expect("current: expert id N in layer 2", &a, EPLB_AICPU_E_PLACEMENT,
+               EPLB_AICPU_FIELD_CURRENT);
+        CHECK(a.result.detail == 2, "placement detail %llu", (unsigned long long)a.result.detail);
+        cur[2 * (c->p / l) + 5] = keep;
+    }
+
+    /* 12. overlapping buffers */
+    a = args_for(c, &d, 1);
+    a.out_par_after = a.out_par_before;
+    expect("out_par_after = out_par_before", &a, EPLB_AICPU_E_OVERLAP, ~0u);
+    a = args_for(c, &d, 1);
+    a.out_placement = (uint16_t *)a.scratch;
+    expect("out_placement inside scratch", &a, EPLB_AICPU_E_OVERLAP, ~0u);
+    a = args_for(c, &d, 1);
+    a.out_par_before = (double *)a.loads;
+    expect("out_par_before inside loads", &a, EPLB_AICPU_E_OVERLAP, ~0u);
+    a = args_for(c, &d, 1);
+    a.out_changed = (uint8_t *)&a + 200;
+    a.out_changed_len = l;
+    expect("out_changed inside the args struct", &a, EPLB_AICPU_E_OVERLAP, ~0u);
+    a = args_for(c, &d, 1);
+    a.samples = c->loads; /* inputs may share memory */
+    a.windows = 1;
+    a.samples_len = c->ln;
+    expect("samples = loads (read-only overlap is fine)", &a, EPLB_AICPU_OK, ~0u);
+
+    /* 13. a topology the policy cannot use: deepseek hierarchical with N % groups != 0 */
+    {
+        test_case t;
+        memset(&t, 0, sizeof t);
+        t.layers = 1;
+        t.experts = 10;
+        t.ranks = 4;
+        t.slots = 3;
+        t.ranks_per_node = 2;
+        t.groups = 4;
+        t.p = 12;
+        t.ln = 10;
+        uint16_t cur[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1};
+        double loads[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+        t.current = cur;
+        t.loads = loads;
+        buffers s = buffers_new(&t, EPLB_AICPU_POLICY_DEEPSEEK);
+        a = args_for(&t, &s, 1);
+        expect("deepseek, 2 nodes, 4 groups, N = 10", &a, EPLB_AICPU_E_TOPOLOGY,
+               EPLB_AICPU_FIELD_SHAPE);
+        buffers_free(&s);
+    }
+
+    /* 14. sizing functions on invalid input */
+    CHECK(eplb_aicpu_scratch_len(0, 256, 32, 9, 8, 8, 1) == 0, "scratch_len of L = 0");
+    CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 8, 8, 6) == 0, "scratch_len of policy 6");
+    CHECK(eplb_aicpu_state_len(58, 256, 32, 9, 7, 8, 3) == 0, "state_len of 32 % 7 != 0");
+    CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 0, 0, 1) > 0, "0 = default topology");
+    printf("  %-52s -> 0\n", "sizing functions on invalid shape or policy");
+
+    CHECK(buffers_intact(&d) && buffers_intact(&f), "bad arguments: a guard byte changed");
+    buffers_free(&d);
+    buffers_free(&f);
+}
+
+static void memory_table(void) {
+    /* DeepSeek-V3: 58 MoE layers x 256 experts, 8 groups; EP32 (9 slots, 4 nodes, 288 slots)
+     * and EP64 (5 slots, 8 nodes, 320 slots). */
+    const uint16_t shapes[2][4] = {{32, 9, 8, 8}, {64, 5, 8, 8}};
+    for (int s = 0; s < 2; s++) {
+        uint16_t r = shapes[s][0], sl = shapes[s][1], rpn = shapes[s][2], g = shapes[s][3];
+        printf("memory, 58 layers x 256 experts x %u ranks x %u slots (%u slots/layer):\n", r, sl,
+               r * sl);
+        for (uint32_t p = 0; p < NPOLICIES; p++) {
+            uint64_t sc = eplb_aicpu_scratch_len(58, 256, r, sl, rpn, g, p);
+            uint64_t st = eplb_aicpu_state_len(58, 256, r, sl, rpn, g, p);
+            printf("  %-12s scratch %8llu B  state %8llu B  total %8llu B (%.1f KiB)\n",
+                   POLICY_NAMES[p], (unsigned long long)sc * 8, (unsigned long long)st * 8,
+                   (unsigned long long)(sc + st) * 8, (double)(sc + st) * 8.0 / 1024.0);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_aicpu DIR CASE...\n");
+        return 2;
+    }
+    CHECK(eplb_aicpu_abi_version() == EPLB_AICPU_ABI_VERSION, "library ABI version %u",
+          eplb_aicpu_abi_version());
+    const char *dir = argv[1];
+    int ncases = argc - 2;
+    test_case *cases = xmalloc(sizeof(test_case) * (size_t)ncases);
+    printf("golden cases, C ABI vs Rust API (2 calls each, byte for byte):\n");
+    for (int i = 0; i < ncases; i++) {
+        cases[i] = load_case(dir, argv[2 + i]);
+        for (uint32_t p = 0; p < NPOLICIES; p++) golden_policy(dir, argv[2 + i], &cases[i], p);
+    }
+    printf("time of eplb_aicpu_rebalance, call 1, best of 5:\n");
+    for (int i = 0; i < ncases; i++) {
+        printf("  %-22s", argv[2 + i]);
+        for (uint32_t p = 0; p < NPOLICIES; p++)
+            printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p),
+                   p + 1 < NPOLICIES ? "," : "\n");
+    }
+    memory_table();
+    bad_arguments(&cases[0]);
+    printf("%u checks, %u failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
