@@ -113,9 +113,56 @@ fn deepseek_default_random(c: &mut Criterion) {
 
 // ---- end of deepseek, default, random ------------------------------------------------------
 
+// ---- incremental ----------------------------------------------------------------------------
+
+/// The incremental policy from the start-up layout (a full re-placement: its worst case, fresh
+/// state every call) and in steady state (from its own plan, same heat).
+fn incremental(c: &mut Criterion) {
+    use eplb_policies::incremental::Incremental;
+    for case in dsv3_cases() {
+        let shape = case.shape;
+        let mut policy = Incremental::new();
+        let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+        let mut state = vec![0u64; policy.state_len(&shape)];
+        let mut out = vec![0u16; shape.placement_len()];
+        let input = Input::new(
+            Placement::new(shape, &case.current).unwrap(),
+            &case.loads,
+            None,
+            0,
+        )
+        .unwrap();
+        c.bench_function(&format!("incremental_first/{}", case.name), |b| {
+            b.iter(|| {
+                state.fill(0);
+                policy
+                    .place(black_box(&input), &mut scratch, &mut state, &mut out)
+                    .unwrap();
+                black_box(&out);
+            })
+        });
+        let planned = out.clone();
+        let input = Input::new(
+            Placement::new(shape, &planned).unwrap(),
+            &case.loads,
+            None,
+            0,
+        )
+        .unwrap();
+        c.bench_function(&format!("incremental_steady/{}", case.name), |b| {
+            b.iter(|| {
+                policy
+                    .place(black_box(&input), &mut scratch, &mut state, &mut out)
+                    .unwrap();
+                black_box(&out);
+            })
+        });
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
-    targets = deepseek_default_random
+    targets = deepseek_default_random, incremental
 }
 criterion_main!(benches);

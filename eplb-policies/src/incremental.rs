@@ -701,14 +701,25 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                             score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
                         }
                     }
-                    // Swap a and b (2 fetches); with single copies the loads are exact.
+                    // Swap a and b (2 fetches).
                     if !holds(w.mask, mw, b, hp) && fetched + 2 <= budget {
-                        let quick = if ca == 1 && cb == 1 {
-                            (lp_mu - wa + wb).max(lq + wa - wb)
+                        let bar = lp - 2.0 * need;
+                        if ca == 1 && cb == 1 {
+                            // Single copies: only p and q change, by whole experts.
+                            let (mp, mq) = (lp_mu - wa + wb, lq + wa - wb);
+                            if mp.max(mq) < bar {
+                                let vp = value(mp, w.var_with(hp, a, -1.0, b, 1.0), p.z);
+                                let vq = if vp < bar {
+                                    value(mq, w.var_with(q, a, 1.0, b, -1.0), p.z)
+                                } else {
+                                    f64::MAX
+                                };
+                                let worst = vp.max(vq);
+                                if worst < bar {
+                                    best = Some(((lp - worst) / 2.0, i, q, j, 2, true));
+                                }
+                            }
                         } else {
-                            f64::MIN
-                        };
-                        if quick < lp - 2.0 * need {
                             let nt = w.record(mw, r, a, b, hp, q, true);
                             score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
                         }

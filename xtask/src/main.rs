@@ -7,8 +7,10 @@
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
 //! - `cargo xtask fuzz`: runs each decoder's fuzz target (cargo-fuzz, nightly).
 //! - `cargo xtask bench`: runs the criterion benchmarks.
+//! - `cargo xtask aicpu`: the AICPU C-ABI staticlib: C test on the golden cases, aarch64 builds.
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
 
+mod aicpu;
 mod demo;
 mod fuzz;
 
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         "cross" => cross(true),
         "demo" => demo::demo(rest),
         "fuzz" => fuzz::run(rest),
+        "aicpu" => aicpu::run(rest),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -58,7 +61,8 @@ tasks:
   test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
   fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)
-  bench   run the criterion benchmarks (extra args go to `cargo bench`)";
+  bench   run the criterion benchmarks (extra args go to `cargo bench`)
+  aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds";
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -116,6 +120,7 @@ fn test(args: &[String]) -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     no_std_proof(None)?;
+    aicpu::host_check()?;
     cross(false)
 }
 

@@ -303,7 +303,7 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
               (unsigned long long)call + 1);
         identical += ok;
         if (call == 0)
-            printf("  %-18s %-12s changed %2u/%zu layers, moves %6llu, PAR mean %.4f -> %.4f\n",
+            printf("  %-26s %-12s changed %2u/%zu layers, moves %6llu, PAR mean %.4f -> %.4f\n",
                    name, pname, a.result.changed_layers, l, (unsigned long long)a.result.moves,
                    a.result.par_mean_before, a.result.par_mean_after);
         /* Call 2 starts from call 1's placement, with call 1's state. */
@@ -466,6 +466,17 @@ static void bad_arguments(const test_case *c) {
         buffers_free(&i);
     }
 
+    /* Lengths beyond what the shape needs are fine, and only the needed elements are written
+     * (the extra elements lie in the guard bytes, checked below). */
+    a = args_for(c, &d, 1);
+    a.out_placement_len += 8;
+    a.out_changed_len += 8;
+    a.out_par_before_len += 2;
+    a.out_par_after_len += 2;
+    a.scratch_len += 2;
+    a.current_len += 8;
+    expect("every length longer than needed", &a, EPLB_AICPU_OK, ~0u);
+
     /* 8. invalid shapes */
 #define SHAPE(what, stmt)                                                                        \
     do {                                                                                         \
@@ -571,7 +582,7 @@ static void bad_arguments(const test_case *c) {
     /* 14. sizing functions on invalid input */
     CHECK(eplb_aicpu_scratch_len(0, 256, 32, 9, 8, 8, 1) == 0, "scratch_len of L = 0");
     CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 8, 8, 6) == 0, "scratch_len of policy 6");
-    CHECK(eplb_aicpu_state_len(58, 256, 32, 9, 7, 8, 3) == 0, "state_len of 32 % 7 != 0");
+    CHECK(eplb_aicpu_state_len(58, 256, 32, 9, 7, 8, 3) == 0, "state_len of 32 %% 7 != 0");
     CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 0, 0, 1) > 0, "0 = default topology");
     printf("  %-52s -> 0\n", "sizing functions on invalid shape or policy");
 
