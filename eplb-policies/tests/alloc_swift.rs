@@ -1,105 +1,11 @@
-//! `SwiftBalance::place` inside `rebalance` allocates nothing (counting global allocator; one policy per
-//! file, since the allocator is process-wide). Only the measuring thread's allocations count.
+//! `SwiftBalance::place` inside `rebalance` allocates nothing (one policy per test crate: the
+//! counting allocator is process-wide).
 
-use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
 
-use eplb_core::{Layout, Placement, Shape};
 use eplb_policies::swift::SwiftBalance;
-use eplb_policies::{Input, Output, Policy, Samples, rebalance, scratch_len};
-
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static MEASURING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count() {
-    if MEASURING.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 #[test]
 fn rebalance_does_not_allocate() {
-    for (shape, windows) in [
-        (Shape::with_topology(58, 256, 32, 9, 8, 8).unwrap(), 0),
-        (Shape::with_topology(58, 256, 64, 5, 8, 8).unwrap(), 0),
-        (Shape::new(4, 64, 8, 9).unwrap(), 5),
-    ] {
-        let mut policy = SwiftBalance::new();
-        let mut current = vec![0u16; shape.placement_len()];
-        Layout::Default.fill(&shape, &mut current).unwrap();
-        let loads: Vec<f64> = (0..shape.loads_len())
-            .map(|i| ((i * 7919) % 1009) as f64 + 0.5)
-            .collect();
-        let w: Vec<f64> = (0..windows * shape.loads_len())
-            .map(|i| ((i * 104_729) % 211) as f64)
-            .collect();
-        let samples = (windows > 0).then(|| Samples::new(&shape, windows, &w).unwrap());
-        let input = Input::new(
-            Placement::new(shape, &current).unwrap(),
-            &loads,
-            samples,
-            42,
-        )
-        .unwrap();
-        let mut scratch = vec![0u64; scratch_len(&policy, &shape)];
-        let mut state = vec![0u64; policy.state_len(&shape)];
-        let l = shape.layers();
-        let mut out = vec![0u16; shape.placement_len()];
-        let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-
-        for _ in 0..2 {
-            let before = ALLOCS.load(Ordering::SeqCst);
-            MEASURING.set(true);
-            let summary = rebalance(
-                &mut policy,
-                &input,
-                &mut scratch,
-                &mut state,
-                Output {
-                    placement: &mut out,
-                    changed: &mut ch,
-                    par_before: &mut pb,
-                    par_after: &mut pa,
-                },
-            );
-            MEASURING.set(false);
-            let after = ALLOCS.load(Ordering::SeqCst);
-            assert!(summary.is_ok(), "{summary:?}");
-            assert!(summary.unwrap().changed_layers > 0);
-            assert_eq!(after - before, 0, "rebalance allocated");
-        }
-    }
-    // The counter does count this thread's allocations.
-    let before = ALLOCS.load(Ordering::SeqCst);
-    MEASURING.set(true);
-    let v = std::hint::black_box(vec![1u8; 16]);
-    MEASURING.set(false);
-    drop(v);
-    assert!(ALLOCS.load(Ordering::SeqCst) > before);
+    common::assert_rebalance_allocation_free(SwiftBalance::new, 0, true);
 }
