@@ -9,69 +9,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::hint::black_box;
-use std::path::PathBuf;
 
+mod common;
+
+use common::{Case, dsv3_cases};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use eplb_core::{Placement, Shape};
+use eplb_core::Placement;
 use eplb_policies::flashlb::FlashLb;
 use eplb_policies::swift::SwiftBalance;
 use eplb_policies::{Input, Policy, Samples};
-use serde_json::Value;
-
-struct Case {
-    name: &'static str,
-    shape: Shape,
-    current: Vec<u16>,
-    loads: Vec<f64>,
-}
-
-fn flat(v: &Value, out: &mut Vec<f64>) {
-    match v {
-        Value::Array(a) => a.iter().for_each(|x| flat(x, out)),
-        x => out.push(x.as_f64().expect("number")),
-    }
-}
-
-fn golden(name: &'static str) -> Case {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/golden")
-        .join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let raw: Value = serde_json::from_str(&text).unwrap();
-    let sh = &raw["shape"];
-    let get = |k: &str| sh[k].as_u64().unwrap() as u16;
-    let (r, nodes) = (get("num_ranks"), get("num_nodes"));
-    let shape = Shape::with_topology(
-        get("num_layers"),
-        get("num_experts"),
-        r,
-        get("slots_per_rank"),
-        r / nodes,
-        get("num_groups"),
-    )
-    .unwrap();
-    let (mut current, mut loads) = (Vec::new(), Vec::new());
-    flat(&raw["input"]["current_placement"], &mut current);
-    flat(&raw["input"]["loads"], &mut loads);
-    Case {
-        name,
-        shape,
-        current: current.into_iter().map(|x| x as u16).collect(),
-        loads,
-    }
-}
-
-fn cases() -> Vec<Case> {
-    [
-        "dsv3_prefill_ep32",
-        "dsv3_decode_ep32",
-        "dsv3_prefill_ep64",
-        "dsv3_decode_ep64",
-    ]
-    .into_iter()
-    .map(golden)
-    .collect()
-}
 
 /// `t` windows `[T][L][N]`: window `k` is `loads / t * (1 + 0.2 * sin(k * 1.7 + i * 0.37))`.
 fn windows(loads: &[f64], t: usize) -> Vec<f64> {
@@ -109,7 +55,7 @@ fn bench<P: Policy>(c: &mut Criterion, label: &str, mut policy: P, case: &Case, 
 }
 
 fn swift_flashlb(c: &mut Criterion) {
-    for case in cases() {
+    for case in dsv3_cases() {
         bench(c, "swift", SwiftBalance::new(), &case, 0);
         bench(c, "flashlb", FlashLb::new(), &case, 0);
         bench(c, "flashlb_10w", FlashLb::new(), &case, 10);
