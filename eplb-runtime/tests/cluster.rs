@@ -158,16 +158,7 @@ fn assert_agree(out: &[Outcome]) {
 
 #[test]
 fn every_policy_moves_weights_byte_exact() {
-    for kind in [
-        PolicyKind::Random,
-        PolicyKind::Default,
-        PolicyKind::Swift,
-        PolicyKind::DeepSeek,
-        PolicyKind::FlashLb,
-    ] {
-        let Ok(_) = policy_for(kind) else {
-            panic!("policy {kind} is not available");
-        };
+    for kind in PolicyKind::ALL {
         let out = run(
             &|| policy_for(kind).unwrap(),
             RunMode::Dynamic,
