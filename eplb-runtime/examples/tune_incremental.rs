@@ -23,7 +23,12 @@ fn main() {
         counts: heat.counts_u64().expect("integer counts"),
     };
     let mut p = Params::default();
+    let mut other: Option<PolicyKind> = None;
     for kv in &args[3..] {
+        if let Some(name) = kv.strip_prefix("policy=") {
+            other = Some(name.parse().expect("policy"));
+            continue;
+        }
         let (k, v) = kv.split_once('=').expect("key=value");
         let v: f64 = v.parse().expect("number");
         match k {
@@ -50,13 +55,11 @@ fn main() {
         seed: 0,
         expert_bytes: 8,
     };
-    let r = simulate_with(
-        &trace,
-        &cfg,
-        Box::new(Incremental::with_params(p)),
-        &mut |_, _| {},
-    )
-    .expect("simulate");
+    let pol: Box<dyn eplb_policies::Policy + Send> = match other {
+        Some(k) => Box::new(eplb_policies::AnyPolicy::new(k)),
+        None => Box::new(Incremental::with_params(p)),
+    };
+    let r = simulate_with(&trace, &cfg, pol, &mut |_, _| {}).expect("simulate");
     let per: Vec<usize> = r
         .log
         .windows(2)
