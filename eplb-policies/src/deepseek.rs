@@ -562,14 +562,7 @@ impl Policy for DeepSeek {
     ) -> Result<(), Error> {
         let shape = *input.shape();
         let t = Topo::of(&shape)?;
-        if out.len() != shape.placement_len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: out.len(),
-            }
-            .into());
-        }
+        crate::policy::check_out_len(&shape, out)?;
         let mut arena = Arena::new(scratch);
         let mut bufs = Bufs::carve(&mut arena, &t)?;
         for (l, o) in out.chunks_exact_mut(shape.slots_per_layer()).enumerate() {

@@ -432,14 +432,7 @@ impl Policy for DefaultEplb {
     ) -> Result<(), Error> {
         let shape = *input.shape();
         let per_layer = shape.slots_per_layer();
-        if out.len() != shape.placement_len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: out.len(),
-            }
-            .into());
-        }
+        crate::policy::check_out_len(&shape, out)?;
         let mut arena = Arena::new(scratch);
         let mut bufs = Bufs::carve(&mut arena, &shape)?;
         let current = input.current().as_slice();

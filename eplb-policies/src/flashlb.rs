@@ -884,14 +884,7 @@ impl Policy for FlashLb {
                 got: state.len(),
             });
         };
-        if out.len() != shape.placement_len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: out.len(),
-            }
-            .into());
-        }
+        crate::policy::check_out_len(&shape, out)?;
         let mut arena = Arena::new(scratch);
         let mut wk = Work::take(&mut arena, &shape)?;
 

@@ -219,14 +219,7 @@ impl Policy for Incremental {
     ) -> Result<(), Error> {
         let shape = *input.shape();
         let current = input.current();
-        if out.len() != shape.placement_len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: out.len(),
-            }
-            .into());
-        }
+        crate::policy::check_out_len(&shape, out)?;
         current.check_servable()?;
         let needed = self.state_len(&shape);
         let Some(state) = state.get_mut(..needed) else {

@@ -50,4 +50,6 @@ pub use any::AnyPolicy;
 pub use arena::{Arena, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use kind::PolicyKind;
-pub use policy::{Input, LayerReport, Output, Policy, Samples, Summary, rebalance, scratch_len};
+pub use policy::{
+    Input, LayerReport, Output, Policy, Samples, Summary, check_out_len, rebalance, scratch_len,
+};

@@ -208,6 +208,21 @@ pub trait Policy {
     ) -> Result<(), Error>;
 }
 
+/// Checks that `out` has room for a whole placement of `shape` (`[L][R][S]`): what every
+/// [`Policy::place`] checks first, since it may be called without [`rebalance`].
+pub fn check_out_len(shape: &Shape, out: &[u16]) -> Result<(), Error> {
+    if out.len() == shape.placement_len() {
+        Ok(())
+    } else {
+        Err(eplb_core::Error::Length {
+            what: "new placement [L][R][S]",
+            expected: shape.placement_len(),
+            got: out.len(),
+        }
+        .into())
+    }
+}
+
 fn metrics_words(shape: &Shape) -> usize {
     words_u32(metrics::scratch_len(shape)) + words_f64(shape.ranks())
 }
@@ -245,14 +260,7 @@ pub fn rebalance<P: Policy + ?Sized>(
             .into());
         }
     }
-    if out.placement.len() != shape.placement_len() {
-        return Err(eplb_core::Error::Length {
-            what: "new placement [L][R][S]",
-            expected: shape.placement_len(),
-            got: out.placement.len(),
-        }
-        .into());
-    }
+    check_out_len(&shape, out.placement)?;
     let needed = scratch_len(policy, &shape);
     if scratch.len() < needed {
         return Err(Error::Scratch {

@@ -88,14 +88,7 @@ impl Policy for Random {
     ) -> Result<(), Error> {
         let shape = *input.shape();
         let current = input.current();
-        if out.len() != shape.placement_len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: out.len(),
-            }
-            .into());
-        }
+        crate::policy::check_out_len(&shape, out)?;
         current.check_servable()?;
         out.copy_from_slice(current.as_slice());
         let (r, s) = (shape.ranks(), shape.slots_per_rank());

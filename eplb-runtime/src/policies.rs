@@ -24,16 +24,8 @@ impl Policy for Keep {
         _state: &mut [u64],
         out: &mut [u16],
     ) -> Result<(), Error> {
-        let cur = input.current().as_slice();
-        if out.len() != cur.len() {
-            return Err(eplb_core::Error::Length {
-                what: "new placement [L][R][S]",
-                expected: cur.len(),
-                got: out.len(),
-            }
-            .into());
-        }
-        out.copy_from_slice(cur);
+        eplb_policies::check_out_len(input.shape(), out)?;
+        out.copy_from_slice(input.current().as_slice());
         Ok(())
     }
 }
