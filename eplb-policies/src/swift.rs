@@ -222,6 +222,7 @@ impl Policy for SwiftBalance {
         out: &mut [u16],
     ) -> Result<(), Error> {
         let shape = *input.shape();
+        crate::policy::check_out_len(&shape, out)?;
         let mut arena = Arena::new(scratch);
         let mut wk = Work::take(&mut arena, &shape)?;
         let per_layer = shape.slots_per_layer();
