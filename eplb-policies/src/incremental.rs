@@ -398,6 +398,25 @@ fn share(r: usize, d: usize, j: usize) -> f64 {
     ((r - 1 - j.min(r - 1)) / d + 1) as f64 / r as f64
 }
 
+/// The current share of expert `e` on holder `rank` (0 if it does not hold it).
+fn share_of(mask: &[u64], mw: usize, r: usize, e: usize, rank: usize) -> f64 {
+    let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+    let (wi, bit) = (rank / 64, rank % 64);
+    if words.get(wi).is_none_or(|m| m & (1u64 << bit) == 0) {
+        return 0.0;
+    }
+    let d: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+    let below: usize = words
+        .iter()
+        .take(wi)
+        .map(|m| m.count_ones() as usize)
+        .sum::<usize>()
+        + words
+            .get(wi)
+            .map_or(0, |m| (m & ((1u64 << bit) - 1)).count_ones() as usize);
+    share(r, d, below)
+}
+
 /// A rank's value: predicted per-window load plus `z` standard deviations.
 fn value(load: f64, var: f64, z: f64) -> f64 {
     load + z * libm::sqrt(var.max(0.0))
@@ -663,6 +682,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 continue;
             }
             let ca = usize::from(w.copies.get(a).copied().unwrap_or(1)).max(1);
+            // p keeps at least nothing of a and q gets at least the last holder's share.
+            let spa = share_of(w.mask, mw, r, a, hp);
+            let a_min_new = share(r, ca + 1, ca);
             for qi in 0..partners {
                 let Some(&q) = w.order.get(qi) else { break };
                 let q = usize::from(q);
@@ -681,13 +703,14 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
                     // Replicate a onto q over a spare copy of b (1 fetch). Cheap bound first:
                     // q gains at least its share of a and loses at most all of b.
+                    let sqb = share_of(w.mask, mw, r, b, q);
                     if cb >= 2 && fetched < budget {
-                        let sq = share(r, ca + 1, if q < hp { 0 } else { ca });
                         let quick = if ca == 1 {
                             let sp = share(r, 2, usize::from(q < hp));
-                            (lp_mu - wa + wa * sp).max(lq + wa * sq - wb)
+                            let sq = share(r, 2, usize::from(q > hp));
+                            (lp_mu - wa + wa * sp).max(lq + wa * sq - wb * sqb)
                         } else {
-                            lq + wa * sq - wb
+                            (lp_mu - wa * spa).max(lq + wa * a_min_new - wb * sqb)
                         };
                         if quick < lp - need {
                             let nt = w.record(mw, r, a, b, hp, q, false);
@@ -713,8 +736,17 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                 }
                             }
                         } else {
-                            let nt = w.record(mw, r, a, b, hp, q, true);
-                            score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                            // p loses at most its share of a and gains at least the last
+                            // holder's share of b; q the other way round.
+                            let cbu = usize::from(cb).max(1);
+                            let b_min = share(r, cbu, cbu - 1);
+                            let a_min = share(r, ca, ca - 1);
+                            let quick =
+                                (lp_mu - wa * spa + wb * b_min).max(lq - wb * sqb + wa * a_min);
+                            if quick < bar {
+                                let nt = w.record(mw, r, a, b, hp, q, true);
+                                score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                            }
                         }
                     }
                 }
