@@ -352,7 +352,7 @@ fn parse_args() -> Args {
         seed: 2,
         ranks: vec![32, 64],
         write: None,
-        dir: "/work/shared/data/traces".into(),
+        dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/traces").into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
