@@ -17,7 +17,10 @@
 //!    predicted per-window load plus `z` times the standard deviation of its per-window load
 //!    over the heat interval's windows, computed exactly from the windows (so the covariance of
 //!    experts that rise and fall together counts): PAR is measured per window, and a rank that
-//!    holds experts which peak together peaks more often.
+//!    holds experts which peak together peaks more often. The spread also counts the last 8
+//!    cycles' workloads (their load shares as extra rows, weighted by `workload_weight`): a rank
+//!    whose experts were hot together in an earlier traffic mix is valued as riskier, so the
+//!    placement hedges a mix that returns.
 //! 3. **Local search from the current placement.** Repeatedly take the heaviest rank `p` and
 //!    look for the move that lowers it most per weight fetch, against the `K` lightest ranks `q`:
 //!    *swap* an expert of `p` with one of `q` (2 fetches), or *replicate* an expert of `p` onto
@@ -38,8 +41,9 @@
 //!
 //! # Memory
 //!
-//! Scratch: per-expert estimates and holder bitsets, per-rank loads, `O(N (4 + R/64) + 2R)`
-//! words. State: a header and `L x N` estimates plus `L` history counts.
+//! Scratch: per-expert estimates, holder bitsets and `(64 + 8) x N` centered samples, per-rank
+//! loads and spreads: `O(N (76 + R/64) + 77 R)` words. State: a header, `L x N` estimates, `L`
+//! history counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies
 //!
@@ -51,6 +55,11 @@
 use eplb_core::Shape;
 
 use eplb_core::heat::MAX_WINDOWS;
+
+/// Past cycles' load shares kept per layer (the workload spread).
+const PAST: usize = 8;
+/// Rows of the per-window spread: the windows, then the past cycles.
+const ROWS: usize = MAX_WINDOWS + PAST;
 
 use crate::arena::{Arena, words_f64, words_u16};
 use crate::{Error, Input, Policy, PolicyKind};
@@ -69,6 +78,8 @@ pub struct Params {
     pub shift_threshold: f64,
     /// Windows of history blended into the estimate while nothing shifts.
     pub history_windows: f64,
+    /// Weight of the spread between the last cycles' workloads in a rank's variance (0: none).
+    pub workload_weight: f64,
     /// Experts of the heaviest rank considered per step (its heaviest ones).
     pub movers: usize,
     /// Weight of a rank's per-window standard deviation in its value `mean + z * sd`: the
@@ -79,7 +90,8 @@ pub struct Params {
 impl Default for Params {
     /// Tuned on `esft_chain` (R8/X8, R16/X16) and `dsv3_drift_perm` (R32/X32, R64/X64) with
     /// H=10, A=1 (`BENCHMARKS.md`): a move must gain 1% of the mean rank load per fetch, ranks
-    /// are valued at mean + 1.3 sd of their per-window load, up to 15 partner ranks are tried.
+    /// are valued at mean + 1.6 sd of their per-window load (the windows' spread plus half the
+    /// spread of the last 8 cycles' workloads), up to 15 partner ranks are tried.
     fn default() -> Self {
         Self {
             gain_per_fetch: 0.01,
@@ -87,8 +99,9 @@ impl Default for Params {
             partners: 15,
             shift_threshold: 2.5,
             history_windows: 30.0,
-            z: 1.3,
+            z: 1.6,
             movers: 16,
+            workload_weight: 0.5,
         }
     }
 }
@@ -137,13 +150,14 @@ struct Work<'a> {
     rec: &'a mut [f64],
     /// Per-window variance per expert (for the shift tests).
     var: &'a mut [f64],
-    /// Centered per-window samples `[T][N]` (`T <= MAX_WINDOWS`).
+    /// Centered per-window samples `[T][N]` (`T <= MAX_WINDOWS`), then the past cycles'
+    /// deviations (`ROWS` rows at most).
     xc: &'a mut [f64],
     /// Windows in `xc`.
     t: usize,
     /// Predicted load per rank.
     load: &'a mut [f64],
-    /// Centered per-window load per rank `[R][MAX_WINDOWS]`.
+    /// Centered per-window load per rank `[R][ROWS]`.
     y: &'a mut [f64],
     /// Per-candidate deltas per rank: load, share of expert a, share of expert b.
     dmu: &'a mut [f64],
@@ -167,10 +181,10 @@ impl<'a> Work<'a> {
             old: arena.f64s(n)?,
             rec: arena.f64s(n)?,
             var: arena.f64s(n)?,
-            xc: arena.f64s(MAX_WINDOWS * n)?,
+            xc: arena.f64s(ROWS * n)?,
             t: 0,
             load: arena.f64s(r)?,
-            y: arena.f64s(r * MAX_WINDOWS)?,
+            y: arena.f64s(r * ROWS)?,
             dmu: arena.f64s(r)?,
             da: arena.f64s(r)?,
             db: arena.f64s(r)?,
@@ -186,9 +200,9 @@ impl<'a> Work<'a> {
     fn words(shape: &Shape) -> usize {
         let (n, r) = (shape.experts(), shape.ranks());
         4 * words_f64(n)
-            + words_f64(MAX_WINDOWS * n)
+            + words_f64(ROWS * n)
             + 5 * words_f64(r)
-            + words_f64(r * MAX_WINDOWS)
+            + words_f64(r * ROWS)
             + n * mask_words(shape)
             + words_u16(n)
             + words_u16(2 * r + 4)
@@ -207,7 +221,7 @@ impl Policy for Incremental {
     }
 
     fn state_len(&self, shape: &Shape) -> usize {
-        2 + shape.loads_len() + shape.layers()
+        2 + shape.loads_len() + shape.layers() + PAST * shape.loads_len() + shape.layers()
     }
 
     fn place(
@@ -238,20 +252,28 @@ impl Policy for Incremental {
                 *f = fingerprint(&shape);
             }
         }
-        let (hist_est, hist_n) = rest.split_at_mut(shape.loads_len());
+        let (hist_est, rest) = rest.split_at_mut(shape.loads_len());
+        let (hist_n, rest) = rest.split_at_mut(shape.layers());
+        let (past, past_meta) = rest.split_at_mut(PAST * shape.loads_len());
         let hist_est: &mut [f64] = bytemuck::cast_slice_mut(hist_est);
         let hist_n: &mut [f64] = bytemuck::cast_slice_mut(hist_n);
+        let past: &mut [f64] = bytemuck::cast_slice_mut(past);
 
         out.copy_from_slice(current.as_slice());
         let mut arena = Arena::new(scratch);
         let mut w = Work::carve(&mut arena, &shape)?;
         let (n, per) = (shape.experts(), shape.slots_per_layer());
         for (l, row) in out.chunks_exact_mut(per).enumerate() {
-            let (Some(he), Some(hn)) = (hist_est.get_mut(l * n..(l + 1) * n), hist_n.get_mut(l))
-            else {
+            let (Some(he), Some(hn), Some(pa), Some(pm)) = (
+                hist_est.get_mut(l * n..(l + 1) * n),
+                hist_n.get_mut(l),
+                past.get_mut(l * PAST * n..(l + 1) * PAST * n),
+                past_meta.get_mut(l),
+            ) else {
                 continue;
             };
             estimate(input, l, &self.params, &mut w, he, hn);
+            workload_spread(&self.params, &mut w, pa, pm);
             search(&shape, &self.params, &mut w, row);
             // An expert that left a rank and came back sits in its old slot again.
             let s = shape.slots_per_rank();
@@ -375,6 +397,53 @@ fn estimate(
     hist.copy_from_slice(w.est);
 }
 
+/// Adds the spread between workloads to each rank's per-window spread: the load shares of the
+/// last `PAST` cycles, scaled to this cycle's total, become extra rows of the centered samples,
+/// weighted so that they add `workload_weight` times their mean squared deviation to each
+/// rank's variance. A rank holding experts that were hot together in an earlier workload is
+/// then valued as riskier, so the placement also hedges the traffic mixes seen before. Then this
+/// cycle's shares join the ring. `meta` packs the count (low half) and the next position.
+fn workload_spread(p: &Params, w: &mut Work<'_>, past: &mut [f64], meta: &mut u64) {
+    let n = w.est.len();
+    let total: f64 = w.est.iter().sum();
+    if total <= 0.0 || n == 0 {
+        return;
+    }
+    let count = (*meta & 0xffff_ffff) as usize;
+    let next = (*meta >> 32) as usize;
+    let (count, next) = (count.min(PAST), next % PAST);
+    if p.workload_weight > 0.0 && count > 0 {
+        let tw = w.t;
+        let big_t = tw + count;
+        let tm1 = (big_t - 1) as f64;
+        if tw >= 2 {
+            let k = libm::sqrt(tm1 / (tw - 1) as f64);
+            for x in w.xc.iter_mut().take(tw * n) {
+                *x *= k;
+            }
+        }
+        let k = libm::sqrt(p.workload_weight * tm1 / count as f64);
+        for c in 0..count {
+            let (Some(src), Some(dst)) = (
+                past.get(c * n..(c + 1) * n),
+                w.xc.get_mut((tw + c) * n..(tw + c + 1) * n),
+            ) else {
+                continue;
+            };
+            for ((x, &sh), &m) in dst.iter_mut().zip(src).zip(w.est.iter()) {
+                *x = k * (sh * total - m);
+            }
+        }
+        w.t = big_t;
+    }
+    if let Some(slot) = past.get_mut(next * n..(next + 1) * n) {
+        for (x, &m) in slot.iter_mut().zip(w.est.iter()) {
+            *x = m / total;
+        }
+    }
+    *meta = (((next + 1) % PAST) as u64) << 32 | (count + 1).min(PAST) as u64;
+}
+
 fn holds(mask: &[u64], mw: usize, e: usize, r: usize) -> bool {
     mask.get(e * mw + r / 64)
         .is_some_and(|m| m & (1u64 << (r % 64)) != 0)
@@ -494,10 +563,7 @@ impl Work<'_> {
             return 0.0;
         }
         let n = self.est.len();
-        let y = self
-            .y
-            .get(rank * MAX_WINDOWS..rank * MAX_WINDOWS + self.t)
-            .unwrap_or(&[]);
+        let y = self.y.get(rank * ROWS..rank * ROWS + self.t).unwrap_or(&[]);
         let mut ss = 0.0;
         for (i, &yi) in y.iter().enumerate() {
             let xa = self.xc.get(i * n + a).copied().unwrap_or(0.0);
@@ -523,7 +589,7 @@ impl Work<'_> {
                     *x += dm;
                 }
                 let t = self.t;
-                if let Some(y) = self.y.get_mut(rank * MAX_WINDOWS..rank * MAX_WINDOWS + t) {
+                if let Some(y) = self.y.get_mut(rank * ROWS..rank * ROWS + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
                         *yi += sa * self.xc.get(i * n + a).copied().unwrap_or(0.0)
                             + sb * self.xc.get(i * n + b).copied().unwrap_or(0.0);
@@ -631,7 +697,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 if let Some(x) = w.load.get_mut(rank) {
                     *x += we * sh;
                 }
-                if let Some(y) = w.y.get_mut(rank * MAX_WINDOWS..rank * MAX_WINDOWS + t) {
+                if let Some(y) = w.y.get_mut(rank * ROWS..rank * ROWS + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
                         *yi += sh * w.xc.get(i * n + e).copied().unwrap_or(0.0);
                     }

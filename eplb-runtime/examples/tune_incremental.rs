@@ -39,6 +39,7 @@ fn main() {
             "history" => p.history_windows = v,
             "z" => p.z = v,
             "movers" => p.movers = v as usize,
+            "ww" => p.workload_weight = v,
             _ => panic!("unknown key {k}"),
         }
     }
