@@ -165,6 +165,8 @@ struct Work<'a> {
     db: &'a mut [f64],
     /// Rank values, for ordering.
     val: &'a mut [f64],
+    /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
+    psh: &'a mut [f64],
     mask: &'a mut [u64],
     copies: &'a mut [u16],
     touched: &'a mut [u16],
@@ -189,6 +191,7 @@ impl<'a> Work<'a> {
             da: arena.f64s(r)?,
             db: arena.f64s(r)?,
             val: arena.f64s(r)?,
+            psh: arena.f64s(r * shape.slots_per_rank())?,
             mask: arena.words(n * mask_words(shape))?,
             copies: arena.u16s(n)?,
             touched: arena.u16s(2 * r + 4)?,
@@ -202,6 +205,7 @@ impl<'a> Work<'a> {
         4 * words_f64(n)
             + words_f64(ROWS * n)
             + 5 * words_f64(r)
+            + words_f64(r * shape.slots_per_rank())
             + words_f64(r * ROWS)
             + n * mask_words(shape)
             + words_u16(n)
@@ -723,6 +727,17 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         let lp_mu = w.load.get(hp).copied().unwrap_or(0.0);
         let floor_gain = p.gain_per_fetch * mean;
         let mut best: Option<Candidate> = None;
+        // Shares of the partners' experts, once per step.
+        for qi in 0..partners {
+            let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
+            for j in 0..s {
+                let b = usize::from(row.get(q * s + j).copied().unwrap_or(0));
+                let sh = share_of(w.mask, mw, r, b, q);
+                if let Some(x) = w.psh.get_mut(qi * s + j) {
+                    *x = sh;
+                }
+            }
+        }
         // The heaviest rank's slots by expert load, heaviest first.
         let mut slots = [0u16; 64];
         let ns = s.min(slots.len());
@@ -769,7 +784,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
                     // Replicate a onto q over a spare copy of b (1 fetch). Cheap bound first:
                     // q gains at least its share of a and loses at most all of b.
-                    let sqb = share_of(w.mask, mw, r, b, q);
+                    let sqb = w.psh.get(qi * s + j).copied().unwrap_or(0.0);
                     if cb >= 2 && fetched < budget {
                         let quick = if ca == 1 {
                             let sp = share(r, 2, usize::from(q < hp));
