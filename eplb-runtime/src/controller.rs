@@ -52,7 +52,8 @@ pub struct ControllerConfig {
     /// Replica choice for `log2phy`.
     pub replica_choice: ReplicaChoice,
     /// Simulated time: when the plan is due, wait for it (up to this long) instead of retrying
-    /// at the next iteration. Only the simulator sets it.
+    /// at the next iteration, and let rank 0 wait for the planner right after the snapshot so
+    /// the policy runs alone. Only the simulator sets it.
     pub wait_for_plan: Option<Duration>,
 }
 
@@ -450,6 +451,11 @@ impl<T: Transport> Controller<T> {
             samples: Some((t, samples)),
             seed: self.cfg.seed.wrapping_add(self.cycle_no),
         });
+        // Simulated time: rank 0 lets the planner run alone (the other ranks soon wait for
+        // it), so its measured wall time is the policy's, not the simulator's.
+        if let (Some(t), 0) = (self.cfg.wait_for_plan, self.rank) {
+            let _ = self.planner.wait_result(self.cycle_no, t);
+        }
     }
 
     fn agree(&mut self, flag: bool) -> Option<bool> {
