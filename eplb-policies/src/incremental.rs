@@ -167,6 +167,8 @@ struct Work<'a> {
     val: &'a mut [f64],
     /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
     psh: &'a mut [f64],
+    /// Per step: each partner's largest slot load (`[partners]`).
+    pmax: &'a mut [f64],
     mask: &'a mut [u64],
     copies: &'a mut [u16],
     touched: &'a mut [u16],
@@ -192,6 +194,7 @@ impl<'a> Work<'a> {
             db: arena.f64s(r)?,
             val: arena.f64s(r)?,
             psh: arena.f64s(r * shape.slots_per_rank())?,
+            pmax: arena.f64s(r)?,
             mask: arena.words(n * mask_words(shape))?,
             copies: arena.u16s(n)?,
             touched: arena.u16s(2 * r + 4)?,
@@ -206,6 +209,7 @@ impl<'a> Work<'a> {
             + words_f64(ROWS * n)
             + 5 * words_f64(r)
             + words_f64(r * shape.slots_per_rank())
+            + words_f64(r)
             + words_f64(r * ROWS)
             + n * mask_words(shape)
             + words_u16(n)
@@ -736,6 +740,12 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 if let Some(x) = w.psh.get_mut(qi * s + j) {
                     *x = sh;
                 }
+                let give = sh * w.est.get(b).copied().unwrap_or(0.0);
+                if let Some(x) = w.pmax.get_mut(qi)
+                    && (j == 0 || give > *x)
+                {
+                    *x = give;
+                }
             }
         }
         // The heaviest rank's slots by expert load, heaviest first.
@@ -766,10 +776,24 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
             // p keeps at least nothing of a and q gets at least the last holder's share.
             let spa = share_of(w.mask, mw, r, a, hp);
             let a_min_new = share(r, ca + 1, ca);
+            // No move of a can take p below what it holds without a: skip a when that is not
+            // below the bar of the cheapest move.
+            let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+            if lp_mu - wa * spa >= lp - need {
+                continue;
+            }
             for qi in 0..partners {
                 let Some(&q) = w.order.get(qi) else { break };
                 let q = usize::from(q);
                 if q == hp || holds(w.mask, mw, a, q) {
+                    continue;
+                }
+                // q gains at least the last holder's share of a and gives up at most its
+                // largest slot contribution.
+                let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+                let lq0 = w.load.get(q).copied().unwrap_or(0.0);
+                let qmax = w.pmax.get(qi).copied().unwrap_or(0.0);
+                if lq0 + wa * a_min_new - qmax >= lp - need {
                     continue;
                 }
                 for j in 0..s {
