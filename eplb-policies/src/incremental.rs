@@ -150,8 +150,8 @@ struct Work<'a> {
     rec: &'a mut [f64],
     /// Per-window variance per expert (for the shift tests).
     var: &'a mut [f64],
-    /// Centered per-window samples `[T][N]` (`T <= MAX_WINDOWS`), then the past cycles'
-    /// deviations (`ROWS` rows at most).
+    /// Centered per-window samples, expert-major `[N][ROWS]`: `T <= MAX_WINDOWS` window rows,
+    /// then the past cycles' deviations.
     xc: &'a mut [f64],
     /// Windows in `xc`.
     t: usize,
@@ -377,9 +377,12 @@ fn estimate(
             *a = r / kf;
         }
     }
-    for (i, row) in w.xc.chunks_exact_mut(n.max(1)).take(w.t).enumerate() {
-        for ((x, &v), &m) in row.iter_mut().zip(sample(from + i)).zip(w.est.iter()) {
-            *x = v - m;
+    // Expert-major `[N][ROWS]`, so a rank's variance reads each expert's rows contiguously.
+    for i in 0..w.t {
+        for (e, (&v, &m)) in sample(from + i).iter().zip(w.est.iter()).enumerate() {
+            if let Some(x) = w.xc.get_mut(e * ROWS + i) {
+                *x = v - m;
+            }
         }
     }
     let n_now = w.t as f64;
@@ -424,22 +427,22 @@ fn workload_spread(p: &Params, w: &mut Work<'_>, past: &mut [f64], meta: &mut u6
         let tw = w.t;
         let big_t = tw + count;
         let tm1 = (big_t - 1) as f64;
-        if tw >= 2 {
-            let k = libm::sqrt(tm1 / (tw - 1) as f64);
-            for x in w.xc.iter_mut().take(tw * n) {
-                *x *= k;
+        let kw = if tw >= 2 {
+            libm::sqrt(tm1 / (tw - 1) as f64)
+        } else {
+            1.0
+        };
+        let kp = libm::sqrt(p.workload_weight * tm1 / count as f64);
+        for (e, col) in w.xc.chunks_exact_mut(ROWS).take(n).enumerate() {
+            let m = w.est.get(e).copied().unwrap_or(0.0);
+            for x in col.iter_mut().take(tw) {
+                *x *= kw;
             }
-        }
-        let k = libm::sqrt(p.workload_weight * tm1 / count as f64);
-        for c in 0..count {
-            let (Some(src), Some(dst)) = (
-                past.get(c * n..(c + 1) * n),
-                w.xc.get_mut((tw + c) * n..(tw + c + 1) * n),
-            ) else {
-                continue;
-            };
-            for ((x, &sh), &m) in dst.iter_mut().zip(src).zip(w.est.iter()) {
-                *x = k * (sh * total - m);
+            for c in 0..count {
+                let sh = past.get(c * n + e).copied().unwrap_or(0.0);
+                if let Some(x) = col.get_mut(tw + c) {
+                    *x = kp * (sh * total - m);
+                }
             }
         }
         w.t = big_t;
@@ -570,12 +573,11 @@ impl Work<'_> {
         if self.t < 2 {
             return 0.0;
         }
-        let n = self.est.len();
         let y = self.y.get(rank * ROWS..rank * ROWS + self.t).unwrap_or(&[]);
         let mut ss = 0.0;
         for (i, &yi) in y.iter().enumerate() {
-            let xa = self.xc.get(i * n + a).copied().unwrap_or(0.0);
-            let xb = self.xc.get(i * n + b).copied().unwrap_or(0.0);
+            let xa = self.xc.get(a * ROWS + i).copied().unwrap_or(0.0);
+            let xb = self.xc.get(b * ROWS + i).copied().unwrap_or(0.0);
             let v = yi + sa * xa + sb * xb;
             ss += v * v;
         }
@@ -584,7 +586,6 @@ impl Work<'_> {
 
     /// Clears the deltas of the touched ranks; with `apply`, adds them to the rank state first.
     fn settle(&mut self, nt: usize, a: usize, b: usize, apply: bool) {
-        let n = self.est.len();
         for ti in 0..nt {
             let rank = usize::from(self.touched.get(ti).copied().unwrap_or(0));
             let (dm, sa, sb) = (
@@ -599,8 +600,8 @@ impl Work<'_> {
                 let t = self.t;
                 if let Some(y) = self.y.get_mut(rank * ROWS..rank * ROWS + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
-                        *yi += sa * self.xc.get(i * n + a).copied().unwrap_or(0.0)
-                            + sb * self.xc.get(i * n + b).copied().unwrap_or(0.0);
+                        *yi += sa * self.xc.get(a * ROWS + i).copied().unwrap_or(0.0)
+                            + sb * self.xc.get(b * ROWS + i).copied().unwrap_or(0.0);
                     }
                 }
             }
@@ -707,7 +708,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 }
                 if let Some(y) = w.y.get_mut(rank * ROWS..rank * ROWS + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
-                        *yi += sh * w.xc.get(i * n + e).copied().unwrap_or(0.0);
+                        *yi += sh * w.xc.get(e * ROWS + i).copied().unwrap_or(0.0);
                     }
                 }
                 j += 1;
