@@ -581,7 +581,7 @@ impl Policy for DeepSeek {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Output, rebalance, scratch_len};
+    use crate::test_util::rebalance_owned;
     use eplb_core::{Layout, Placement};
     use std::vec;
     use std::vec::Vec;
@@ -589,26 +589,7 @@ mod tests {
     fn run(shape: Shape, loads: &[f64]) -> Result<Vec<u16>, Error> {
         let mut current = vec![0u16; shape.placement_len()];
         Layout::default().fill(&shape, &mut current)?;
-        let cur = Placement::new(shape, &current)?;
-        let input = Input::new(cur, loads, None, 0)?;
-        let mut p = DeepSeek;
-        let mut scratch = vec![0u64; scratch_len(&p, &shape)];
-        let mut out = vec![0u16; shape.placement_len()];
-        let l = shape.layers();
-        let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-        rebalance(
-            &mut p,
-            &input,
-            &mut scratch,
-            &mut [],
-            Output {
-                placement: &mut out,
-                changed: &mut ch,
-                par_before: &mut pb,
-                par_after: &mut pa,
-            },
-        )?;
-        Ok(out)
+        Ok(rebalance_owned(&mut DeepSeek, shape, &current, loads, 0, &mut [])?.0)
     }
 
     #[test]

@@ -981,8 +981,7 @@ impl Policy for FlashLb {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Output, rebalance};
-    use eplb_core::Placement;
+    use crate::test_util::rebalance_owned;
     use std::vec;
     use std::vec::Vec;
 
@@ -1016,25 +1015,7 @@ mod tests {
     }
 
     fn run(shape: Shape, cur: &[u16], loads: &[f64], state: &mut [u64]) -> (Vec<u16>, f64) {
-        let mut p = FlashLb::new();
-        let input = Input::new(Placement::new(shape, cur).unwrap(), loads, None, 0).unwrap();
-        let mut scratch = vec![0u64; crate::scratch_len(&p, &shape)];
-        let mut out = vec![0u16; shape.placement_len()];
-        let l = shape.layers();
-        let (mut c, mut b, mut a) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-        let sum = rebalance(
-            &mut p,
-            &input,
-            &mut scratch,
-            state,
-            Output {
-                placement: &mut out,
-                changed: &mut c,
-                par_before: &mut b,
-                par_after: &mut a,
-            },
-        )
-        .unwrap();
+        let (out, sum) = rebalance_owned(&mut FlashLb::new(), shape, cur, loads, 0, state).unwrap();
         (out, sum.after.max)
     }
 

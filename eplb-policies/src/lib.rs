@@ -45,6 +45,8 @@ mod kind;
 mod policy;
 pub mod random;
 pub mod swift;
+#[cfg(test)]
+mod test_util;
 
 pub use any::AnyPolicy;
 pub use arena::{Arena, words_f64, words_u16, words_u32};

@@ -139,7 +139,7 @@ fn swap(layer: &mut [u16], s: usize, a: usize, i: usize, b: usize, j: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Output, rebalance};
+    use crate::test_util::rebalance_owned;
     use eplb_core::{Layout, Placement};
     use std::vec;
     use std::vec::Vec;
@@ -148,27 +148,9 @@ mod tests {
         let mut current = vec![0u16; shape.placement_len()];
         Layout::default().fill(&shape, &mut current).unwrap();
         let loads: Vec<f64> = (0..shape.loads_len()).map(|i| i as f64).collect();
-        let input =
-            Input::new(Placement::new(shape, &current).unwrap(), &loads, None, seed).unwrap();
-        let mut p = Random::new();
-        let mut out = vec![0u16; shape.placement_len()];
-        let l = shape.layers();
-        let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-        let mut scratch = vec![0u64; crate::scratch_len(&p, &shape)];
-        rebalance(
-            &mut p,
-            &input,
-            &mut scratch,
-            &mut [],
-            Output {
-                placement: &mut out,
-                changed: &mut ch,
-                par_before: &mut pb,
-                par_after: &mut pa,
-            },
-        )
-        .unwrap();
-        out
+        rebalance_owned(&mut Random::new(), shape, &current, &loads, seed, &mut [])
+            .unwrap()
+            .0
     }
 
     #[test]

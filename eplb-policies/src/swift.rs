@@ -585,8 +585,7 @@ fn swap_rounds(out: &mut [u16], shape: &Shape, threshold: f64, wk: &mut Work<'_>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Output, rebalance};
-    use eplb_core::Placement;
+    use crate::test_util::rebalance_owned;
     use std::vec;
 
     fn run(
@@ -595,25 +594,9 @@ mod tests {
         cur: &[u16],
         loads: &[f64],
     ) -> std::vec::Vec<u16> {
-        let input = Input::new(Placement::new(shape, cur).unwrap(), loads, None, 0).unwrap();
-        let mut scratch = vec![0u64; crate::scratch_len(policy, &shape)];
-        let mut out = vec![0u16; shape.placement_len()];
-        let l = shape.layers();
-        let (mut c, mut b, mut a) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-        rebalance(
-            policy,
-            &input,
-            &mut scratch,
-            &mut [],
-            Output {
-                placement: &mut out,
-                changed: &mut c,
-                par_before: &mut b,
-                par_after: &mut a,
-            },
-        )
-        .unwrap();
-        out
+        rebalance_owned(policy, shape, cur, loads, 0, &mut [])
+            .unwrap()
+            .0
     }
 
     #[test]
