@@ -818,7 +818,17 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         } else {
                             (lp_mu - wa * spa).max(lq + wa * a_min_new - wb * sqb)
                         };
-                        if quick < lp - need {
+                        let bar = lp - need;
+                        // With a single copy of a and no b on p, p's new value is exact and
+                        // cheap: most candidates stop here.
+                        let exact_p = if quick < bar && ca == 1 && !holds(w.mask, mw, b, hp) {
+                            let sp = share(r, 2, usize::from(q < hp));
+                            let var = w.var_with(hp, a, sp - 1.0, b, 0.0);
+                            value(lp_mu - wa * (1.0 - sp), var, p.z)
+                        } else {
+                            f64::MIN
+                        };
+                        if quick < bar && exact_p < bar {
                             let nt = w.record(mw, r, a, b, hp, q, false);
                             score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
                         }
@@ -849,7 +859,14 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                             let a_min = share(r, ca, ca - 1);
                             let quick =
                                 (lp_mu - wa * spa + wb * b_min).max(lq - wb * sqb + wa * a_min);
-                            if quick < bar {
+                            // With a single copy of b, p's new value is exact and cheap.
+                            let exact_p = if quick < bar && cb == 1 {
+                                let var = w.var_with(hp, a, -spa, b, 1.0);
+                                value(lp_mu - wa * spa + wb, var, p.z)
+                            } else {
+                                f64::MIN
+                            };
+                            if quick < bar && exact_p < bar {
                                 let nt = w.record(mw, r, a, b, hp, q, true);
                                 score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
                             }
