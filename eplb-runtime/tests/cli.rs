@@ -1,32 +1,10 @@
 //! The `eplb` binary: subcommands, `--json` keys, exit codes and `error: ...` messages.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn eplb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_eplb"))
-        .args(args)
-        .env_remove("DYNAMIC_EPLB")
-        .env_remove("EXPERT_MAP_RECORD")
-        .output()
-        .unwrap()
-}
+use std::process::Command;
 
-fn shared(rel: &str) -> String {
-    let p = PathBuf::from(format!("{}/../../shared/{rel}", env!("CARGO_MANIFEST_DIR")));
-    assert!(p.is_file(), "missing test input {}", p.display());
-    p.display().to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("eplb-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{eplb, shared, stderr, tmp};
 
 #[test]
 fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {

@@ -1,6 +1,8 @@
 //! End-to-end cycles through the controllers and the host transport: 8 ranks as threads, several
 //! cycles, every policy; weights checked byte for byte after every commit.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,24 +15,6 @@ use eplb_runtime::transport::host::{Fault, HostTransport, HostWorld, canonical_e
 
 const R: usize = 8;
 const BYTES: usize = 32;
-
-fn shape() -> Shape {
-    Shape::new(4, 16, 8, 3).unwrap()
-}
-
-/// Skewed, deterministic per-slot counts of `rank` under `placement`.
-fn slot_counts(shape: &Shape, placement: &[u16], rank: usize, iter: usize) -> Vec<u32> {
-    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
-    let mut out = Vec::with_capacity(shape.layers() * s);
-    for l in 0..shape.layers() {
-        for slot in 0..s {
-            let e = placement[l * per + rank * s + slot] as usize;
-            let hot = if (e + l).is_multiple_of(5) { 40 } else { 1 };
-            out.push((hot * (1 + (e * 7 + iter) % 11)) as u32);
-        }
-    }
-    out
-}
 
 fn cfg(mode: RunMode, stage: HeatStage) -> ControllerConfig {
     ControllerConfig {
@@ -87,7 +71,7 @@ fn run(
     planner_per_rank: bool,
     faults: &[(usize, usize, Fault)],
 ) -> Vec<Outcome> {
-    let shape = shape();
+    let shape = common::small_shape();
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     let world = HostWorld::new(R, Duration::from_millis(300));
@@ -118,7 +102,7 @@ fn run(
                 let mut it = 0;
                 while it < iters || (c.stats().plans_taken < 3 && it < 20 * iters) {
                     c.before_forward();
-                    let counts = slot_counts(&shape, c.placement(), rank, it);
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
                     // Alternate prefill-sized and decode-sized batches.
                     let padded = if it % 2 == 0 { 64 } else { 4 };
                     let rep = c.after_forward(&counts, padded).unwrap();
@@ -205,7 +189,7 @@ fn failed_or_timed_out_exchange_keeps_the_old_layer_everywhere() {
             &[(0, 3, fault)],
         );
         assert_agree(&out);
-        let shape = shape();
+        let shape = common::small_shape();
         let mut initial = vec![0u16; shape.placement_len()];
         Layout::Default.fill(&shape, &mut initial).unwrap();
         let per = shape.slots_per_layer();
@@ -258,7 +242,7 @@ fn panicking_policy_changes_nothing() {
     let st = out[0].stats;
     assert!(st.plan_failures >= 2, "{st:?}");
     assert_eq!(st.layers_committed, 0);
-    let shape = shape();
+    let shape = common::small_shape();
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     assert_eq!(out[0].placement, initial);
@@ -268,7 +252,7 @@ fn panicking_policy_changes_nothing() {
 fn filter_that_never_matches_never_plans() {
     // Batches are 64 or 4 padded tokens with a threshold of 8: "prefill" matches half of them;
     // with a threshold this high, nothing is prefill.
-    let shape = shape();
+    let shape = common::small_shape();
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     let world = HostWorld::new(1, Duration::from_millis(100));
@@ -296,7 +280,7 @@ fn filter_that_never_matches_never_plans() {
 #[test]
 fn record_mode_never_moves_a_weight() {
     let recorded = Arc::new(std::sync::Mutex::new(Vec::<Vec<u16>>::new()));
-    let shape = shape();
+    let shape = common::small_shape();
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     let world = HostWorld::new(R, Duration::from_millis(300));
@@ -331,7 +315,7 @@ fn record_mode_never_moves_a_weight() {
                 let mut it = 0;
                 while it < 60 || (c.stats().plans_taken < 3 && it < 2000) {
                     c.before_forward();
-                    let counts = slot_counts(&shape, c.placement(), rank, it);
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
                     let rep = c.after_forward(&counts, 64).unwrap();
                     assert!(rep.committed.is_none());
                     check_weights(&c);

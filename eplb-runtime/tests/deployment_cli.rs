@@ -1,34 +1,12 @@
 //! The `eplb` binary on deployments: `check-config` errors and warnings (file and flags), and
 //! the cost keys and lines of `plan` and `simulate`.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// Runs `eplb` with the env guard satisfied (`with_guard`) or cleared.
-fn eplb(args: &[&str], with_guard: bool) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_eplb"));
-    c.args(args)
-        .env_remove("DYNAMIC_EPLB")
-        .env_remove("EXPERT_MAP_RECORD");
-    if with_guard {
-        c.env("DYNAMIC_EPLB", "1");
-    }
-    c.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn shared(rel: &str) -> String {
-    let p = PathBuf::from(format!("{}/../../shared/{rel}", env!("CARGO_MANIFEST_DIR")));
-    assert!(p.is_file(), "missing test input {}", p.display());
-    p.display().to_string()
-}
+use common::{eplb_with as eplb, shared, stderr, stdout};
 
 /// Writes `text` to a fresh file and returns its path.
 fn file(name: &str, text: &str) -> PathBuf {

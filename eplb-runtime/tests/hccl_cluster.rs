@@ -6,6 +6,8 @@
 #![cfg(feature = "ascend")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,20 +68,6 @@ fn endpoints(rt: &Runtime, base: i32, placement: &[u16]) -> Vec<HcclTransport> {
         }
     }
     ts
-}
-
-/// Skewed, deterministic per-slot counts of `rank` under `placement`.
-fn slot_counts(shape: &Shape, placement: &[u16], rank: usize, iter: usize) -> Vec<u32> {
-    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
-    let mut out = Vec::with_capacity(shape.layers() * s);
-    for l in 0..shape.layers() {
-        for slot in 0..s {
-            let e = placement[l * per + rank * s + slot] as usize;
-            let hot = if (e + l).is_multiple_of(5) { 40 } else { 1 };
-            out.push((hot * (1 + (e * 7 + iter) % 11)) as u32);
-        }
-    }
-    out
 }
 
 /// Every slot holds the expert the live placement says, and the expert map points at it.
@@ -149,7 +137,7 @@ fn run(base: i32, iters: usize, inject: &dyn Fn(&FakeCann)) -> Vec<Outcome> {
                 check_weights(&c);
                 for it in 0..iters {
                     c.before_forward();
-                    let counts = slot_counts(&shape, c.placement(), rank, it);
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
                     let rep = c.after_forward(&counts, 64).unwrap();
                     commits.extend(rep.committed);
                     failed.extend(rep.failed);

@@ -3,6 +3,8 @@
 //! tensor (weights and scales) of every slot holds the canonical bytes of the expert the
 //! placement names, so weights and scales arrive together, byte-exact. Plus the cost estimate.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -250,29 +252,6 @@ fn canonical_bytes_differ_per_tensor_and_expert() {
 
 const R: usize = 8;
 
-fn shape() -> Shape {
-    Shape::new(4, 16, 8, 3).unwrap()
-}
-
-/// Skewed, deterministic per-slot counts that keep the policies moving.
-fn slot_counts(shape: &Shape, placement: &[u16], rank: usize, iter: usize) -> Vec<u32> {
-    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
-    let mut out = Vec::with_capacity(shape.layers() * s);
-    for l in 0..shape.layers() {
-        for slot in 0..s {
-            let e = placement[l * per + rank * s + slot] as usize;
-            let phase = iter / 12;
-            let hot = if (e + l + phase).is_multiple_of(5) {
-                50
-            } else {
-                1
-            };
-            out.push((hot * (1 + (e * 7 + iter) % 11)) as u32);
-        }
-    }
-    out
-}
-
 /// Every tensor of every slot holds the canonical bytes of the expert the placement names,
 /// and the expert map points at a slot holding that expert's whole payload.
 fn check_tensors(c: &Controller<HostTransport>, payload: &ExpertPayload) -> usize {
@@ -309,7 +288,7 @@ fn check_tensors(c: &Controller<HostTransport>, payload: &ExpertPayload) -> usiz
 /// Runs the dynamic cycle on R rank threads with `payload` slots; returns (layers committed,
 /// tensors checked) of rank 0.
 fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64, usize) {
-    let shape = shape();
+    let shape = common::small_shape();
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     let world = HostWorld::new(R, Duration::from_secs(5));
@@ -351,7 +330,7 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
                 let mut it = 0;
                 while it < iters || (c.stats().plans_taken < 2 && it < 20 * iters) {
                     c.before_forward();
-                    let counts = slot_counts(&shape, c.placement(), rank, it);
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 50, it / 12);
                     let rep = c.after_forward(&counts, 64).unwrap();
                     if rep.committed.is_some() {
                         checked += check_tensors(&c, &payload);

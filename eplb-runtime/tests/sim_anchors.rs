@@ -1,37 +1,11 @@
 //! `simulate` reproduces the `static` rows of `dynamic-anchors.md` to 4 decimals, and DeepSeek
 //! (global) within 0.005 of the DeepSeek/vLLM global rows.
 
-use eplb_core::metrics::Routing;
+mod common;
+
+use common::{anchor_cfg as cfg, trace};
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
-
-fn trace(rel: &str) -> SimTrace {
-    let path = format!("{}/../../shared/{rel}", env!("CARGO_MANIFEST_DIR"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
-    SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts: heat.counts_u64().unwrap(),
-    }
-}
-
-fn cfg(ranks: u16, redundant: u32, policy: SimPolicy) -> SimConfig {
-    SimConfig {
-        ranks,
-        redundant,
-        ranks_per_node: None,
-        groups: None,
-        policy,
-        heat_interval: 10,
-        algo_interval: 1,
-        initial: Initial::Default,
-        routing: Routing::Log2Phy,
-        seed: 0,
-        expert_bytes: 8,
-    }
-}
+use eplb_runtime::simulate::{SimPolicy, simulate};
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 0.00005 + 1e-9

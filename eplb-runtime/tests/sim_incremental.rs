@@ -3,40 +3,19 @@
 //! balanced than FlashLB's published rows and nearer the clairvoyant cycle, with at most half of
 //! FlashLB's weight fetches, and never two copies of an expert on one rank.
 
-use eplb_core::metrics::Routing;
+mod common;
+
+use common::{anchor_cfg, trace};
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
+use eplb_runtime::simulate::{SimPolicy, simulate};
 
 fn run(ranks: u16, redundant: u32) -> eplb_runtime::simulate::SimResult {
     run_on("esft_chain", ranks, redundant)
 }
 
 fn run_on(series: &str, ranks: u16, redundant: u32) -> eplb_runtime::simulate::SimResult {
-    let path = format!(
-        "{}/../../shared/data/series/{series}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
-    let trace = SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts: heat.counts_u64().unwrap(),
-    };
-    let cfg = SimConfig {
-        ranks,
-        redundant,
-        ranks_per_node: None,
-        groups: None,
-        policy: SimPolicy::Policy(PolicyKind::Incremental),
-        heat_interval: 10,
-        algo_interval: 1,
-        initial: Initial::Default,
-        routing: Routing::Log2Phy,
-        seed: 0,
-        expert_bytes: 8,
-    };
+    let trace = trace(&format!("data/series/{series}.json"));
+    let cfg = anchor_cfg(ranks, redundant, SimPolicy::Policy(PolicyKind::Incremental));
     let r = simulate(&trace, &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(r.same_rank_duplicate_rows_max, 0);
     assert_eq!(r.failed_layers, 0);
