@@ -22,7 +22,8 @@
 //!    whose experts were hot together in an earlier traffic mix is valued as riskier, so the
 //!    placement hedges a mix that returns.
 //! 3. **Local search from the current placement.** Repeatedly take the heaviest rank `p` and
-//!    look for the move that lowers it most per weight fetch, against the `K` lightest ranks `q`:
+//!    look for the move that lowers it most per weight fetch, against the `K` lightest ranks `q`
+//!    (by default every other rank):
 //!    *swap* an expert of `p` with one of `q` (2 fetches), or *replicate* an expert of `p` onto
 //!    `q` over a copy of an expert that has another copy elsewhere (1 fetch; this is how replica
 //!    counts follow the heat). A move is taken only if no rank it touches ends above
@@ -36,13 +37,21 @@
 //!
 //! # Complexity
 //!
-//! Per accepted move `O(S^2 K (1 + d))` with `d` the copies of the experts involved (1 for most),
-//! plus `O(R)` to find the heaviest rank; the estimate is `O(T N)` per layer.
+//! Per accepted move `O(S^2 K (1 + d))` candidates with `d` the copies of the experts involved
+//! (1 for most), plus `O(R log R)` to order the ranks; the estimate is `O(T N)` per layer. A
+//! candidate is first bounded by loads alone (a rank's value is at least its load), then by the
+//! triangle inequality on the spreads, and only then valued exactly. The exact value is `O(1)`:
+//! a rank's variance after its shares of `a` and `b` change by `sa`, `sb` is
+//! `(Syy + 2 sa Sya + 2 sb Syb + sa^2 Saa + sb^2 Sbb + 2 sa sb Sab) / (T - 1)`, from the rank's
+//! sum of squares (kept per rank), its cross sums with the two experts (cached per step and per
+//! slot until the rank changes) and the experts' sums (`Saa` per layer, `Sab` per candidate).
+//! The other holders of a moved expert are evaluated once per step and slot.
 //!
 //! # Memory
 //!
-//! Scratch: per-expert estimates, holder bitsets and `(64 + 8) x N` centered samples, per-rank
-//! loads and spreads: `O(N (76 + R/64) + 77 R)` words. State: a header, `L x N` estimates, `L`
+//! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
+//! per-rank loads, sums and centered loads, per-slot caches: `O(N (79 + R/64) + R (81 + 7 S))`
+//! words. State: a header, `L x N` estimates, `L`
 //! history counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies
@@ -72,7 +81,8 @@ pub struct Params {
     pub gain_per_fetch: f64,
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
-    /// Lightest ranks considered as partners of the heaviest one.
+    /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
+    /// `usize::MAX`, tries every other rank).
     pub partners: usize,
     /// Mean squared z-score above which the recent windows are taken as a shift.
     pub shift_threshold: f64,
@@ -91,12 +101,15 @@ impl Default for Params {
     /// Tuned on `esft_chain` (R8/X8, R16/X16) and `dsv3_drift_perm` (R32/X32, R64/X64) with
     /// H=10, A=1 (`BENCHMARKS.md`): a move must gain 1% of the mean rank load per fetch, ranks
     /// are valued at mean + 1.6 sd of their per-window load (the windows' spread plus half the
-    /// spread of the last 8 cycles' workloads), up to 15 partner ranks are tried.
+    /// spread of the last 8 cycles' workloads), and every other rank is tried as a partner:
+    /// the best move per fetch is often a replicate over a spare copy, and spare copies sit on
+    /// any rank (with only the 15 lightest ranks, DeepSeek-V3 at R=64 balanced worse and
+    /// fetched 12% more).
     fn default() -> Self {
         Self {
             gain_per_fetch: 0.01,
             max_fetch_fraction: 1.0,
-            partners: 15,
+            partners: usize::MAX,
             shift_threshold: 2.5,
             history_windows: 30.0,
             z: 1.6,
@@ -165,10 +178,38 @@ struct Work<'a> {
     db: &'a mut [f64],
     /// Rank values, for ordering.
     val: &'a mut [f64],
+    /// Per rank, the sum of its squared centered loads `sum_i y_i^2`.
+    syy: &'a mut [f64],
+    /// Per expert, `sum_i x_i^2` of its centered samples.
+    gd: &'a mut [f64],
+    /// Per step, `sum_i y_i x_i` of the heaviest rank and each expert it may trade with (NaN
+    /// until needed).
+    cp: &'a mut [f64],
+    /// Per slot `[R][S]`, `sum_i y_i x_i` of the rank and the slot's expert, and the norm of
+    /// the rank's centered loads without that expert (NaN until needed; reset when the rank
+    /// changes).
+    cq: &'a mut [f64],
+    nu: &'a mut [f64],
+    /// Per expert, the norm of its centered samples, `sqrt(gd)`.
+    nx: &'a mut [f64],
+    /// Slots per rank.
+    s: usize,
     /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
     psh: &'a mut [f64],
     /// Per step: each partner's largest slot load (`[partners]`).
     pmax: &'a mut [f64],
+    /// Per step: each partner's largest load in a slot whose expert has another copy
+    /// (`f64::MIN` without one).
+    prep: &'a mut [f64],
+    /// Per step: the least load any of a partner's experts brings to another rank.
+    pminp: &'a mut [f64],
+    /// Per step, per partner slot `[partners][S]`, the effect on the other holders of the slot's
+    /// expert when it leaves the partner (`rep_*`, a replicate over it) or moves to the heaviest
+    /// rank (`swap_*`): their largest new load and value. NaN until needed.
+    rep_mu: &'a mut [f64],
+    rep_val: &'a mut [f64],
+    swap_mu: &'a mut [f64],
+    swap_val: &'a mut [f64],
     mask: &'a mut [u64],
     copies: &'a mut [u16],
     touched: &'a mut [u16],
@@ -193,8 +234,21 @@ impl<'a> Work<'a> {
             da: arena.f64s(r)?,
             db: arena.f64s(r)?,
             val: arena.f64s(r)?,
+            syy: arena.f64s(r)?,
+            gd: arena.f64s(n)?,
+            cp: arena.f64s(n)?,
+            cq: arena.f64s(r * shape.slots_per_rank())?,
+            nu: arena.f64s(r * shape.slots_per_rank())?,
+            nx: arena.f64s(n)?,
+            s: shape.slots_per_rank(),
             psh: arena.f64s(r * shape.slots_per_rank())?,
             pmax: arena.f64s(r)?,
+            prep: arena.f64s(r)?,
+            pminp: arena.f64s(r)?,
+            rep_mu: arena.f64s(r * shape.slots_per_rank())?,
+            rep_val: arena.f64s(r * shape.slots_per_rank())?,
+            swap_mu: arena.f64s(r * shape.slots_per_rank())?,
+            swap_val: arena.f64s(r * shape.slots_per_rank())?,
             mask: arena.words(n * mask_words(shape))?,
             copies: arena.u16s(n)?,
             touched: arena.u16s(2 * r + 4)?,
@@ -205,10 +259,10 @@ impl<'a> Work<'a> {
 
     fn words(shape: &Shape) -> usize {
         let (n, r) = (shape.experts(), shape.ranks());
-        4 * words_f64(n)
+        7 * words_f64(n)
             + words_f64(ROWS * n)
-            + 5 * words_f64(r)
-            + words_f64(r * shape.slots_per_rank())
+            + 8 * words_f64(r)
+            + 7 * words_f64(r * shape.slots_per_rank())
             + words_f64(r)
             + words_f64(r * ROWS)
             + n * mask_words(shape)
@@ -471,11 +525,22 @@ fn set_holder(mask: &mut [u64], mw: usize, e: usize, r: usize, on: bool) {
 }
 
 /// Share of holder `j` among `d` holders on `r` ranks: `(floor((r - 1 - j) / d) + 1) / r`.
+#[inline(always)]
 fn share(r: usize, d: usize, j: usize) -> f64 {
     if d == 0 || r == 0 {
         return 0.0;
     }
-    ((r - 1 - j.min(r - 1)) / d + 1) as f64 / r as f64
+    let x = r - 1 - j.min(r - 1);
+    // Constant divisors for the common holder counts: a multiply instead of a division.
+    let k = match d {
+        1 => x,
+        2 => x / 2,
+        3 => x / 3,
+        4 => x / 4,
+        _ => x / d,
+    };
+    // Times the reciprocal: loop-invariant, so hoisted out of the search loops.
+    (k + 1) as f64 * (1.0 / r as f64)
 }
 
 /// The current share of expert `e` on holder `rank` (0 if it does not hold it).
@@ -495,6 +560,49 @@ fn share_of(mask: &[u64], mw: usize, r: usize, e: usize, rank: usize) -> f64 {
             .get(wi)
             .map_or(0, |m| (m & ((1u64 << bit) - 1)).count_ones() as usize);
     share(r, d, below)
+}
+
+/// Holders of expert `e` below `rank`.
+fn below(mask: &[u64], mw: usize, e: usize, rank: usize) -> usize {
+    let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+    let (wi, bit) = (rank / 64, rank % 64);
+    words
+        .iter()
+        .take(wi)
+        .map(|m| m.count_ones() as usize)
+        .sum::<usize>()
+        + words
+            .get(wi)
+            .map_or(0, |m| (m & ((1u64 << bit) - 1)).count_ones() as usize)
+}
+
+/// Whether a rank other than `p` and `q` holds both `a` and `b`.
+fn shared_holder(mask: &[u64], mw: usize, a: usize, b: usize, p: usize, q: usize) -> bool {
+    let wa = mask.get(a * mw..(a + 1) * mw).unwrap_or(&[]);
+    let wb = mask.get(b * mw..(b + 1) * mw).unwrap_or(&[]);
+    wa.iter().zip(wb).enumerate().any(|(wi, (&x, &y))| {
+        let mut m = x & y;
+        for rank in [p, q] {
+            if rank / 64 == wi {
+                m &= !(1u64 << (rank % 64));
+            }
+        }
+        m != 0
+    })
+}
+
+/// Whether a rank with mean load `mu` and centered loads of norm at least `norm_lb` (a lower
+/// bound, possibly negative) may be valued below `bar`: a necessary condition, without a square
+/// root.
+fn below_bar(mu: f64, norm_lb: f64, bar: f64, z: f64, t: usize) -> bool {
+    if mu >= bar {
+        return false;
+    }
+    if t < 2 || norm_lb <= 0.0 {
+        return true;
+    }
+    let d = bar - mu;
+    z * z * norm_lb * norm_lb / ((t - 1) as f64) < d * d
 }
 
 /// A rank's value: predicted per-window load plus `z` standard deviations.
@@ -557,6 +665,63 @@ impl Work<'_> {
         }
     }
 
+    /// The holders of expert `e` other than `p` and `q` whose share changes when `e` loses
+    /// `remove` and/or gains `add`: their largest new load, and with `values` their largest new
+    /// value (`f64::MIN` when there is none). `as_b` evaluates the change as the second expert of
+    /// a move, bit for bit as [`score`] does.
+    #[allow(clippy::too_many_arguments)]
+    fn others(
+        &self,
+        mw: usize,
+        r: usize,
+        c: Change,
+        (p, q): (usize, usize),
+        as_b: bool,
+        z: f64,
+        values: bool,
+    ) -> (f64, f64) {
+        let words = self.mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
+        let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+        let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
+        let we = self.est.get(c.e).copied().unwrap_or(0.0);
+        let (mut j_old, mut j_new) = (0usize, 0usize);
+        let (mut mu_max, mut val_max) = (f64::MIN, f64::MIN);
+        for (wi, &m) in words.iter().enumerate() {
+            let mut bits = m;
+            if let Some(a) = c.add
+                && a / 64 == wi
+            {
+                bits |= 1u64 << (a % 64);
+            }
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let rank = wi * 64 + b;
+                let in_old = m & (1u64 << b) != 0;
+                let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
+                let before = if in_old { share(r, d_old, j_old) } else { 0.0 };
+                let after = if in_new { share(r, d_new, j_new) } else { 0.0 };
+                j_old += usize::from(in_old);
+                j_new += usize::from(in_new);
+                let ds = after - before;
+                if ds == 0.0 || rank == p || rank == q {
+                    continue;
+                }
+                let mu = self.load.get(rank).copied().unwrap_or(0.0) + we * ds;
+                mu_max = mu_max.max(mu);
+                if values {
+                    let var = if as_b {
+                        self.var_with(rank, 0, 0.0, c.e, ds)
+                    } else {
+                        self.var_with(rank, c.e, ds, 0, 0.0)
+                    };
+                    val_max = val_max.max(value(mu, var, z));
+                }
+            }
+        }
+        (mu_max, val_max)
+    }
+
     /// The new value of touched rank `rank` under the recorded deltas for experts `a`, `b`.
     fn new_value(&self, rank: usize, a: usize, b: usize, z: f64) -> f64 {
         let mu = self.load.get(rank).copied().unwrap_or(0.0)
@@ -584,8 +749,9 @@ impl Work<'_> {
         ss / (self.t - 1) as f64
     }
 
-    /// Clears the deltas of the touched ranks; with `apply`, adds them to the rank state first.
-    fn settle(&mut self, nt: usize, a: usize, b: usize, apply: bool) {
+    /// Clears the deltas of the touched ranks; with `apply`, adds them to the rank state first
+    /// and renews their values.
+    fn settle(&mut self, nt: usize, a: usize, b: usize, apply: bool, z: f64) {
         for ti in 0..nt {
             let rank = usize::from(self.touched.get(ti).copied().unwrap_or(0));
             let (dm, sa, sb) = (
@@ -604,6 +770,7 @@ impl Work<'_> {
                             + sb * self.xc.get(b * ROWS + i).copied().unwrap_or(0.0);
                     }
                 }
+                self.renew_value(rank, z);
             }
             for buf in [&mut *self.dmu, &mut *self.da, &mut *self.db] {
                 if let Some(x) = buf.get_mut(rank) {
@@ -611,6 +778,114 @@ impl Work<'_> {
                 }
             }
         }
+    }
+
+    /// Recomputes the value of `rank` from its load and centered samples.
+    fn renew_value(&mut self, rank: usize, z: f64) {
+        let t = self.t;
+        let ss: f64 = self
+            .y
+            .get(rank * ROWS..rank * ROWS + t)
+            .unwrap_or(&[])
+            .iter()
+            .map(|v| v * v)
+            .sum();
+        if let Some(x) = self.syy.get_mut(rank) {
+            *x = ss;
+        }
+        let var = if t < 2 { 0.0 } else { ss / (t - 1) as f64 };
+        let v = value(self.load.get(rank).copied().unwrap_or(0.0), var, z);
+        if let Some(x) = self.val.get_mut(rank) {
+            *x = v;
+        }
+        let s = self.s;
+        for c in [&mut *self.cq, &mut *self.nu] {
+            if let Some(x) = c.get_mut(rank * s..(rank + 1) * s) {
+                x.fill(f64::NAN);
+            }
+        }
+    }
+
+    /// The norm of rank `q`'s centered loads without its share `sh` of expert `e` in slot
+    /// `slot` (`[R][S]` index), cached until the rank changes.
+    fn nu_of(&mut self, q: usize, e: usize, slot: usize, sh: f64) -> f64 {
+        match self.nu.get(slot).copied() {
+            Some(x) if !x.is_nan() => x,
+            _ => {
+                let c = self.cq_of(q, e, slot);
+                let syy = self.syy.get(q).copied().unwrap_or(0.0);
+                let g = self.gd.get(e).copied().unwrap_or(0.0);
+                let x = libm::sqrt((syy - 2.0 * sh * c + sh * sh * g).max(0.0));
+                if let Some(v) = self.nu.get_mut(slot) {
+                    *v = x;
+                }
+                x
+            }
+        }
+    }
+
+    /// `sum_i y_i x_i` of rank `rank`'s centered loads and expert `e`'s centered samples.
+    fn dot_y(&self, rank: usize, e: usize) -> f64 {
+        let t = self.t;
+        let y = self.y.get(rank * ROWS..rank * ROWS + t).unwrap_or(&[]);
+        let x = self.xc.get(e * ROWS..e * ROWS + t).unwrap_or(&[]);
+        y.iter().zip(x).map(|(a, b)| a * b).sum()
+    }
+
+    /// `sum_i x_i x'_i` of two experts' centered samples.
+    fn dot_x(&self, e: usize, f: usize) -> f64 {
+        let t = self.t;
+        let x = self.xc.get(e * ROWS..e * ROWS + t).unwrap_or(&[]);
+        let y = self.xc.get(f * ROWS..f * ROWS + t).unwrap_or(&[]);
+        x.iter().zip(y).map(|(a, b)| a * b).sum()
+    }
+
+    /// The heaviest rank's `sum_i y_i x_i` with expert `e`, computed once per step.
+    fn cp_of(&mut self, hp: usize, e: usize) -> f64 {
+        match self.cp.get(e).copied() {
+            Some(x) if !x.is_nan() => x,
+            _ => {
+                let x = self.dot_y(hp, e);
+                if let Some(c) = self.cp.get_mut(e) {
+                    *c = x;
+                }
+                x
+            }
+        }
+    }
+
+    /// The partner's `sum_i y_i x_i` with the expert in partner slot `slot`, once per step.
+    fn cq_of(&mut self, q: usize, e: usize, slot: usize) -> f64 {
+        match self.cq.get(slot).copied() {
+            Some(x) if !x.is_nan() => x,
+            _ => {
+                let x = self.dot_y(q, e);
+                if let Some(c) = self.cq.get_mut(slot) {
+                    *c = x;
+                }
+                x
+            }
+        }
+    }
+
+    /// Per-window variance of a rank with `sum y^2 = syy` after its shares of experts `a`, `b`
+    /// change by `sa`, `sb`, from the cross sums `cya`, `cyb` (rank with expert), the experts'
+    /// `gaa`, `gbb` and `gab`: `O(1)` instead of a pass over the windows.
+    #[allow(clippy::too_many_arguments)]
+    fn var_of(
+        &self,
+        syy: f64,
+        (cya, cyb): (f64, f64),
+        (gaa, gbb, gab): (f64, f64, f64),
+        sa: f64,
+        sb: f64,
+    ) -> f64 {
+        if self.t < 2 {
+            return 0.0;
+        }
+        let ss =
+            syy + 2.0 * (sa * cya + sb * cyb) + sa * sa * gaa + sb * sb * gbb + 2.0 * sa * sb * gab;
+        ss / (self.t - 1) as f64
     }
 
     /// Records a move: `swap` trades `a` (on `hp`) and `b` (on `q`); otherwise `a` gets a copy on
@@ -720,17 +995,31 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         return;
     }
     let mean = total / r as f64;
+    for rank in 0..r {
+        w.renew_value(rank, p.z);
+    }
+    for e in 0..n {
+        let g = w.dot_x(e, e);
+        if let Some(x) = w.gd.get_mut(e) {
+            *x = g;
+        }
+        if let Some(x) = w.nx.get_mut(e) {
+            *x = libm::sqrt(g.max(0.0));
+        }
+    }
     let budget = ((p.max_fetch_fraction * (r * s) as f64) as usize).max(2);
     let partners = p.partners.clamp(1, r - 1);
     let mut fetched = 0usize;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     for _ in 0..4 * r * s {
-        sort_ranks(w, p.z);
+        sort_ranks(w);
         let Some(&heavy) = w.order.last() else { return };
         let hp = usize::from(heavy);
         let lp = w.val.get(hp).copied().unwrap_or(0.0);
         let lp_mu = w.load.get(hp).copied().unwrap_or(0.0);
         let floor_gain = p.gain_per_fetch * mean;
+        let syy_p = w.syy.get(hp).copied().unwrap_or(0.0);
+        w.cp.fill(f64::NAN);
         let mut best: Option<Candidate> = None;
         // Shares of the partners' experts, once per step.
         for qi in 0..partners {
@@ -741,11 +1030,58 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 if let Some(x) = w.psh.get_mut(qi * s + j) {
                     *x = sh;
                 }
-                let give = sh * w.est.get(b).copied().unwrap_or(0.0);
+                for c in [&mut *w.rep_val, &mut *w.swap_val] {
+                    if let Some(x) = c.get_mut(qi * s + j) {
+                        *x = f64::NAN;
+                    }
+                }
+                let wb = w.est.get(b).copied().unwrap_or(0.0);
+                let give = sh * wb;
                 if let Some(x) = w.pmax.get_mut(qi)
                     && (j == 0 || give > *x)
                 {
                     *x = give;
+                }
+                let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+                // The other holders of b when it leaves q (a replicate over it) or moves to p
+                // (a swap): their largest new load, known before any expert of p is tried.
+                let (rmu, smu) = if cb >= 2 {
+                    let leave = Change {
+                        e: b,
+                        remove: Some(q),
+                        add: None,
+                    };
+                    let to_p = Change {
+                        e: b,
+                        remove: Some(q),
+                        add: Some(hp),
+                    };
+                    (
+                        w.others(mw, r, leave, (hp, q), true, p.z, false).0,
+                        w.others(mw, r, to_p, (hp, q), true, p.z, false).0,
+                    )
+                } else {
+                    (f64::MIN, f64::MIN)
+                };
+                if let Some(x) = w.rep_mu.get_mut(qi * s + j) {
+                    *x = rmu;
+                }
+                if let Some(x) = w.swap_mu.get_mut(qi * s + j) {
+                    *x = smu;
+                }
+                if let Some(x) = w.prep.get_mut(qi) {
+                    if j == 0 {
+                        *x = f64::MIN;
+                    }
+                    if cb >= 2 && rmu < lp - floor_gain && give > *x {
+                        *x = give;
+                    }
+                }
+                let bring = wb * share(r, cb, cb - 1);
+                if let Some(x) = w.pminp.get_mut(qi)
+                    && (j == 0 || bring < *x)
+                {
+                    *x = bring;
                 }
             }
         }
@@ -783,20 +1119,52 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
             if lp_mu - wa * spa >= lp - need {
                 continue;
             }
+            let a_below_p = below(w.mask, mw, a, hp);
+            let gaa = w.gd.get(a).copied().unwrap_or(0.0);
+            let cpa = w.cp_of(hp, a);
+            let nxa = w.nx.get(a).copied().unwrap_or(0.0);
+            // The norm of p's centered loads without a (what a swap leaves before b comes).
+            let nv = libm::sqrt((syy_p - 2.0 * spa * cpa + spa * spa * gaa).max(0.0));
+            // p's change, load and value after a replicate of a, by the side of the partner.
+            let mut rep_p: [Option<(f64, f64, f64)>; 2] = [None, None];
             for qi in 0..partners {
                 let Some(&q) = w.order.get(qi) else { break };
                 let q = usize::from(q);
                 if q == hp || holds(w.mask, mw, a, q) {
                     continue;
                 }
-                // q gains at least the last holder's share of a and gives up at most its
-                // largest slot contribution.
+                // Loads bound every move of a with q from below: q gains its exact share of a
+                // and gives up at most its largest (spare) slot load; p keeps its exact load
+                // after a replicate, and gains at least the least load of q's experts in a swap.
                 let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
                 let lq0 = w.load.get(q).copied().unwrap_or(0.0);
-                let qmax = w.pmax.get(qi).copied().unwrap_or(0.0);
-                if lq0 + wa * a_min_new - qmax >= lp - need {
+                let a_below_q = below(w.mask, mw, a, q);
+                let rep_ok = fetched < budget && {
+                    let side = usize::from(q < hp);
+                    let dp = share(r, ca + 1, a_below_p + side) - spa;
+                    let sq = share(r, ca + 1, a_below_q);
+                    let qrep = w.prep.get(qi).copied().unwrap_or(f64::MIN);
+                    qrep > f64::MIN
+                        && lq0 + wa * sq - qrep < lp - need
+                        && (dp == 0.0 || lp_mu + wa * dp < lp - need)
+                };
+                let swap_ok = fetched + 2 <= budget && {
+                    let sq = share(r, ca, a_below_q - usize::from(hp < q));
+                    let qmax = w.pmax.get(qi).copied().unwrap_or(0.0);
+                    let pmin = w.pminp.get(qi).copied().unwrap_or(0.0);
+                    lq0 + wa * sq - qmax < lp - 2.0 * need
+                        && lp_mu - wa * spa + pmin < lp - 2.0 * need
+                };
+                if !rep_ok && !swap_ok {
                     continue;
                 }
+                let syy_q = w.syy.get(q).copied().unwrap_or(0.0);
+                let mut cqa = f64::NAN;
+                // The other holders of a after a replicate onto q / a swap to q (lazy).
+                let mut oa_rep: Option<(f64, f64)> = None;
+                let mut oa_swap: Option<(f64, f64)> = None;
+                let mut oa_rep_mu = f64::NAN;
+                let mut oa_swap_mu = f64::NAN;
                 for j in 0..s {
                     let Some(&b) = row.get(q * s + j) else { break };
                     let b = usize::from(b);
@@ -807,42 +1175,133 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     let wb = w.est.get(b).copied().unwrap_or(0.0);
                     let lq = w.load.get(q).copied().unwrap_or(0.0);
                     let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+                    let b_on_p = holds(w.mask, mw, b, hp);
+                    // Moves whose changes meet on no third rank are evaluated in parts.
+                    let parts = !b_on_p && !shared_holder(w.mask, mw, a, b, hp, q);
+                    let slot = qi * s + j;
+                    let gbb = w.gd.get(b).copied().unwrap_or(0.0);
+                    let mut gab = f64::NAN;
                     // Replicate a onto q over a spare copy of b (1 fetch). Cheap bound first:
                     // q gains at least its share of a and loses at most all of b.
-                    let sqb = w.psh.get(qi * s + j).copied().unwrap_or(0.0);
-                    if cb >= 2 && fetched < budget {
-                        let quick = if ca == 1 {
-                            let sp = share(r, 2, usize::from(q < hp));
-                            let sq = share(r, 2, usize::from(q > hp));
-                            (lp_mu - wa + wa * sp).max(lq + wa * sq - wb * sqb)
-                        } else {
-                            (lp_mu - wa * spa).max(lq + wa * a_min_new - wb * sqb)
-                        };
+                    let sqb = w.psh.get(slot).copied().unwrap_or(0.0);
+                    let ob_rep = w.rep_mu.get(slot).copied().unwrap_or(f64::MAX);
+                    if rep_ok && cb >= 2 && fetched < budget && ob_rep < lp - need {
                         let bar = lp - need;
-                        // With a single copy of a and no b on p, p's new value is exact and
-                        // cheap: most candidates stop here.
-                        let exact_p = if quick < bar && ca == 1 && !holds(w.mask, mw, b, hp) {
-                            let sp = share(r, 2, usize::from(q < hp));
-                            let var = w.var_with(hp, a, sp - 1.0, b, 0.0);
-                            value(lp_mu - wa * (1.0 - sp), var, p.z)
+                        // Without b on p, p's new value depends on the side of q only: exact,
+                        // cached, and most candidates stop here.
+                        let side = usize::from(q < hp);
+                        let (dp, mp, vp) = if b_on_p {
+                            (0.0, f64::MIN, f64::MIN)
                         } else {
-                            f64::MIN
+                            match rep_p.get(side).copied().flatten() {
+                                Some(x) => x,
+                                None => {
+                                    let ds = share(r, ca + 1, a_below_p + side) - spa;
+                                    let mu = lp_mu + wa * ds;
+                                    let var = w.var_of(syy_p, (cpa, 0.0), (gaa, 0.0, 0.0), ds, 0.0);
+                                    let v = value(mu, var, p.z);
+                                    if let Some(x) = rep_p.get_mut(side) {
+                                        *x = Some((ds, mu, v));
+                                    }
+                                    (ds, mu, v)
+                                }
+                            }
                         };
-                        if quick < bar && exact_p < bar {
-                            let nt = w.record(mw, r, a, b, hp, q, false);
-                            score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
+                        let (mp, vp) = if dp == 0.0 {
+                            (f64::MIN, f64::MIN)
+                        } else {
+                            (mp, vp)
+                        };
+                        // q gains at least the last holder's share of a and loses all of b.
+                        let quick = (lp_mu - wa * spa)
+                            .max(lq + wa * a_min_new - wb * sqb)
+                            .max(vp);
+                        if quick < bar {
+                            if parts {
+                                let sq = share(r, ca + 1, a_below_q);
+                                let mq = lq + (wa * sq + wb * -sqb);
+                                let ca_rep = Change {
+                                    e: a,
+                                    remove: None,
+                                    add: Some(q),
+                                };
+                                let cb_rep = Change {
+                                    e: b,
+                                    remove: Some(q),
+                                    add: None,
+                                };
+                                if oa_rep_mu.is_nan() {
+                                    oa_rep_mu =
+                                        w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
+                                }
+                                let nub = w.nu_of(q, b, q * s + j, sqb);
+                                if mp.max(mq).max(oa_rep_mu).max(ob_rep) < bar
+                                    && vp < bar
+                                    && below_bar(mq, nub - sq * nxa, bar, p.z, w.t)
+                                {
+                                    if cqa.is_nan() {
+                                        cqa = w.dot_y(q, a);
+                                    }
+                                    if gab.is_nan() {
+                                        gab = w.dot_x(a, b);
+                                    }
+                                    let cqb = w.cq_of(q, b, q * s + j);
+                                    let var =
+                                        w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), sq, -sqb);
+                                    let vq = value(mq, var, p.z);
+                                    let mut worst = vp.max(vq);
+                                    if worst < bar {
+                                        let oa = *oa_rep.get_or_insert_with(|| {
+                                            w.others(mw, r, ca_rep, (hp, q), false, p.z, true)
+                                        });
+                                        worst = worst.max(oa.1);
+                                    }
+                                    if worst < bar {
+                                        worst = worst.max(cached_val(
+                                            w,
+                                            Cache::Rep,
+                                            slot,
+                                            (mw, r, cb_rep, (hp, q), p.z),
+                                        ));
+                                    }
+                                    offer(worst, lp, floor_gain, 1, (i, q, j, false), &mut best);
+                                }
+                            } else {
+                                let nt = w.record(mw, r, a, b, hp, q, false);
+                                score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
+                            }
                         }
                     }
                     // Swap a and b (2 fetches).
-                    if !holds(w.mask, mw, b, hp) && fetched + 2 <= budget {
-                        let bar = lp - 2.0 * need;
+                    let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+                    let bar = lp - 2.0 * need;
+                    let ob_swap = w.swap_mu.get(slot).copied().unwrap_or(f64::MAX);
+                    if swap_ok && !b_on_p && fetched + 2 <= budget && ob_swap < bar {
                         if ca == 1 && cb == 1 {
                             // Single copies: only p and q change, by whole experts.
                             let (mp, mq) = (lp_mu - wa + wb, lq + wa - wb);
-                            if mp.max(mq) < bar {
-                                let vp = value(mp, w.var_with(hp, a, -1.0, b, 1.0), p.z);
+                            // The triangle inequality bounds both spreads from below: p keeps
+                            // at least |p without a| - |b|, q at least |q without b| - |a|.
+                            let nub = w.nu_of(q, b, q * s + j, sqb);
+                            let nxb = w.nx.get(b).copied().unwrap_or(0.0);
+                            if mp.max(mq) < bar
+                                && below_bar(mp, nv - nxb, bar, p.z, w.t)
+                                && below_bar(mq, nub - nxa, bar, p.z, w.t)
+                            {
+                                if gab.is_nan() {
+                                    gab = w.dot_x(a, b);
+                                }
+                                let cpb = w.cp_of(hp, b);
+                                let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -1.0, 1.0);
+                                let vp = value(mp, var, p.z);
                                 let vq = if vp < bar {
-                                    value(mq, w.var_with(q, a, 1.0, b, -1.0), p.z)
+                                    if cqa.is_nan() {
+                                        cqa = w.dot_y(q, a);
+                                    }
+                                    let cqb = w.cq_of(q, b, q * s + j);
+                                    let var =
+                                        w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), 1.0, -1.0);
+                                    value(mq, var, p.z)
                                 } else {
                                     f64::MAX
                                 };
@@ -860,15 +1319,97 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                             let quick =
                                 (lp_mu - wa * spa + wb * b_min).max(lq - wb * sqb + wa * a_min);
                             // With a single copy of b, p's new value is exact and cheap.
-                            let exact_p = if quick < bar && cb == 1 {
-                                let var = w.var_with(hp, a, -spa, b, 1.0);
+                            let nxb = w.nx.get(b).copied().unwrap_or(0.0);
+                            let exact_p = if quick < bar
+                                && cb == 1
+                                && !below_bar(lp_mu - wa * spa + wb, nv - nxb, bar, p.z, w.t)
+                            {
+                                f64::MAX
+                            } else if quick < bar && cb == 1 {
+                                if gab.is_nan() {
+                                    gab = w.dot_x(a, b);
+                                }
+                                let cpb = w.cp_of(hp, b);
+                                let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -spa, 1.0);
                                 value(lp_mu - wa * spa + wb, var, p.z)
                             } else {
                                 f64::MIN
                             };
                             if quick < bar && exact_p < bar {
-                                let nt = w.record(mw, r, a, b, hp, q, true);
-                                score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                                if parts {
+                                    let need =
+                                        best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
+                                    let bar = lp - 2.0 * need;
+                                    let sbp = share(
+                                        r,
+                                        cbu,
+                                        below(w.mask, mw, b, hp) - usize::from(q < hp),
+                                    );
+                                    let mp = lp_mu + (wa * -spa + wb * sbp);
+                                    let sq = share(r, ca, a_below_q - usize::from(hp < q));
+                                    let mq = lq + (wa * sq + wb * -sqb);
+                                    let ca_swap = Change {
+                                        e: a,
+                                        remove: Some(hp),
+                                        add: Some(q),
+                                    };
+                                    let cb_swap = Change {
+                                        e: b,
+                                        remove: Some(q),
+                                        add: Some(hp),
+                                    };
+                                    if oa_swap_mu.is_nan() {
+                                        oa_swap_mu =
+                                            w.others(mw, r, ca_swap, (hp, q), false, p.z, false).0;
+                                    }
+                                    let ob_mu = w.swap_mu.get(slot).copied().unwrap_or(f64::MAX);
+                                    let nub = w.nu_of(q, b, q * s + j, sqb);
+                                    if mp.max(mq).max(oa_swap_mu).max(ob_mu) < bar
+                                        && below_bar(mp, nv - sbp * nxb, bar, p.z, w.t)
+                                        && below_bar(mq, nub - sq * nxa, bar, p.z, w.t)
+                                    {
+                                        if gab.is_nan() {
+                                            gab = w.dot_x(a, b);
+                                        }
+                                        let cpb = w.cp_of(hp, b);
+                                        let var =
+                                            w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -spa, sbp);
+                                        let vp = value(mp, var, p.z);
+                                        let mut worst = vp;
+                                        if worst < bar {
+                                            if cqa.is_nan() {
+                                                cqa = w.dot_y(q, a);
+                                            }
+                                            let cqb = w.cq_of(q, b, q * s + j);
+                                            let var = w.var_of(
+                                                syy_q,
+                                                (cqa, cqb),
+                                                (gaa, gbb, gab),
+                                                sq,
+                                                -sqb,
+                                            );
+                                            worst = worst.max(value(mq, var, p.z));
+                                        }
+                                        if worst < bar {
+                                            let oa = *oa_swap.get_or_insert_with(|| {
+                                                w.others(mw, r, ca_swap, (hp, q), false, p.z, true)
+                                            });
+                                            worst = worst.max(oa.1);
+                                        }
+                                        if worst < bar {
+                                            worst = worst.max(cached_val(
+                                                w,
+                                                Cache::Swap,
+                                                slot,
+                                                (mw, r, cb_swap, (hp, q), p.z),
+                                            ));
+                                        }
+                                        offer(worst, lp, floor_gain, 2, (i, q, j, true), &mut best);
+                                    }
+                                } else {
+                                    let nt = w.record(mw, r, a, b, hp, q, true);
+                                    score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                                }
                             }
                         }
                     }
@@ -883,7 +1424,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         };
         let (a, b) = (usize::from(a), usize::from(b));
         let nt = w.record(mw, r, a, b, hp, q, swap);
-        w.settle(nt, a, b, true);
+        w.settle(nt, a, b, true, p.z);
         if swap {
             set_holder(w.mask, mw, a, hp, false);
             set_holder(w.mask, mw, b, hp, true);
@@ -908,17 +1449,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
 }
 
 /// Orders `w.order` by rank value, ascending (ties by rank).
-fn sort_ranks(w: &mut Work<'_>, z: f64) {
-    for i in 0..w.order.len() {
-        let v = value(
-            w.load.get(i).copied().unwrap_or(0.0),
-            w.var_with(i, 0, 0.0, 0, 0.0),
-            z,
-        );
-        if let Some(x) = w.val.get_mut(i) {
-            *x = v;
-        }
-    }
+fn sort_ranks(w: &mut Work<'_>) {
     let val = &*w.val;
     for (i, o) in w.order.iter_mut().enumerate() {
         *o = i as u16;
@@ -928,6 +1459,59 @@ fn sort_ranks(w: &mut Work<'_>, z: f64) {
         let ky = val.get(usize::from(y)).copied().unwrap_or(0.0);
         kx.total_cmp(&ky).then(x.cmp(&y))
     });
+}
+
+/// Which per-slot cache of the other holders' effect.
+#[derive(Clone, Copy)]
+enum Cache {
+    Rep,
+    Swap,
+}
+
+/// The largest new value among the other holders of the slot's expert (cached per step).
+fn cached_val(
+    w: &mut Work<'_>,
+    which: Cache,
+    slot: usize,
+    (mw, r, c, pq, z): (usize, usize, Change, (usize, usize), f64),
+) -> f64 {
+    let cache = match which {
+        Cache::Rep => &*w.rep_val,
+        Cache::Swap => &*w.swap_val,
+    };
+    if let Some(&x) = cache.get(slot)
+        && !x.is_nan()
+    {
+        return x;
+    }
+    let x = w.others(mw, r, c, pq, true, z, true).1;
+    let cache = match which {
+        Cache::Rep => &mut *w.rep_val,
+        Cache::Swap => &mut *w.swap_val,
+    };
+    if let Some(v) = cache.get_mut(slot) {
+        *v = x;
+    }
+    x
+}
+
+/// Keeps a move whose worst touched rank ends at `worst` in `best` if it pays at least the floor
+/// and more per fetch than what `best` holds.
+fn offer(
+    worst: f64,
+    lp: f64,
+    floor_gain: f64,
+    cost: usize,
+    (i, q, j, swap): (usize, usize, usize, bool),
+    best: &mut Option<Candidate>,
+) {
+    let gain = (lp - worst) / cost as f64;
+    if gain < floor_gain {
+        return;
+    }
+    if best.is_none_or(|c| gain > c.0) {
+        *best = Some((gain, i, q, j, cost, swap));
+    }
 }
 
 /// Scores the move whose deltas `record` left in `w`, clears them, and keeps it in `best` if
@@ -971,7 +1555,7 @@ fn score(
             }
         }
     }
-    w.settle(nt, a, b, false);
+    w.settle(nt, a, b, false, p.z);
     if nt == 0 || pruned {
         return;
     }

@@ -57,3 +57,15 @@ fn dsv3_r32x32_nearer_the_clairvoyant_than_flashlb_with_half_the_fetches() {
     );
     assert!(r.moves_total <= 39_985 / 2, "fetches {}", r.moves_total);
 }
+
+#[test]
+fn dsv3_r64x64_nearer_the_clairvoyant_than_flashlb_with_half_the_fetches() {
+    // FlashLB 1.1259 with 49,319 fetches; clairvoyant 1.0911; midpoint 1.1085.
+    let r = run_on("dsv3_drift_perm", 64, 64);
+    assert!(
+        r.mean_par_from_first_activation < (1.1259 + 1.0911) / 2.0,
+        "mean PAR from the first activation {}",
+        r.mean_par_from_first_activation
+    );
+    assert!(r.moves_total <= 49_319 / 2, "fetches {}", r.moves_total);
+}
