@@ -203,6 +203,8 @@ struct Work<'a> {
     prep: &'a mut [f64],
     /// Per step: the least load any of a partner's experts brings to another rank.
     pminp: &'a mut [f64],
+    /// Per step: `prep` over the slots a replicate of a single-copy expert may take.
+    prep_strict: &'a mut [f64],
     /// Per step, per partner slot `[partners][S]`, the effect on the other holders of the slot's
     /// expert when it leaves the partner (`rep_*`, a replicate over it) or moves to the heaviest
     /// rank (`swap_*`): their largest new load and value. NaN until needed.
@@ -245,6 +247,7 @@ impl<'a> Work<'a> {
             pmax: arena.f64s(r)?,
             prep: arena.f64s(r)?,
             pminp: arena.f64s(r)?,
+            prep_strict: arena.f64s(r)?,
             rep_mu: arena.f64s(r * shape.slots_per_rank())?,
             rep_val: arena.f64s(r * shape.slots_per_rank())?,
             swap_mu: arena.f64s(r * shape.slots_per_rank())?,
@@ -261,7 +264,7 @@ impl<'a> Work<'a> {
         let (n, r) = (shape.experts(), shape.ranks());
         7 * words_f64(n)
             + words_f64(ROWS * n)
-            + 8 * words_f64(r)
+            + 9 * words_f64(r)
             + 7 * words_f64(r * shape.slots_per_rank())
             + words_f64(r)
             + words_f64(r * ROWS)
@@ -524,9 +527,26 @@ fn set_holder(mask: &mut [u64], mw: usize, e: usize, r: usize, on: bool) {
     }
 }
 
+/// The rank count and its reciprocal (so a share costs no division).
+#[derive(Clone, Copy)]
+struct Ranks {
+    n: usize,
+    inv: f64,
+}
+
+impl Ranks {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            inv: 1.0 / n.max(1) as f64,
+        }
+    }
+}
+
 /// Share of holder `j` among `d` holders on `r` ranks: `(floor((r - 1 - j) / d) + 1) / r`.
 #[inline(always)]
-fn share(r: usize, d: usize, j: usize) -> f64 {
+fn share(r: Ranks, d: usize, j: usize) -> f64 {
+    let Ranks { n: r, inv } = r;
     if d == 0 || r == 0 {
         return 0.0;
     }
@@ -539,12 +559,11 @@ fn share(r: usize, d: usize, j: usize) -> f64 {
         4 => x / 4,
         _ => x / d,
     };
-    // Times the reciprocal: loop-invariant, so hoisted out of the search loops.
-    (k + 1) as f64 * (1.0 / r as f64)
+    (k + 1) as f64 * inv
 }
 
 /// The current share of expert `e` on holder `rank` (0 if it does not hold it).
-fn share_of(mask: &[u64], mw: usize, r: usize, e: usize, rank: usize) -> f64 {
+fn share_of(mask: &[u64], mw: usize, r: Ranks, e: usize, rank: usize) -> f64 {
     let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
     let (wi, bit) = (rank / 64, rank % 64);
     if words.get(wi).is_none_or(|m| m & (1u64 << bit) == 0) {
@@ -594,15 +613,16 @@ fn shared_holder(mask: &[u64], mw: usize, a: usize, b: usize, p: usize, q: usize
 /// Whether a rank with mean load `mu` and centered loads of norm at least `norm_lb` (a lower
 /// bound, possibly negative) may be valued below `bar`: a necessary condition, without a square
 /// root.
-fn below_bar(mu: f64, norm_lb: f64, bar: f64, z: f64, t: usize) -> bool {
+/// `kz` is `z^2 / (T - 1)` (0 with fewer than two windows).
+fn below_bar(mu: f64, norm_lb: f64, bar: f64, kz: f64) -> bool {
     if mu >= bar {
         return false;
     }
-    if t < 2 || norm_lb <= 0.0 {
+    if norm_lb <= 0.0 {
         return true;
     }
     let d = bar - mu;
-    z * z * norm_lb * norm_lb / ((t - 1) as f64) < d * d
+    kz * norm_lb * norm_lb < d * d
 }
 
 /// A rank's value: predicted per-window load plus `z` standard deviations.
@@ -626,6 +646,7 @@ impl Work<'_> {
         let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
         let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
+        let rr = Ranks::new(r);
         let (mut j_old, mut j_new) = (0usize, 0usize);
         for (wi, &m) in words.iter().enumerate() {
             let mut bits = m;
@@ -640,8 +661,8 @@ impl Work<'_> {
                 let rank = wi * 64 + b;
                 let in_old = m & (1u64 << b) != 0;
                 let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
-                let before = if in_old { share(r, d_old, j_old) } else { 0.0 };
-                let after = if in_new { share(r, d_new, j_new) } else { 0.0 };
+                let before = if in_old { share(rr, d_old, j_old) } else { 0.0 };
+                let after = if in_new { share(rr, d_new, j_new) } else { 0.0 };
                 j_old += usize::from(in_old);
                 j_new += usize::from(in_new);
                 let ds = after - before;
@@ -684,6 +705,7 @@ impl Work<'_> {
         let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
         let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
+        let rr = Ranks::new(r);
         let (mut j_old, mut j_new) = (0usize, 0usize);
         let (mut mu_max, mut val_max) = (f64::MIN, f64::MIN);
         for (wi, &m) in words.iter().enumerate() {
@@ -699,8 +721,8 @@ impl Work<'_> {
                 let rank = wi * 64 + b;
                 let in_old = m & (1u64 << b) != 0;
                 let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
-                let before = if in_old { share(r, d_old, j_old) } else { 0.0 };
-                let after = if in_new { share(r, d_new, j_new) } else { 0.0 };
+                let before = if in_old { share(rr, d_old, j_old) } else { 0.0 };
+                let after = if in_new { share(rr, d_new, j_new) } else { 0.0 };
                 j_old += usize::from(in_old);
                 j_new += usize::from(in_new);
                 let ds = after - before;
@@ -942,6 +964,7 @@ type Candidate = (f64, usize, usize, usize, usize, bool);
 /// The local search on one layer `row` (`[R][S]`), in place.
 fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     let (r, s, n) = (shape.ranks(), shape.slots_per_rank(), shape.experts());
+    let rr = Ranks::new(r);
     let mw = mask_words(shape);
     if r < 2 {
         return;
@@ -977,7 +1000,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 let b = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 let rank = wi * 64 + b;
-                let sh = share(r, d, j);
+                let sh = share(rr, d, j);
                 if let Some(x) = w.load.get_mut(rank) {
                     *x += we * sh;
                 }
@@ -1009,6 +1032,11 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     }
     let budget = ((p.max_fetch_fraction * (r * s) as f64) as usize).max(2);
     let partners = p.partners.clamp(1, r - 1);
+    let kz = if w.t < 2 {
+        0.0
+    } else {
+        p.z * p.z / (w.t - 1) as f64
+    };
     let mut fetched = 0usize;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     for _ in 0..4 * r * s {
@@ -1021,67 +1049,61 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         let syy_p = w.syy.get(hp).copied().unwrap_or(0.0);
         w.cp.fill(f64::NAN);
         let mut best: Option<Candidate> = None;
-        // Shares of the partners' experts, once per step.
+        // The partners' slots, once per step: each expert's share on its rank, the rank's
+        // largest slot load (of any expert, and of one with another copy), and the least load
+        // any of its experts would bring to p. The other holders' effects are filled on demand.
         for qi in 0..partners {
             let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
+            let (mut pmax, mut prep, mut pmin) = (f64::MIN, f64::MIN, f64::MAX);
+            let mut prep_strict = f64::MIN;
             for j in 0..s {
+                let slot = qi * s + j;
                 let b = usize::from(row.get(q * s + j).copied().unwrap_or(0));
-                let sh = share_of(w.mask, mw, r, b, q);
-                if let Some(x) = w.psh.get_mut(qi * s + j) {
-                    *x = sh;
-                }
-                for c in [&mut *w.rep_val, &mut *w.swap_val] {
-                    if let Some(x) = c.get_mut(qi * s + j) {
-                        *x = f64::NAN;
-                    }
-                }
+                let sh = share_of(w.mask, mw, rr, b, q);
                 let wb = w.est.get(b).copied().unwrap_or(0.0);
-                let give = sh * wb;
-                if let Some(x) = w.pmax.get_mut(qi)
-                    && (j == 0 || give > *x)
-                {
-                    *x = give;
-                }
                 let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
-                // The other holders of b when it leaves q (a replicate over it) or moves to p
-                // (a swap): their largest new load, known before any expert of p is tried.
-                let (rmu, smu) = if cb >= 2 {
+                let give = sh * wb;
+                pmax = pmax.max(give);
+                // The other holders of b when it leaves q: their largest new load. With a
+                // single copy of a no rank but p holds a, so that load bounds every replicate
+                // over this slot, and a slot it rules out is no target.
+                let rmu = if cb >= 2 {
                     let leave = Change {
                         e: b,
                         remove: Some(q),
                         add: None,
                     };
-                    let to_p = Change {
-                        e: b,
-                        remove: Some(q),
-                        add: Some(hp),
-                    };
-                    (
-                        w.others(mw, r, leave, (hp, q), true, p.z, false).0,
-                        w.others(mw, r, to_p, (hp, q), true, p.z, false).0,
-                    )
+                    w.others(mw, r, leave, (hp, q), true, p.z, false).0
                 } else {
-                    (f64::MIN, f64::MIN)
+                    f64::MAX
                 };
-                if let Some(x) = w.rep_mu.get_mut(qi * s + j) {
+                if cb >= 2 {
+                    prep = prep.max(give);
+                    if rmu < lp - floor_gain {
+                        prep_strict = prep_strict.max(give);
+                    }
+                }
+                pmin = pmin.min(wb * share(rr, cb, cb - 1));
+                if let Some(x) = w.psh.get_mut(slot) {
+                    *x = sh;
+                }
+                for c in [&mut *w.rep_val, &mut *w.swap_mu, &mut *w.swap_val] {
+                    if let Some(x) = c.get_mut(slot) {
+                        *x = f64::NAN;
+                    }
+                }
+                if let Some(x) = w.rep_mu.get_mut(slot) {
                     *x = rmu;
                 }
-                if let Some(x) = w.swap_mu.get_mut(qi * s + j) {
-                    *x = smu;
-                }
-                if let Some(x) = w.prep.get_mut(qi) {
-                    if j == 0 {
-                        *x = f64::MIN;
-                    }
-                    if cb >= 2 && rmu < lp - floor_gain && give > *x {
-                        *x = give;
-                    }
-                }
-                let bring = wb * share(r, cb, cb - 1);
-                if let Some(x) = w.pminp.get_mut(qi)
-                    && (j == 0 || bring < *x)
-                {
-                    *x = bring;
+            }
+            for (buf, v) in [
+                (&mut *w.pmax, pmax),
+                (&mut *w.prep, prep),
+                (&mut *w.prep_strict, prep_strict),
+                (&mut *w.pminp, pmin),
+            ] {
+                if let Some(x) = buf.get_mut(qi) {
+                    *x = v;
                 }
             }
         }
@@ -1101,6 +1123,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
             };
             sl.sort_unstable_by(|&x, &y| load_of(y).total_cmp(&load_of(x)).then(x.cmp(&y)));
         }
+        let need_of = |best: &Option<Candidate>| best.map_or(floor_gain, |c| c.0.max(floor_gain));
         for &i in slots.iter().take(ns.min(p.movers.max(1))) {
             let i = usize::from(i);
             let Some(&a) = row.get(hp * s + i) else { break };
@@ -1110,23 +1133,30 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 continue;
             }
             let ca = usize::from(w.copies.get(a).copied().unwrap_or(1)).max(1);
-            // p keeps at least nothing of a and q gets at least the last holder's share.
-            let spa = share_of(w.mask, mw, r, a, hp);
-            let a_min_new = share(r, ca + 1, ca);
+            let spa = share_of(w.mask, mw, rr, a, hp);
             // No move of a can take p below what it holds without a: skip a when that is not
             // below the bar of the cheapest move.
-            let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
-            if lp_mu - wa * spa >= lp - need {
+            if lp_mu - wa * spa >= lp - need_of(&best) {
                 continue;
             }
+            let a_min_new = share(rr, ca + 1, ca);
             let a_below_p = below(w.mask, mw, a, hp);
             let gaa = w.gd.get(a).copied().unwrap_or(0.0);
             let cpa = w.cp_of(hp, a);
             let nxa = w.nx.get(a).copied().unwrap_or(0.0);
             // The norm of p's centered loads without a (what a swap leaves before b comes).
             let nv = libm::sqrt((syy_p - 2.0 * spa * cpa + spa * spa * gaa).max(0.0));
-            // p's change, load and value after a replicate of a, by the side of the partner.
-            let mut rep_p: [Option<(f64, f64, f64)>; 2] = [None, None];
+            // p's change, load and value after a replicate of a, by the side of the partner
+            // (exact without b on p, which the slots check).
+            let mut rep_p = [(0.0, f64::MIN, f64::MIN); 2];
+            for (side, x) in rep_p.iter_mut().enumerate() {
+                let ds = share(rr, ca + 1, a_below_p + side) - spa;
+                if ds != 0.0 {
+                    let mu = lp_mu + wa * ds;
+                    let var = w.var_of(syy_p, (cpa, 0.0), (gaa, 0.0, 0.0), ds, 0.0);
+                    *x = (ds, mu, value(mu, var, p.z));
+                }
+            }
             for qi in 0..partners {
                 let Some(&q) = w.order.get(qi) else { break };
                 let q = usize::from(q);
@@ -1136,23 +1166,26 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 // Loads bound every move of a with q from below: q gains its exact share of a
                 // and gives up at most its largest (spare) slot load; p keeps its exact load
                 // after a replicate, and gains at least the least load of q's experts in a swap.
-                let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
-                let lq0 = w.load.get(q).copied().unwrap_or(0.0);
+                let need = need_of(&best);
+                let lq = w.load.get(q).copied().unwrap_or(0.0);
                 let a_below_q = below(w.mask, mw, a, q);
+                let side = usize::from(q < hp);
+                let (dp, mp_rep, vp_rep) = rep_p.get(side).copied().unwrap_or((0.0, 0.0, 0.0));
+                let sq_rep = share(rr, ca + 1, a_below_q);
                 let rep_ok = fetched < budget && {
-                    let side = usize::from(q < hp);
-                    let dp = share(r, ca + 1, a_below_p + side) - spa;
-                    let sq = share(r, ca + 1, a_below_q);
-                    let qrep = w.prep.get(qi).copied().unwrap_or(f64::MIN);
+                    let qrep = if ca == 1 { &*w.prep_strict } else { &*w.prep }
+                        .get(qi)
+                        .copied()
+                        .unwrap_or(f64::MIN);
                     qrep > f64::MIN
-                        && lq0 + wa * sq - qrep < lp - need
-                        && (dp == 0.0 || lp_mu + wa * dp < lp - need)
+                        && lq + wa * sq_rep - qrep < lp - need
+                        && (dp == 0.0 || mp_rep < lp - need)
                 };
+                let sq_swap = share(rr, ca, a_below_q - usize::from(hp < q));
                 let swap_ok = fetched + 2 <= budget && {
-                    let sq = share(r, ca, a_below_q - usize::from(hp < q));
                     let qmax = w.pmax.get(qi).copied().unwrap_or(0.0);
                     let pmin = w.pminp.get(qi).copied().unwrap_or(0.0);
-                    lq0 + wa * sq - qmax < lp - 2.0 * need
+                    lq + wa * sq_swap - qmax < lp - 2.0 * need
                         && lp_mu - wa * spa + pmin < lp - 2.0 * need
                 };
                 if !rep_ok && !swap_ok {
@@ -1161,100 +1194,85 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 let syy_q = w.syy.get(q).copied().unwrap_or(0.0);
                 let mut cqa = f64::NAN;
                 // The other holders of a after a replicate onto q / a swap to q (lazy).
-                let mut oa_rep: Option<(f64, f64)> = None;
-                let mut oa_swap: Option<(f64, f64)> = None;
-                let mut oa_rep_mu = f64::NAN;
-                let mut oa_swap_mu = f64::NAN;
+                let ca_rep = Change {
+                    e: a,
+                    remove: None,
+                    add: Some(q),
+                };
+                let ca_swap = Change {
+                    e: a,
+                    remove: Some(hp),
+                    add: Some(q),
+                };
+                let (mut oa_rep_mu, mut oa_rep_val) = (f64::NAN, f64::NAN);
+                let (mut oa_swap_mu, mut oa_swap_val) = (f64::NAN, f64::NAN);
                 for j in 0..s {
                     let Some(&b) = row.get(q * s + j) else { break };
                     let b = usize::from(b);
                     if b == a {
                         continue;
                     }
-                    let cb = w.copies.get(b).copied().unwrap_or(1);
-                    let wb = w.est.get(b).copied().unwrap_or(0.0);
-                    let lq = w.load.get(q).copied().unwrap_or(0.0);
-                    let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
-                    let b_on_p = holds(w.mask, mw, b, hp);
-                    // Moves whose changes meet on no third rank are evaluated in parts.
-                    let parts = !b_on_p && !shared_holder(w.mask, mw, a, b, hp, q);
                     let slot = qi * s + j;
-                    let gbb = w.gd.get(b).copied().unwrap_or(0.0);
-                    let mut gab = f64::NAN;
-                    // Replicate a onto q over a spare copy of b (1 fetch). Cheap bound first:
-                    // q gains at least its share of a and loses at most all of b.
+                    let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+                    let wb = w.est.get(b).copied().unwrap_or(0.0);
                     let sqb = w.psh.get(slot).copied().unwrap_or(0.0);
-                    let ob_rep = w.rep_mu.get(slot).copied().unwrap_or(f64::MAX);
-                    if rep_ok && cb >= 2 && fetched < budget && ob_rep < lp - need {
-                        let bar = lp - need;
-                        // Without b on p, p's new value depends on the side of q only: exact,
-                        // cached, and most candidates stop here.
-                        let side = usize::from(q < hp);
-                        let (dp, mp, vp) = if b_on_p {
-                            (0.0, f64::MIN, f64::MIN)
-                        } else {
-                            match rep_p.get(side).copied().flatten() {
-                                Some(x) => x,
-                                None => {
-                                    let ds = share(r, ca + 1, a_below_p + side) - spa;
-                                    let mu = lp_mu + wa * ds;
-                                    let var = w.var_of(syy_p, (cpa, 0.0), (gaa, 0.0, 0.0), ds, 0.0);
-                                    let v = value(mu, var, p.z);
-                                    if let Some(x) = rep_p.get_mut(side) {
-                                        *x = Some((ds, mu, v));
-                                    }
-                                    (ds, mu, v)
-                                }
-                            }
-                        };
-                        let (mp, vp) = if dp == 0.0 {
-                            (f64::MIN, f64::MIN)
-                        } else {
-                            (mp, vp)
-                        };
-                        // q gains at least the last holder's share of a and loses all of b.
+                    let b_on_p = holds(w.mask, mw, b, hp);
+                    let mut gab = f64::NAN;
+                    // Replicate a onto q over a spare copy of b (1 fetch): p's value is exact
+                    // per side (without b on p), q gains its share of a and loses all of b.
+                    let rmu = w.rep_mu.get(slot).copied().unwrap_or(f64::MAX);
+                    if rep_ok
+                        && cb >= 2
+                        && fetched < budget
+                        && (ca >= 2 || rmu < lp - need_of(&best))
+                    {
+                        let bar = lp - need_of(&best);
+                        let vp = if b_on_p { f64::MIN } else { vp_rep };
                         let quick = (lp_mu - wa * spa)
                             .max(lq + wa * a_min_new - wb * sqb)
                             .max(vp);
                         if quick < bar {
-                            if parts {
-                                let sq = share(r, ca + 1, a_below_q);
-                                let mq = lq + (wa * sq + wb * -sqb);
-                                let ca_rep = Change {
-                                    e: a,
-                                    remove: None,
-                                    add: Some(q),
-                                };
+                            if !b_on_p && !shared_holder(w.mask, mw, a, b, hp, q) {
+                                let mp = if dp == 0.0 { f64::MIN } else { mp_rep };
+                                let mq = lq + (wa * sq_rep + wb * -sqb);
                                 let cb_rep = Change {
                                     e: b,
                                     remove: Some(q),
                                     add: None,
                                 };
-                                if oa_rep_mu.is_nan() {
-                                    oa_rep_mu =
-                                        w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
+                                if mp.max(mq) < bar {
+                                    if oa_rep_mu.is_nan() {
+                                        oa_rep_mu =
+                                            w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
+                                    }
                                 }
-                                let nub = w.nu_of(q, b, q * s + j, sqb);
-                                if mp.max(mq).max(oa_rep_mu).max(ob_rep) < bar
-                                    && vp < bar
-                                    && below_bar(mq, nub - sq * nxa, bar, p.z, w.t)
-                                {
+                                let ok = mp.max(mq).max(oa_rep_mu) < bar
+                                    && rmu < bar
+                                    && below_bar(
+                                        mq,
+                                        w.nu_of(q, b, q * s + j, sqb) - sq_rep * nxa,
+                                        bar,
+                                        kz,
+                                    );
+                                if ok {
                                     if cqa.is_nan() {
                                         cqa = w.dot_y(q, a);
                                     }
                                     if gab.is_nan() {
                                         gab = w.dot_x(a, b);
                                     }
+                                    let gbb = w.gd.get(b).copied().unwrap_or(0.0);
                                     let cqb = w.cq_of(q, b, q * s + j);
                                     let var =
-                                        w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), sq, -sqb);
-                                    let vq = value(mq, var, p.z);
-                                    let mut worst = vp.max(vq);
+                                        w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), sq_rep, -sqb);
+                                    let mut worst = vp.max(value(mq, var, p.z));
                                     if worst < bar {
-                                        let oa = *oa_rep.get_or_insert_with(|| {
-                                            w.others(mw, r, ca_rep, (hp, q), false, p.z, true)
-                                        });
-                                        worst = worst.max(oa.1);
+                                        if oa_rep_val.is_nan() {
+                                            oa_rep_val = w
+                                                .others(mw, r, ca_rep, (hp, q), false, p.z, true)
+                                                .1;
+                                        }
+                                        worst = worst.max(oa_rep_val);
                                     }
                                     if worst < bar {
                                         worst = worst.max(cached_val(
@@ -1273,146 +1291,105 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         }
                     }
                     // Swap a and b (2 fetches).
-                    let need = best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
-                    let bar = lp - 2.0 * need;
-                    let ob_swap = w.swap_mu.get(slot).copied().unwrap_or(f64::MAX);
-                    if swap_ok && !b_on_p && fetched + 2 <= budget && ob_swap < bar {
-                        if ca == 1 && cb == 1 {
-                            // Single copies: only p and q change, by whole experts.
-                            let (mp, mq) = (lp_mu - wa + wb, lq + wa - wb);
-                            // The triangle inequality bounds both spreads from below: p keeps
-                            // at least |p without a| - |b|, q at least |q without b| - |a|.
-                            let nub = w.nu_of(q, b, q * s + j, sqb);
-                            let nxb = w.nx.get(b).copied().unwrap_or(0.0);
-                            if mp.max(mq) < bar
-                                && below_bar(mp, nv - nxb, bar, p.z, w.t)
-                                && below_bar(mq, nub - nxa, bar, p.z, w.t)
-                            {
-                                if gab.is_nan() {
-                                    gab = w.dot_x(a, b);
+                    if !(swap_ok && !b_on_p && fetched + 2 <= budget) {
+                        continue;
+                    }
+                    let bar = lp - 2.0 * need_of(&best);
+                    let nxb = w.nx.get(b).copied().unwrap_or(0.0);
+                    if ca == 1 && cb == 1 {
+                        // Single copies: only p and q change, by whole experts.
+                        let (mp, mq) = (lp_mu - wa + wb, lq + wa - wb);
+                        // The triangle inequality bounds both spreads from below: p keeps at
+                        // least |p without a| - |b|, q at least |q without b| - |a|.
+                        if mp.max(mq) < bar
+                            && below_bar(mp, nv - nxb, bar, kz)
+                            && below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - nxa, bar, kz)
+                        {
+                            if gab.is_nan() {
+                                gab = w.dot_x(a, b);
+                            }
+                            let gbb = w.gd.get(b).copied().unwrap_or(0.0);
+                            let cpb = w.cp_of(hp, b);
+                            let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -1.0, 1.0);
+                            let vp = value(mp, var, p.z);
+                            if vp < bar {
+                                if cqa.is_nan() {
+                                    cqa = w.dot_y(q, a);
                                 }
-                                let cpb = w.cp_of(hp, b);
-                                let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -1.0, 1.0);
-                                let vp = value(mp, var, p.z);
-                                let vq = if vp < bar {
-                                    if cqa.is_nan() {
-                                        cqa = w.dot_y(q, a);
-                                    }
-                                    let cqb = w.cq_of(q, b, q * s + j);
-                                    let var =
-                                        w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), 1.0, -1.0);
-                                    value(mq, var, p.z)
-                                } else {
-                                    f64::MAX
-                                };
-                                let worst = vp.max(vq);
+                                let cqb = w.cq_of(q, b, q * s + j);
+                                let var = w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), 1.0, -1.0);
+                                let worst = vp.max(value(mq, var, p.z));
                                 if worst < bar {
                                     best = Some(((lp - worst) / 2.0, i, q, j, 2, true));
                                 }
                             }
-                        } else {
-                            // p loses at most its share of a and gains at least the last
-                            // holder's share of b; q the other way round.
-                            let cbu = usize::from(cb).max(1);
-                            let b_min = share(r, cbu, cbu - 1);
-                            let a_min = share(r, ca, ca - 1);
-                            let quick =
-                                (lp_mu - wa * spa + wb * b_min).max(lq - wb * sqb + wa * a_min);
-                            // With a single copy of b, p's new value is exact and cheap.
-                            let nxb = w.nx.get(b).copied().unwrap_or(0.0);
-                            let exact_p = if quick < bar
-                                && cb == 1
-                                && !below_bar(lp_mu - wa * spa + wb, nv - nxb, bar, p.z, w.t)
-                            {
-                                f64::MAX
-                            } else if quick < bar && cb == 1 {
-                                if gab.is_nan() {
-                                    gab = w.dot_x(a, b);
-                                }
-                                let cpb = w.cp_of(hp, b);
-                                let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -spa, 1.0);
-                                value(lp_mu - wa * spa + wb, var, p.z)
-                            } else {
-                                f64::MIN
-                            };
-                            if quick < bar && exact_p < bar {
-                                if parts {
-                                    let need =
-                                        best.map_or(floor_gain, |c: Candidate| c.0.max(floor_gain));
-                                    let bar = lp - 2.0 * need;
-                                    let sbp = share(
-                                        r,
-                                        cbu,
-                                        below(w.mask, mw, b, hp) - usize::from(q < hp),
-                                    );
-                                    let mp = lp_mu + (wa * -spa + wb * sbp);
-                                    let sq = share(r, ca, a_below_q - usize::from(hp < q));
-                                    let mq = lq + (wa * sq + wb * -sqb);
-                                    let ca_swap = Change {
-                                        e: a,
-                                        remove: Some(hp),
-                                        add: Some(q),
-                                    };
-                                    let cb_swap = Change {
-                                        e: b,
-                                        remove: Some(q),
-                                        add: Some(hp),
-                                    };
-                                    if oa_swap_mu.is_nan() {
-                                        oa_swap_mu =
-                                            w.others(mw, r, ca_swap, (hp, q), false, p.z, false).0;
-                                    }
-                                    let ob_mu = w.swap_mu.get(slot).copied().unwrap_or(f64::MAX);
-                                    let nub = w.nu_of(q, b, q * s + j, sqb);
-                                    if mp.max(mq).max(oa_swap_mu).max(ob_mu) < bar
-                                        && below_bar(mp, nv - sbp * nxb, bar, p.z, w.t)
-                                        && below_bar(mq, nub - sq * nxa, bar, p.z, w.t)
-                                    {
-                                        if gab.is_nan() {
-                                            gab = w.dot_x(a, b);
-                                        }
-                                        let cpb = w.cp_of(hp, b);
-                                        let var =
-                                            w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -spa, sbp);
-                                        let vp = value(mp, var, p.z);
-                                        let mut worst = vp;
-                                        if worst < bar {
-                                            if cqa.is_nan() {
-                                                cqa = w.dot_y(q, a);
-                                            }
-                                            let cqb = w.cq_of(q, b, q * s + j);
-                                            let var = w.var_of(
-                                                syy_q,
-                                                (cqa, cqb),
-                                                (gaa, gbb, gab),
-                                                sq,
-                                                -sqb,
-                                            );
-                                            worst = worst.max(value(mq, var, p.z));
-                                        }
-                                        if worst < bar {
-                                            let oa = *oa_swap.get_or_insert_with(|| {
-                                                w.others(mw, r, ca_swap, (hp, q), false, p.z, true)
-                                            });
-                                            worst = worst.max(oa.1);
-                                        }
-                                        if worst < bar {
-                                            worst = worst.max(cached_val(
-                                                w,
-                                                Cache::Swap,
-                                                slot,
-                                                (mw, r, cb_swap, (hp, q), p.z),
-                                            ));
-                                        }
-                                        offer(worst, lp, floor_gain, 2, (i, q, j, true), &mut best);
-                                    }
-                                } else {
-                                    let nt = w.record(mw, r, a, b, hp, q, true);
-                                    score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
-                                }
-                            }
                         }
+                        continue;
                     }
+                    // p loses at most its share of a and gains at least the last holder's share
+                    // of b; q the other way round.
+                    let b_min = share(rr, cb, cb - 1);
+                    let a_min = share(rr, ca, ca - 1);
+                    let quick = (lp_mu - wa * spa + wb * b_min).max(lq - wb * sqb + wa * a_min);
+                    if quick >= bar {
+                        continue;
+                    }
+                    if shared_holder(w.mask, mw, a, b, hp, q) {
+                        let nt = w.record(mw, r, a, b, hp, q, true);
+                        score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
+                        continue;
+                    }
+                    let sbp = share(rr, cb, below(w.mask, mw, b, hp) - usize::from(q < hp));
+                    let mp = lp_mu + (wa * -spa + wb * sbp);
+                    let mq = lq + (wa * sq_swap + wb * -sqb);
+                    if mp.max(mq) >= bar {
+                        continue;
+                    }
+                    if oa_swap_mu.is_nan() {
+                        oa_swap_mu = w.others(mw, r, ca_swap, (hp, q), false, p.z, false).0;
+                    }
+                    let cb_swap = Change {
+                        e: b,
+                        remove: Some(q),
+                        add: Some(hp),
+                    };
+                    if oa_swap_mu >= bar
+                        || cached_mu(w, Cache::Swap, slot, (mw, r, cb_swap, (hp, q), p.z)) >= bar
+                        || !below_bar(mp, nv - sbp * nxb, bar, kz)
+                        || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
+                    {
+                        continue;
+                    }
+                    if gab.is_nan() {
+                        gab = w.dot_x(a, b);
+                    }
+                    let gbb = w.gd.get(b).copied().unwrap_or(0.0);
+                    let cpb = w.cp_of(hp, b);
+                    let var = w.var_of(syy_p, (cpa, cpb), (gaa, gbb, gab), -spa, sbp);
+                    let mut worst = value(mp, var, p.z);
+                    if worst < bar {
+                        if cqa.is_nan() {
+                            cqa = w.dot_y(q, a);
+                        }
+                        let cqb = w.cq_of(q, b, q * s + j);
+                        let var = w.var_of(syy_q, (cqa, cqb), (gaa, gbb, gab), sq_swap, -sqb);
+                        worst = worst.max(value(mq, var, p.z));
+                    }
+                    if worst < bar {
+                        if oa_swap_val.is_nan() {
+                            oa_swap_val = w.others(mw, r, ca_swap, (hp, q), false, p.z, true).1;
+                        }
+                        worst = worst.max(oa_swap_val);
+                    }
+                    if worst < bar {
+                        worst = worst.max(cached_val(
+                            w,
+                            Cache::Swap,
+                            slot,
+                            (mw, r, cb_swap, (hp, q), p.z),
+                        ));
+                    }
+                    offer(worst, lp, floor_gain, 2, (i, q, j, true), &mut best);
                 }
             }
         }
@@ -1488,6 +1465,33 @@ fn cached_val(
     let cache = match which {
         Cache::Rep => &mut *w.rep_val,
         Cache::Swap => &mut *w.swap_val,
+    };
+    if let Some(v) = cache.get_mut(slot) {
+        *v = x;
+    }
+    x
+}
+
+/// The largest new load among the other holders of the slot's expert (cached per step).
+fn cached_mu(
+    w: &mut Work<'_>,
+    which: Cache,
+    slot: usize,
+    (mw, r, c, pq, z): (usize, usize, Change, (usize, usize), f64),
+) -> f64 {
+    let cache = match which {
+        Cache::Rep => &*w.rep_mu,
+        Cache::Swap => &*w.swap_mu,
+    };
+    if let Some(&x) = cache.get(slot)
+        && !x.is_nan()
+    {
+        return x;
+    }
+    let x = w.others(mw, r, c, pq, true, z, false).0;
+    let cache = match which {
+        Cache::Rep => &mut *w.rep_mu,
+        Cache::Swap => &mut *w.swap_mu,
     };
     if let Some(v) = cache.get_mut(slot) {
         *v = x;
