@@ -1240,11 +1240,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                     remove: Some(q),
                                     add: None,
                                 };
-                                if mp.max(mq) < bar {
-                                    if oa_rep_mu.is_nan() {
-                                        oa_rep_mu =
-                                            w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
-                                    }
+                                if mp.max(mq) < bar && oa_rep_mu.is_nan() {
+                                    oa_rep_mu =
+                                        w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
                                 }
                                 let ok = mp.max(mq).max(oa_rep_mu) < bar
                                     && rmu < bar
