@@ -194,6 +194,8 @@ struct Work<'a> {
     nx: &'a mut [f64],
     /// Slots per rank.
     s: usize,
+    /// The rank count and its tabulated shares.
+    rr: Ranks,
     /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
     psh: &'a mut [f64],
     /// Per step: each partner's largest slot load (`[partners]`).
@@ -243,6 +245,7 @@ impl<'a> Work<'a> {
             nu: arena.f64s(r * shape.slots_per_rank())?,
             nx: arena.f64s(n)?,
             s: shape.slots_per_rank(),
+            rr: Ranks::new(shape.ranks()),
             psh: arena.f64s(r * shape.slots_per_rank())?,
             pmax: arena.f64s(r)?,
             prep: arena.f64s(r)?,
@@ -527,43 +530,63 @@ fn set_holder(mask: &mut [u64], mw: usize, e: usize, r: usize, on: bool) {
     }
 }
 
-/// The rank count and its reciprocal (so a share costs no division).
+/// Holder counts whose shares are tabulated.
+const TAB_D: usize = 8;
+
+/// The rank count, its reciprocal, and the shares of up to `TAB_D` holders, tabulated: the
+/// search asks for thousands of shares per step.
 #[derive(Clone, Copy)]
 struct Ranks {
     n: usize,
     inv: f64,
+    /// `tab[d (d - 1) / 2 + j]`: the share of holder `j` among `d`.
+    tab: [f64; TAB_D * (TAB_D + 1) / 2],
 }
 
 impl Ranks {
     fn new(n: usize) -> Self {
-        Self {
+        let mut r = Self {
             n,
             inv: 1.0 / n.max(1) as f64,
+            tab: [0.0; TAB_D * (TAB_D + 1) / 2],
+        };
+        for d in 1..=TAB_D {
+            for j in 0..d {
+                let v = r.compute(d, j);
+                if let Some(x) = r.tab.get_mut(d * (d - 1) / 2 + j) {
+                    *x = v;
+                }
+            }
         }
+        r
+    }
+
+    /// `(floor((r - 1 - j) / d) + 1) / r`.
+    fn compute(&self, d: usize, j: usize) -> f64 {
+        let r = self.n;
+        if d == 0 || r == 0 {
+            return 0.0;
+        }
+        let k = (r - 1 - j.min(r - 1)) / d;
+        // Through i64: a direct conversion (usize to f64 is not one instruction on x86_64).
+        (k + 1) as i64 as f64 * self.inv
     }
 }
 
 /// Share of holder `j` among `d` holders on `r` ranks: `(floor((r - 1 - j) / d) + 1) / r`.
 #[inline(always)]
-fn share(r: Ranks, d: usize, j: usize) -> f64 {
-    let Ranks { n: r, inv } = r;
-    if d == 0 || r == 0 {
-        return 0.0;
+fn share(r: &Ranks, d: usize, j: usize) -> f64 {
+    if d <= TAB_D
+        && j < d
+        && let Some(&x) = r.tab.get(d * (d.wrapping_sub(1)) / 2 + j)
+    {
+        return x;
     }
-    let x = r - 1 - j.min(r - 1);
-    // Constant divisors for the common holder counts: a multiply instead of a division.
-    let k = match d {
-        1 => x,
-        2 => x / 2,
-        3 => x / 3,
-        4 => x / 4,
-        _ => x / d,
-    };
-    (k + 1) as f64 * inv
+    r.compute(d, j)
 }
 
 /// The current share of expert `e` on holder `rank` (0 if it does not hold it).
-fn share_of(mask: &[u64], mw: usize, r: Ranks, e: usize, rank: usize) -> f64 {
+fn share_of(mask: &[u64], mw: usize, r: &Ranks, e: usize, rank: usize) -> f64 {
     let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
     let (wi, bit) = (rank / 64, rank % 64);
     if words.get(wi).is_none_or(|m| m & (1u64 << bit) == 0) {
@@ -641,12 +664,12 @@ struct Change {
 impl Work<'_> {
     /// Records in `dmu` and `da`/`db` (by `which`) the load and share changes of `c` on every
     /// rank, and the touched ranks.
-    fn change(&mut self, mw: usize, r: usize, c: Change, which: bool, nt: &mut usize) {
+    fn change(&mut self, mw: usize, c: Change, which: bool, nt: &mut usize) {
         let words = self.mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
         let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
         let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
-        let rr = Ranks::new(r);
+        let rr = &self.rr;
         let (mut j_old, mut j_new) = (0usize, 0usize);
         for (wi, &m) in words.iter().enumerate() {
             let mut bits = m;
@@ -694,7 +717,6 @@ impl Work<'_> {
     fn others(
         &self,
         mw: usize,
-        r: usize,
         c: Change,
         (p, q): (usize, usize),
         as_b: bool,
@@ -705,7 +727,7 @@ impl Work<'_> {
         let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
         let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
-        let rr = Ranks::new(r);
+        let rr = &self.rr;
         let (mut j_old, mut j_new) = (0usize, 0usize);
         let (mut mu_max, mut val_max) = (f64::MIN, f64::MIN);
         for (wi, &m) in words.iter().enumerate() {
@@ -912,17 +934,7 @@ impl Work<'_> {
 
     /// Records a move: `swap` trades `a` (on `hp`) and `b` (on `q`); otherwise `a` gets a copy on
     /// `q` in place of `b`'s. Returns the touched-rank count.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &mut self,
-        mw: usize,
-        r: usize,
-        a: usize,
-        b: usize,
-        hp: usize,
-        q: usize,
-        swap: bool,
-    ) -> usize {
+    fn record(&mut self, mw: usize, a: usize, b: usize, hp: usize, q: usize, swap: bool) -> usize {
         let mut nt = 0;
         let (ca, cb) = if swap {
             (
@@ -951,8 +963,8 @@ impl Work<'_> {
                 },
             )
         };
-        self.change(mw, r, ca, false, &mut nt);
-        self.change(mw, r, cb, true, &mut nt);
+        self.change(mw, ca, false, &mut nt);
+        self.change(mw, cb, true, &mut nt);
         nt
     }
 }
@@ -964,7 +976,8 @@ type Candidate = (f64, usize, usize, usize, usize, bool);
 /// The local search on one layer `row` (`[R][S]`), in place.
 fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     let (r, s, n) = (shape.ranks(), shape.slots_per_rank(), shape.experts());
-    let rr = Ranks::new(r);
+    let ranks = w.rr;
+    let rr = &ranks;
     let mw = mask_words(shape);
     if r < 2 {
         return;
@@ -1073,7 +1086,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         remove: Some(q),
                         add: None,
                     };
-                    w.others(mw, r, leave, (hp, q), true, p.z, false).0
+                    w.others(mw, leave, (hp, q), true, p.z, false).0
                 } else {
                     f64::MAX
                 };
@@ -1241,8 +1254,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                     add: None,
                                 };
                                 if mp.max(mq) < bar && oa_rep_mu.is_nan() {
-                                    oa_rep_mu =
-                                        w.others(mw, r, ca_rep, (hp, q), false, p.z, false).0;
+                                    oa_rep_mu = w.others(mw, ca_rep, (hp, q), false, p.z, false).0;
                                 }
                                 let ok = mp.max(mq).max(oa_rep_mu) < bar
                                     && rmu < bar
@@ -1266,9 +1278,8 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                     let mut worst = vp.max(value(mq, var, p.z));
                                     if worst < bar {
                                         if oa_rep_val.is_nan() {
-                                            oa_rep_val = w
-                                                .others(mw, r, ca_rep, (hp, q), false, p.z, true)
-                                                .1;
+                                            oa_rep_val =
+                                                w.others(mw, ca_rep, (hp, q), false, p.z, true).1;
                                         }
                                         worst = worst.max(oa_rep_val);
                                     }
@@ -1277,13 +1288,13 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                             w,
                                             Cache::Rep,
                                             slot,
-                                            (mw, r, cb_rep, (hp, q), p.z),
+                                            (mw, cb_rep, (hp, q), p.z),
                                         ));
                                     }
                                     offer(worst, lp, floor_gain, 1, (i, q, j, false), &mut best);
                                 }
                             } else {
-                                let nt = w.record(mw, r, a, b, hp, q, false);
+                                let nt = w.record(mw, a, b, hp, q, false);
                                 score(w, nt, a, b, lp, mean, p, 1, (i, q, j, false), &mut best);
                             }
                         }
@@ -1333,7 +1344,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         continue;
                     }
                     if shared_holder(w.mask, mw, a, b, hp, q) {
-                        let nt = w.record(mw, r, a, b, hp, q, true);
+                        let nt = w.record(mw, a, b, hp, q, true);
                         score(w, nt, a, b, lp, mean, p, 2, (i, q, j, true), &mut best);
                         continue;
                     }
@@ -1344,7 +1355,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         continue;
                     }
                     if oa_swap_mu.is_nan() {
-                        oa_swap_mu = w.others(mw, r, ca_swap, (hp, q), false, p.z, false).0;
+                        oa_swap_mu = w.others(mw, ca_swap, (hp, q), false, p.z, false).0;
                     }
                     let cb_swap = Change {
                         e: b,
@@ -1352,7 +1363,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         add: Some(hp),
                     };
                     if oa_swap_mu >= bar
-                        || cached_mu(w, Cache::Swap, slot, (mw, r, cb_swap, (hp, q), p.z)) >= bar
+                        || cached_mu(w, Cache::Swap, slot, (mw, cb_swap, (hp, q), p.z)) >= bar
                         || !below_bar(mp, nv - sbp * nxb, bar, kz)
                         || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
                     {
@@ -1375,7 +1386,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     }
                     if worst < bar {
                         if oa_swap_val.is_nan() {
-                            oa_swap_val = w.others(mw, r, ca_swap, (hp, q), false, p.z, true).1;
+                            oa_swap_val = w.others(mw, ca_swap, (hp, q), false, p.z, true).1;
                         }
                         worst = worst.max(oa_swap_val);
                     }
@@ -1384,7 +1395,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                             w,
                             Cache::Swap,
                             slot,
-                            (mw, r, cb_swap, (hp, q), p.z),
+                            (mw, cb_swap, (hp, q), p.z),
                         ));
                     }
                     offer(worst, lp, floor_gain, 2, (i, q, j, true), &mut best);
@@ -1398,7 +1409,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
             return;
         };
         let (a, b) = (usize::from(a), usize::from(b));
-        let nt = w.record(mw, r, a, b, hp, q, swap);
+        let nt = w.record(mw, a, b, hp, q, swap);
         w.settle(nt, a, b, true, p.z);
         if swap {
             set_holder(w.mask, mw, a, hp, false);
@@ -1448,7 +1459,7 @@ fn cached_val(
     w: &mut Work<'_>,
     which: Cache,
     slot: usize,
-    (mw, r, c, pq, z): (usize, usize, Change, (usize, usize), f64),
+    (mw, c, pq, z): (usize, Change, (usize, usize), f64),
 ) -> f64 {
     let cache = match which {
         Cache::Rep => &*w.rep_val,
@@ -1459,7 +1470,7 @@ fn cached_val(
     {
         return x;
     }
-    let x = w.others(mw, r, c, pq, true, z, true).1;
+    let x = w.others(mw, c, pq, true, z, true).1;
     let cache = match which {
         Cache::Rep => &mut *w.rep_val,
         Cache::Swap => &mut *w.swap_val,
@@ -1475,7 +1486,7 @@ fn cached_mu(
     w: &mut Work<'_>,
     which: Cache,
     slot: usize,
-    (mw, r, c, pq, z): (usize, usize, Change, (usize, usize), f64),
+    (mw, c, pq, z): (usize, Change, (usize, usize), f64),
 ) -> f64 {
     let cache = match which {
         Cache::Rep => &*w.rep_mu,
@@ -1486,7 +1497,7 @@ fn cached_mu(
     {
         return x;
     }
-    let x = w.others(mw, r, c, pq, true, z, false).0;
+    let x = w.others(mw, c, pq, true, z, false).0;
     let cache = match which {
         Cache::Rep => &mut *w.rep_mu,
         Cache::Swap => &mut *w.swap_mu,
