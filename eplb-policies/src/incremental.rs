@@ -1217,8 +1217,10 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     remove: Some(hp),
                     add: Some(q),
                 };
-                let (mut oa_rep_mu, mut oa_rep_val) = (f64::NAN, f64::NAN);
-                let (mut oa_swap_mu, mut oa_swap_val) = (f64::NAN, f64::NAN);
+                // A single copy of a has no holder but p: nothing to evaluate.
+                let none = if ca == 1 { f64::MIN } else { f64::NAN };
+                let (mut oa_rep_mu, mut oa_rep_val) = (none, none);
+                let (mut oa_swap_mu, mut oa_swap_val) = (none, none);
                 for j in 0..s {
                     let Some(&b) = row.get(q * s + j) else { break };
                     let b = usize::from(b);
