@@ -163,14 +163,17 @@ struct Work<'a> {
     rec: &'a mut [f64],
     /// Per-window variance per expert (for the shift tests).
     var: &'a mut [f64],
-    /// Centered per-window samples, expert-major `[N][ROWS]`: `T <= MAX_WINDOWS` window rows,
+    /// Centered per-window samples, expert-major `[N][stride]`: `T <= MAX_WINDOWS` window rows,
     /// then the past cycles' deviations.
     xc: &'a mut [f64],
-    /// Windows in `xc`.
+    /// Rows in `xc` and `y`.
     t: usize,
+    /// Row stride of `xc` and `y` for this layer (at most `ROWS`): the rows this layer can use,
+    /// so the samples stay dense in cache.
+    stride: usize,
     /// Predicted load per rank.
     load: &'a mut [f64],
-    /// Centered per-window load per rank `[R][ROWS]`.
+    /// Centered per-window load per rank `[R][stride]`.
     y: &'a mut [f64],
     /// Per-candidate deltas per rank: load, share of expert a, share of expert b.
     dmu: &'a mut [f64],
@@ -232,6 +235,7 @@ impl<'a> Work<'a> {
             var: arena.f64s(n)?,
             xc: arena.f64s(ROWS * n)?,
             t: 0,
+            stride: ROWS,
             load: arena.f64s(r)?,
             y: arena.f64s(r * ROWS)?,
             dmu: arena.f64s(r)?,
@@ -340,6 +344,16 @@ impl Policy for Incremental {
             ) else {
                 continue;
             };
+            let windows = input
+                .samples()
+                .map_or(1, |s| s.windows())
+                .clamp(1, MAX_WINDOWS);
+            let past_rows = if self.params.workload_weight > 0.0 {
+                ((*pm & 0xffff_ffff) as usize).min(PAST)
+            } else {
+                0
+            };
+            w.stride = windows + past_rows;
             estimate(input, l, &self.params, &mut w, he, hn);
             workload_spread(&self.params, &mut w, pa, pm);
             search(&shape, &self.params, &mut w, row);
@@ -437,10 +451,11 @@ fn estimate(
             *a = r / kf;
         }
     }
-    // Expert-major `[N][ROWS]`, so a rank's variance reads each expert's rows contiguously.
+    // Expert-major `[N][stride]`, so a rank's variance reads each expert's rows contiguously.
+    let stride = w.stride;
     for i in 0..w.t {
         for (e, (&v, &m)) in sample(from + i).iter().zip(w.est.iter()).enumerate() {
-            if let Some(x) = w.xc.get_mut(e * ROWS + i) {
+            if let Some(x) = w.xc.get_mut(e * stride + i) {
                 *x = v - m;
             }
         }
@@ -493,7 +508,7 @@ fn workload_spread(p: &Params, w: &mut Work<'_>, past: &mut [f64], meta: &mut u6
             1.0
         };
         let kp = libm::sqrt(p.workload_weight * tm1 / count as f64);
-        for (e, col) in w.xc.chunks_exact_mut(ROWS).take(n).enumerate() {
+        for (e, col) in w.xc.chunks_exact_mut(w.stride).take(n).enumerate() {
             let m = w.est.get(e).copied().unwrap_or(0.0);
             for x in col.iter_mut().take(tw) {
                 *x *= kw;
@@ -782,11 +797,14 @@ impl Work<'_> {
         if self.t < 2 {
             return 0.0;
         }
-        let y = self.y.get(rank * ROWS..rank * ROWS + self.t).unwrap_or(&[]);
+        let y = self
+            .y
+            .get(rank * self.stride..rank * self.stride + self.t)
+            .unwrap_or(&[]);
         let mut ss = 0.0;
         for (i, &yi) in y.iter().enumerate() {
-            let xa = self.xc.get(a * ROWS + i).copied().unwrap_or(0.0);
-            let xb = self.xc.get(b * ROWS + i).copied().unwrap_or(0.0);
+            let xa = self.xc.get(a * self.stride + i).copied().unwrap_or(0.0);
+            let xb = self.xc.get(b * self.stride + i).copied().unwrap_or(0.0);
             let v = yi + sa * xa + sb * xb;
             ss += v * v;
         }
@@ -808,10 +826,10 @@ impl Work<'_> {
                     *x += dm;
                 }
                 let t = self.t;
-                if let Some(y) = self.y.get_mut(rank * ROWS..rank * ROWS + t) {
+                if let Some(y) = self.y.get_mut(rank * self.stride..rank * self.stride + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
-                        *yi += sa * self.xc.get(a * ROWS + i).copied().unwrap_or(0.0)
-                            + sb * self.xc.get(b * ROWS + i).copied().unwrap_or(0.0);
+                        *yi += sa * self.xc.get(a * self.stride + i).copied().unwrap_or(0.0)
+                            + sb * self.xc.get(b * self.stride + i).copied().unwrap_or(0.0);
                     }
                 }
                 self.renew_value(rank, z);
@@ -829,7 +847,7 @@ impl Work<'_> {
         let t = self.t;
         let ss: f64 = self
             .y
-            .get(rank * ROWS..rank * ROWS + t)
+            .get(rank * self.stride..rank * self.stride + t)
             .unwrap_or(&[])
             .iter()
             .map(|v| v * v)
@@ -871,16 +889,28 @@ impl Work<'_> {
     /// `sum_i y_i x_i` of rank `rank`'s centered loads and expert `e`'s centered samples.
     fn dot_y(&self, rank: usize, e: usize) -> f64 {
         let t = self.t;
-        let y = self.y.get(rank * ROWS..rank * ROWS + t).unwrap_or(&[]);
-        let x = self.xc.get(e * ROWS..e * ROWS + t).unwrap_or(&[]);
+        let y = self
+            .y
+            .get(rank * self.stride..rank * self.stride + t)
+            .unwrap_or(&[]);
+        let x = self
+            .xc
+            .get(e * self.stride..e * self.stride + t)
+            .unwrap_or(&[]);
         y.iter().zip(x).map(|(a, b)| a * b).sum()
     }
 
     /// `sum_i x_i x'_i` of two experts' centered samples.
     fn dot_x(&self, e: usize, f: usize) -> f64 {
         let t = self.t;
-        let x = self.xc.get(e * ROWS..e * ROWS + t).unwrap_or(&[]);
-        let y = self.xc.get(f * ROWS..f * ROWS + t).unwrap_or(&[]);
+        let x = self
+            .xc
+            .get(e * self.stride..e * self.stride + t)
+            .unwrap_or(&[]);
+        let y = self
+            .xc
+            .get(f * self.stride..f * self.stride + t)
+            .unwrap_or(&[]);
         x.iter().zip(y).map(|(a, b)| a * b).sum()
     }
 
@@ -1001,7 +1031,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     w.dmu.fill(0.0);
     w.da.fill(0.0);
     w.db.fill(0.0);
-    let t = w.t;
+    let (t, stride) = (w.t, w.stride);
     for e in 0..n {
         let we = w.est.get(e).copied().unwrap_or(0.0);
         let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
@@ -1017,9 +1047,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 if let Some(x) = w.load.get_mut(rank) {
                     *x += we * sh;
                 }
-                if let Some(y) = w.y.get_mut(rank * ROWS..rank * ROWS + t) {
+                if let Some(y) = w.y.get_mut(rank * stride..rank * stride + t) {
                     for (i, yi) in y.iter_mut().enumerate() {
-                        *yi += sh * w.xc.get(e * ROWS + i).copied().unwrap_or(0.0);
+                        *yi += sh * w.xc.get(e * stride + i).copied().unwrap_or(0.0);
                     }
                 }
                 j += 1;
