@@ -1612,3 +1612,67 @@ fn score(
         *best = Some((gain, i, q, j, cost, swap));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::vec;
+
+    use super::*;
+
+    #[test]
+    fn tabulated_shares_match_the_log2phy_formula() {
+        for n in [1usize, 2, 3, 7, 8, 16, 63, 64, 257] {
+            let r = Ranks::new(n);
+            for d in 1..=TAB_D + 4 {
+                for j in 0..d.min(n) {
+                    let want = ((n - 1 - j) / d + 1) as f64 / n as f64;
+                    let got = share(&r, d, j);
+                    assert!(
+                        (got - want).abs() <= 1e-15,
+                        "n {n} d {d} j {j}: {got} {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn closed_form_variance_matches_the_direct_sum() {
+        let shape = Shape::new(1, 6, 3, 3).unwrap();
+        let mut scratch = vec![0u64; Work::words(&shape)];
+        let mut arena = Arena::new(&mut scratch);
+        let mut w = Work::carve(&mut arena, &shape).unwrap();
+        w.t = 7;
+        w.stride = 9;
+        // Deterministic pseudo-random centered samples and rank loads.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 2001) as f64 - 1000.0
+        };
+        for v in w.xc.iter_mut() {
+            *v = next();
+        }
+        for v in w.y.iter_mut() {
+            *v = next();
+        }
+        for rank in 0..3 {
+            w.renew_value(rank, 1.0);
+        }
+        for rank in 0..3 {
+            for (a, b, sa, sb) in [(0, 1, 0.5, -1.0), (2, 5, -1.0, 1.0), (3, 3, 0.25, 0.0)] {
+                let direct = w.var_with(rank, a, sa, b, sb);
+                let syy = w.syy[rank];
+                let (cya, cyb) = (w.dot_y(rank, a), w.dot_y(rank, b));
+                let g = (w.dot_x(a, a), w.dot_x(b, b), w.dot_x(a, b));
+                let closed = w.var_of(syy, (cya, cyb), g, sa, sb);
+                assert!(
+                    (direct - closed).abs() <= 1e-9 * direct.abs().max(1.0),
+                    "rank {rank} a {a} b {b}: {direct} {closed}"
+                );
+            }
+        }
+    }
+}
