@@ -82,7 +82,8 @@ pub struct Params {
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
-    /// `usize::MAX`, tries every other rank).
+    /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller
+    /// value trades balance and fetches for time (`BENCHMARKS.md`).
     pub partners: usize,
     /// Mean squared z-score above which the recent windows are taken as a shift.
     pub shift_threshold: f64,
