@@ -677,52 +677,58 @@ struct Change {
     add: Option<usize>,
 }
 
+/// Calls `f(rank, ds)` for every holder of `c.e` (before or after) whose log2phy share changes
+/// by `ds != 0` when the expert loses `c.remove` and/or gains `c.add`.
+fn share_changes(mask: &[u64], mw: usize, rr: &Ranks, c: Change, mut f: impl FnMut(usize, f64)) {
+    let words = mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
+    let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+    let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
+    let (mut j_old, mut j_new) = (0usize, 0usize);
+    for (wi, &m) in words.iter().enumerate() {
+        let mut bits = m;
+        if let Some(a) = c.add
+            && a / 64 == wi
+        {
+            bits |= 1u64 << (a % 64);
+        }
+        while bits != 0 {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let rank = wi * 64 + b;
+            let in_old = m & (1u64 << b) != 0;
+            let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
+            let before = if in_old { share(rr, d_old, j_old) } else { 0.0 };
+            let after = if in_new { share(rr, d_new, j_new) } else { 0.0 };
+            j_old += usize::from(in_old);
+            j_new += usize::from(in_new);
+            let ds = after - before;
+            if ds != 0.0 {
+                f(rank, ds);
+            }
+        }
+    }
+}
+
 impl Work<'_> {
     /// Records in `dmu` and `da`/`db` (by `which`) the load and share changes of `c` on every
     /// rank, and the touched ranks.
     fn change(&mut self, mw: usize, c: Change, which: bool, nt: &mut usize) {
-        let words = self.mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
-        let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
-        let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
-        let rr = &self.rr;
-        let (mut j_old, mut j_new) = (0usize, 0usize);
-        for (wi, &m) in words.iter().enumerate() {
-            let mut bits = m;
-            if let Some(a) = c.add
-                && a / 64 == wi
-            {
-                bits |= 1u64 << (a % 64);
+        share_changes(self.mask, mw, &self.rr, c, |rank, ds| {
+            let first_touch = self.da.get(rank).is_some_and(|&x| x == 0.0)
+                && self.db.get(rank).is_some_and(|&x| x == 0.0);
+            if first_touch && let Some(t) = self.touched.get_mut(*nt) {
+                *t = rank as u16;
+                *nt += 1;
             }
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let rank = wi * 64 + b;
-                let in_old = m & (1u64 << b) != 0;
-                let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
-                let before = if in_old { share(rr, d_old, j_old) } else { 0.0 };
-                let after = if in_new { share(rr, d_new, j_new) } else { 0.0 };
-                j_old += usize::from(in_old);
-                j_new += usize::from(in_new);
-                let ds = after - before;
-                if ds == 0.0 {
-                    continue;
-                }
-                let first_touch = self.da.get(rank).is_some_and(|&x| x == 0.0)
-                    && self.db.get(rank).is_some_and(|&x| x == 0.0);
-                if first_touch && let Some(t) = self.touched.get_mut(*nt) {
-                    *t = rank as u16;
-                    *nt += 1;
-                }
-                if let Some(x) = self.dmu.get_mut(rank) {
-                    *x += we * ds;
-                }
-                let buf = if which { &mut *self.db } else { &mut *self.da };
-                if let Some(x) = buf.get_mut(rank) {
-                    *x += ds;
-                }
+            if let Some(x) = self.dmu.get_mut(rank) {
+                *x += we * ds;
             }
-        }
+            let buf = if which { &mut *self.db } else { &mut *self.da };
+            if let Some(x) = buf.get_mut(rank) {
+                *x += ds;
+            }
+        });
     }
 
     /// The holders of expert `e` other than `p` and `q` whose share changes when `e` loses
@@ -739,46 +745,23 @@ impl Work<'_> {
         z: f64,
         values: bool,
     ) -> (f64, f64) {
-        let words = self.mask.get(c.e * mw..(c.e + 1) * mw).unwrap_or(&[]);
-        let d_old: usize = words.iter().map(|m| m.count_ones() as usize).sum();
-        let d_new = d_old - usize::from(c.remove.is_some()) + usize::from(c.add.is_some());
         let we = self.est.get(c.e).copied().unwrap_or(0.0);
-        let rr = &self.rr;
-        let (mut j_old, mut j_new) = (0usize, 0usize);
         let (mut mu_max, mut val_max) = (f64::MIN, f64::MIN);
-        for (wi, &m) in words.iter().enumerate() {
-            let mut bits = m;
-            if let Some(a) = c.add
-                && a / 64 == wi
-            {
-                bits |= 1u64 << (a % 64);
+        share_changes(self.mask, mw, &self.rr, c, |rank, ds| {
+            if rank == p || rank == q {
+                return;
             }
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let rank = wi * 64 + b;
-                let in_old = m & (1u64 << b) != 0;
-                let in_new = (in_old && c.remove != Some(rank)) || c.add == Some(rank);
-                let before = if in_old { share(rr, d_old, j_old) } else { 0.0 };
-                let after = if in_new { share(rr, d_new, j_new) } else { 0.0 };
-                j_old += usize::from(in_old);
-                j_new += usize::from(in_new);
-                let ds = after - before;
-                if ds == 0.0 || rank == p || rank == q {
-                    continue;
-                }
-                let mu = self.load.get(rank).copied().unwrap_or(0.0) + we * ds;
-                mu_max = mu_max.max(mu);
-                if values {
-                    let var = if as_b {
-                        self.var_with(rank, 0, 0.0, c.e, ds)
-                    } else {
-                        self.var_with(rank, c.e, ds, 0, 0.0)
-                    };
-                    val_max = val_max.max(value(mu, var, z));
-                }
+            let mu = self.load.get(rank).copied().unwrap_or(0.0) + we * ds;
+            mu_max = mu_max.max(mu);
+            if values {
+                let var = if as_b {
+                    self.var_with(rank, 0, 0.0, c.e, ds)
+                } else {
+                    self.var_with(rank, c.e, ds, 0, 0.0)
+                };
+                val_max = val_max.max(value(mu, var, z));
             }
-        }
+        });
         (mu_max, val_max)
     }
 
@@ -1317,9 +1300,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                                         worst = worst.max(oa_rep_val);
                                     }
                                     if worst < bar {
-                                        worst = worst.max(cached_val(
+                                        worst = worst.max(cached(
                                             w,
-                                            Cache::Rep,
+                                            Cache::RepVal,
                                             slot,
                                             (mw, cb_rep, (hp, q), p.z),
                                         ));
@@ -1396,7 +1379,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         add: Some(hp),
                     };
                     if oa_swap_mu >= bar
-                        || cached_mu(w, Cache::Swap, slot, (mw, cb_swap, (hp, q), p.z)) >= bar
+                        || cached(w, Cache::SwapMu, slot, (mw, cb_swap, (hp, q), p.z)) >= bar
                         || !below_bar(mp, nv - sbp * nxb, bar, kz)
                         || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
                     {
@@ -1424,12 +1407,8 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         worst = worst.max(oa_swap_val);
                     }
                     if worst < bar {
-                        worst = worst.max(cached_val(
-                            w,
-                            Cache::Swap,
-                            slot,
-                            (mw, cb_swap, (hp, q), p.z),
-                        ));
+                        worst =
+                            worst.max(cached(w, Cache::SwapVal, slot, (mw, cb_swap, (hp, q), p.z)));
                     }
                     offer(worst, lp, floor_gain, 2, (i, q, j, true), &mut best);
                 }
@@ -1480,62 +1459,41 @@ fn sort_ranks(w: &mut Work<'_>) {
     });
 }
 
-/// Which per-slot cache of the other holders' effect.
+/// Which per-slot cache of the other holders' effect: after a replicate over the slot or a
+/// swap of it, their largest new load or value.
 #[derive(Clone, Copy)]
 enum Cache {
-    Rep,
-    Swap,
+    RepVal,
+    SwapMu,
+    SwapVal,
 }
 
-/// The largest new value among the other holders of the slot's expert (cached per step).
-fn cached_val(
+/// The other holders' effect for `slot` from the `which` cache, computed once per step.
+fn cached(
     w: &mut Work<'_>,
     which: Cache,
     slot: usize,
     (mw, c, pq, z): (usize, Change, (usize, usize), f64),
 ) -> f64 {
-    let cache = match which {
-        Cache::Rep => &*w.rep_val,
-        Cache::Swap => &*w.swap_val,
+    let values = !matches!(which, Cache::SwapMu);
+    let get = |w: &Work<'_>| match which {
+        Cache::RepVal => w.rep_val.get(slot).copied(),
+        Cache::SwapMu => w.swap_mu.get(slot).copied(),
+        Cache::SwapVal => w.swap_val.get(slot).copied(),
     };
-    if let Some(&x) = cache.get(slot)
+    if let Some(x) = get(w)
         && !x.is_nan()
     {
         return x;
     }
-    let x = w.others(mw, c, pq, true, z, true).1;
-    let cache = match which {
-        Cache::Rep => &mut *w.rep_val,
-        Cache::Swap => &mut *w.swap_val,
+    let (mu, val) = w.others(mw, c, pq, true, z, values);
+    let x = if values { val } else { mu };
+    let dst = match which {
+        Cache::RepVal => w.rep_val.get_mut(slot),
+        Cache::SwapMu => w.swap_mu.get_mut(slot),
+        Cache::SwapVal => w.swap_val.get_mut(slot),
     };
-    if let Some(v) = cache.get_mut(slot) {
-        *v = x;
-    }
-    x
-}
-
-/// The largest new load among the other holders of the slot's expert (cached per step).
-fn cached_mu(
-    w: &mut Work<'_>,
-    which: Cache,
-    slot: usize,
-    (mw, c, pq, z): (usize, Change, (usize, usize), f64),
-) -> f64 {
-    let cache = match which {
-        Cache::Rep => &*w.rep_mu,
-        Cache::Swap => &*w.swap_mu,
-    };
-    if let Some(&x) = cache.get(slot)
-        && !x.is_nan()
-    {
-        return x;
-    }
-    let x = w.others(mw, c, pq, true, z, false).0;
-    let cache = match which {
-        Cache::Rep => &mut *w.rep_mu,
-        Cache::Swap => &mut *w.swap_mu,
-    };
-    if let Some(v) = cache.get_mut(slot) {
+    if let Some(v) = dst {
         *v = x;
     }
     x

@@ -11,11 +11,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use eplb_core::metrics::Routing;
+mod common;
+
 use eplb_core::{Placement, Shape};
 use eplb_policies::incremental::{Incremental, Params};
 use eplb_policies::{Error, Input, Policy, PolicyKind, Samples};
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate_with};
+use eplb_runtime::simulate::simulate_with;
 
 /// One recorded call: current placement, loads, samples (windows, data), seed, output.
 struct Call {
@@ -68,44 +69,13 @@ fn main() {
         eprintln!("usage: replay_incremental TRACE R X [REPEATS]");
         std::process::exit(2);
     }
-    let bytes = std::fs::read(&args[0]).expect("trace");
-    let heat = eplb_map::heat::load_heat(&bytes, None).expect("heat");
-    let trace = SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts: heat.counts_u64().expect("integer counts"),
-    };
+    let trace = common::load_trace(&args[0]);
     let repeats: usize = args.get(3).map_or(5, |r| r.parse().expect("REPEATS"));
     let mut p = Params::default();
     for kv in args.iter().skip(4) {
-        let (k, v) = kv.split_once('=').expect("key=value");
-        let v: f64 = v.parse().expect("number");
-        match k {
-            "gain" => p.gain_per_fetch = v,
-            "budget" => p.max_fetch_fraction = v,
-            "partners" => p.partners = v as usize,
-            "shift" => p.shift_threshold = v,
-            "history" => p.history_windows = v,
-            "z" => p.z = v,
-            "movers" => p.movers = v as usize,
-            "ww" => p.workload_weight = v,
-            _ => panic!("unknown key {k}"),
-        }
+        common::set_param(&mut p, kv);
     }
-    let cfg = SimConfig {
-        ranks: args[1].parse().expect("R"),
-        redundant: args[2].parse().expect("X"),
-        ranks_per_node: None,
-        groups: None,
-        policy: SimPolicy::Policy(PolicyKind::Incremental),
-        heat_interval: 10,
-        algo_interval: 1,
-        initial: Initial::Default,
-        routing: Routing::Log2Phy,
-        seed: 0,
-        expert_bytes: 8,
-    };
+    let cfg = common::anchor_cfg(&args[1], &args[2]);
     let calls = Arc::new(Mutex::new(Vec::new()));
     let rec = Recorder {
         inner: Incremental::with_params(p),

@@ -1,12 +1,15 @@
 //! Parameter sweep of the incremental policy on a trace (tuning aid; not part of the gate).
 //!
 //! `cargo run --release -p eplb-runtime --example tune_incremental -- TRACE R X [key=value ...]`
-//! with keys `gain`, `budget`, `partners`, `shift`, `history`.
+//! with keys `gain`, `budget`, `partners`, `shift`, `history`, `z`, `movers`, `ww`, or
+//! `policy=NAME` to run another policy the same way.
+
+mod common;
 
 use eplb_core::metrics::Routing;
 use eplb_policies::PolicyKind;
 use eplb_policies::incremental::{Incremental, Params};
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate_with};
+use eplb_runtime::simulate::simulate_with;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,48 +17,17 @@ fn main() {
         eprintln!("usage: tune_incremental TRACE R X [key=value ...]");
         std::process::exit(2);
     }
-    let bytes = std::fs::read(&args[0]).expect("trace");
-    let heat = eplb_map::heat::load_heat(&bytes, None).expect("heat");
-    let trace = SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts: heat.counts_u64().expect("integer counts"),
-    };
+    let trace = common::load_trace(&args[0]);
     let mut p = Params::default();
     let mut other: Option<PolicyKind> = None;
     for kv in &args[3..] {
         if let Some(name) = kv.strip_prefix("policy=") {
             other = Some(name.parse().expect("policy"));
-            continue;
-        }
-        let (k, v) = kv.split_once('=').expect("key=value");
-        let v: f64 = v.parse().expect("number");
-        match k {
-            "gain" => p.gain_per_fetch = v,
-            "budget" => p.max_fetch_fraction = v,
-            "partners" => p.partners = v as usize,
-            "shift" => p.shift_threshold = v,
-            "history" => p.history_windows = v,
-            "z" => p.z = v,
-            "movers" => p.movers = v as usize,
-            "ww" => p.workload_weight = v,
-            _ => panic!("unknown key {k}"),
+        } else {
+            common::set_param(&mut p, kv);
         }
     }
-    let cfg = SimConfig {
-        ranks: args[1].parse().expect("R"),
-        redundant: args[2].parse().expect("X"),
-        ranks_per_node: None,
-        groups: None,
-        policy: SimPolicy::Policy(PolicyKind::Incremental),
-        heat_interval: 10,
-        algo_interval: 1,
-        initial: Initial::Default,
-        routing: Routing::Log2Phy,
-        seed: 0,
-        expert_bytes: 8,
-    };
+    let cfg = common::anchor_cfg(&args[1], &args[2]);
     let pol: Box<dyn eplb_policies::Policy + Send> = match other {
         Some(k) => Box::new(eplb_policies::AnyPolicy::new(k)),
         None => Box::new(Incremental::with_params(p)),
