@@ -345,13 +345,14 @@ FAKE_EXPORT aclError aclrtGetDeviceCount(uint32_t *count) {
 
 FAKE_EXPORT const char *aclrtGetSocName(void) { return "FakeAscend"; }
 
-FAKE_EXPORT aclError aclrtCreateStream(void **stream) {
-    aclError rc = enter("aclrtCreateStream", 1);
+/* A new live handle of `kind` on the calling thread's device, for `symbol`. */
+static aclError create_handle(const char *symbol, int kind, void **out) {
+    aclError rc = enter(symbol, 1);
     if (rc != ACL_SUCCESS) return rc;
-    if (stream == NULL) return ACL_ERROR_INVALID_PARAM;
+    if (out == NULL) return ACL_ERROR_INVALID_PARAM;
     handle_t *h = calloc(1, sizeof *h);
     if (h == NULL) return ACL_ERROR_BAD_ALLOC;
-    h->kind = KIND_STREAM;
+    h->kind = kind;
     h->device = t_device;
     pthread_mutex_lock(&g_mu);
     int bad = push_handle(h);
@@ -360,20 +361,29 @@ FAKE_EXPORT aclError aclrtCreateStream(void **stream) {
         free(h);
         return ACL_ERROR_BAD_ALLOC;
     }
-    *stream = h;
+    *out = h;
     return ACL_SUCCESS;
 }
 
-FAKE_EXPORT aclError aclrtDestroyStream(void *stream) {
+/* Frees a live handle of `kind`; an unknown one is an error (with a message when `msg` is set). */
+static aclError destroy_handle(void *h, int kind, const char *msg) {
     pthread_mutex_lock(&g_mu);
-    int bad = remove_handle(stream, KIND_STREAM);
+    int bad = remove_handle(h, kind);
     pthread_mutex_unlock(&g_mu);
     if (bad) {
-        fake_cann_internal_set_msg("aclrtDestroyStream: %p is not a live stream", stream);
+        if (msg != NULL) fake_cann_internal_set_msg(msg, h);
         return ACL_ERROR_INVALID_RESOURCE_HANDLE;
     }
-    free(stream);
+    free(h);
     return ACL_SUCCESS;
+}
+
+FAKE_EXPORT aclError aclrtCreateStream(void **stream) {
+    return create_handle("aclrtCreateStream", KIND_STREAM, stream);
+}
+
+FAKE_EXPORT aclError aclrtDestroyStream(void *stream) {
+    return destroy_handle(stream, KIND_STREAM, "aclrtDestroyStream: %p is not a live stream");
 }
 
 static aclError sync_stream(const char *symbol, void *stream) {
@@ -521,31 +531,11 @@ FAKE_EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src
 }
 
 FAKE_EXPORT aclError aclrtCreateEvent(void **event) {
-    aclError rc = enter("aclrtCreateEvent", 1);
-    if (rc != ACL_SUCCESS) return rc;
-    if (event == NULL) return ACL_ERROR_INVALID_PARAM;
-    handle_t *h = calloc(1, sizeof *h);
-    if (h == NULL) return ACL_ERROR_BAD_ALLOC;
-    h->kind = KIND_EVENT;
-    h->device = t_device;
-    pthread_mutex_lock(&g_mu);
-    int bad = push_handle(h);
-    pthread_mutex_unlock(&g_mu);
-    if (bad) {
-        free(h);
-        return ACL_ERROR_BAD_ALLOC;
-    }
-    *event = h;
-    return ACL_SUCCESS;
+    return create_handle("aclrtCreateEvent", KIND_EVENT, event);
 }
 
 FAKE_EXPORT aclError aclrtDestroyEvent(void *event) {
-    pthread_mutex_lock(&g_mu);
-    int bad = remove_handle(event, KIND_EVENT);
-    pthread_mutex_unlock(&g_mu);
-    if (bad) return ACL_ERROR_INVALID_RESOURCE_HANDLE;
-    free(event);
-    return ACL_SUCCESS;
+    return destroy_handle(event, KIND_EVENT, NULL);
 }
 
 FAKE_EXPORT aclError aclrtRecordEvent(void *event, void *stream) {

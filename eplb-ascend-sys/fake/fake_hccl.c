@@ -176,6 +176,17 @@ static void free_world(world_t *w) {
     free(w);
 }
 
+/* Drops one member of `w` (g_mu held): the last one unlinks and frees the world. */
+static void release_world(world_t *w) {
+    w->alive--;
+    if (w->alive == 0) {
+        world_t **pp = &g_worlds;
+        while (*pp != w) pp = &(*pp)->next;
+        *pp = w->next;
+        free_world(w);
+    }
+}
+
 /* ---- communicator management ---- */
 
 FAKE_EXPORT const char *HcclGetErrorString(HcclResult code) {
@@ -271,13 +282,7 @@ FAKE_EXPORT HcclResult HcclCommInitRootInfo(uint32_t nRanks, const void *rootInf
         if (!wait_until(&dl) && w->joined < w->n) {
             w->present[rank] = 0;
             w->joined--;
-            w->alive--;
-            if (w->alive == 0) {
-                world_t **pp = &g_worlds;
-                while (*pp != w) pp = &(*pp)->next;
-                *pp = w->next;
-                free_world(w);
-            }
+            release_world(w);
             pthread_mutex_unlock(&g_mu);
             free(c);
             return fail(HCCL_E_TIMEOUT, "%s: rank %ld: peers did not join in time (%ld ms)", sym,
@@ -307,13 +312,7 @@ FAKE_EXPORT HcclResult HcclCommDestroy(void *comm) {
     if (!comm_ok(c)) return fail(HCCL_E_PTR, "%s: not a communicator", "HcclCommDestroy", 0, 0);
     pthread_mutex_lock(&g_mu);
     world_t *w = c->w;
-    w->alive--;
-    if (w->alive == 0) {
-        world_t **pp = &g_worlds;
-        while (*pp != w) pp = &(*pp)->next;
-        *pp = w->next;
-        free_world(w);
-    }
+    release_world(w);
     pthread_mutex_unlock(&g_mu);
     c->magic = 0;
     free(c);

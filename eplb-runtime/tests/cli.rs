@@ -4,26 +4,19 @@ mod common;
 
 use std::process::Command;
 
-use common::{eplb, shared, stderr, tmp};
+use common::{eplb, eplb_plan, shared, stderr, tmp};
 
 #[test]
 fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {
     let dir = tmp("plan");
     let out = dir.join("map.json");
-    let o = eplb(&[
-        "plan",
-        "--loads",
+    let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
-        "--ranks",
         "32",
-        "--redundant",
         "32",
-        "--policy",
         "default",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
+        &["--out", out.to_str().unwrap(), "--json"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for k in [
@@ -57,20 +50,13 @@ fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     // The written map is a valid --current for the next plan, which then moves little.
-    let o = eplb(&[
-        "plan",
-        "--loads",
+    let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
-        "--ranks",
         "32",
-        "--redundant",
         "32",
-        "--policy",
         "swift",
-        "--current",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
+        &["--current", out.to_str().unwrap(), "--json"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -193,19 +179,13 @@ fn hotness_prints_the_numbers() {
     assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
     let dir = tmp("hot");
     let map = dir.join("m.json");
-    let o = eplb(&[
-        "plan",
-        "--loads",
+    let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
-        "--ranks",
         "32",
-        "--redundant",
         "32",
-        "--policy",
         "default",
-        "--out",
-        map.to_str().unwrap(),
-    ]);
+        &["--out", map.to_str().unwrap()],
+    );
     assert!(o.status.success());
     let o = eplb(&[
         "hotness",
@@ -284,47 +264,29 @@ fn usage_errors_exit_2_and_bad_input_exits_1() {
     assert_eq!(o.status.code(), Some(2));
     let o = eplb(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
-    let o = eplb(&[
-        "plan",
-        "--loads",
-        "/nonexistent.json",
-        "--ranks",
-        "8",
-        "--redundant",
-        "8",
-        "--policy",
-        "default",
-    ]);
+    let o = eplb_plan("/nonexistent.json", "8", "8", "default", &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).starts_with("error: "));
-    let o = eplb(&[
-        "plan",
-        "--loads",
+    let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
-        "--ranks",
         "32",
-        "--redundant",
         "31",
-        "--policy",
         "default",
-    ]);
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("nearest valid redundant counts: 0 or 32"),
         "{}",
         stderr(&o)
     );
-    let o = eplb(&[
-        "plan",
-        "--loads",
+    let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
-        "--ranks",
         "32",
-        "--redundant",
         "32",
-        "--policy",
         "fastest",
-    ]);
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("unknown policy"), "{}", stderr(&o));
 }

@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Output;
 
-use common::{eplb_with as eplb, shared, stderr, stdout};
+use common::{eplb_plan, eplb_with as eplb, shared, stderr, stdout};
 
 /// Writes `text` to a fresh file and returns its path.
 fn file(name: &str, text: &str) -> PathBuf {
@@ -176,19 +176,7 @@ fn bad_deployment_values_are_errors() {
 
 fn plan(extra: &[&str]) -> Output {
     let loads = shared("data/traces/sglang_dsv3_prefill_in1024.json");
-    let mut args = vec![
-        "plan",
-        "--loads",
-        &loads,
-        "--ranks",
-        "32",
-        "--redundant",
-        "32",
-        "--policy",
-        "default",
-    ];
-    args.extend_from_slice(extra);
-    eplb(&args, false)
+    eplb_plan(&loads, "32", "32", "default", extra)
 }
 
 #[test]

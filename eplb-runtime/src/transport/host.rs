@@ -156,25 +156,9 @@ impl HostTransport {
     /// Rank `rank`'s endpoint, its slots loaded with the canonical bytes of `rows` (`[L][S]`, this
     /// rank's experts per layer), each expert `expert_bytes` long.
     pub fn new(world: Arc<HostWorld>, rank: usize, rows: &[Vec<u16>], expert_bytes: usize) -> Self {
-        let s = rows.first().map_or(0, Vec::len);
-        let slots = rows
-            .iter()
-            .enumerate()
-            .map(|(l, row)| {
-                row.iter()
-                    .map(|&e| canonical_expert_bytes(l, e, expert_bytes))
-                    .collect()
-            })
-            .collect();
-        Self {
-            world,
-            rank,
-            seq: 0,
-            expert_bytes,
-            payload: None,
-            slots,
-            buffers: vec![vec![0; expert_bytes]; s],
-        }
+        Self::loaded(world, rank, rows, expert_bytes, None, |l, e| {
+            canonical_expert_bytes(l, e, expert_bytes)
+        })
     }
 
     /// Rank `rank`'s endpoint whose slots are blobs of `payload`'s tensors, loaded with the
@@ -186,25 +170,40 @@ impl HostTransport {
         rows: &[Vec<u16>],
         payload: &ExpertPayload,
     ) -> Self {
-        let bytes = payload.total_bytes();
+        Self::loaded(
+            world,
+            rank,
+            rows,
+            payload.total_bytes(),
+            Some(payload.clone()),
+            |l, e| canonical_payload_bytes(l, e, payload),
+        )
+    }
+
+    /// An endpoint whose slot `(l, s)` holds `bytes_of(l, rows[l][s])`, every expert
+    /// `expert_bytes` long.
+    fn loaded(
+        world: Arc<HostWorld>,
+        rank: usize,
+        rows: &[Vec<u16>],
+        expert_bytes: usize,
+        payload: Option<ExpertPayload>,
+        bytes_of: impl Fn(usize, u16) -> Vec<u8>,
+    ) -> Self {
         let s = rows.first().map_or(0, Vec::len);
         let slots = rows
             .iter()
             .enumerate()
-            .map(|(l, row)| {
-                row.iter()
-                    .map(|&e| canonical_payload_bytes(l, e, payload))
-                    .collect()
-            })
+            .map(|(l, row)| row.iter().map(|&e| bytes_of(l, e)).collect())
             .collect();
         Self {
             world,
             rank,
             seq: 0,
-            expert_bytes: bytes,
-            payload: Some(payload.clone()),
+            expert_bytes,
+            payload,
             slots,
-            buffers: vec![vec![0; bytes]; s],
+            buffers: vec![vec![0; expert_bytes]; s],
         }
     }
 

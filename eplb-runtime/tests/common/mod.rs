@@ -62,6 +62,29 @@ pub fn eplb(args: &[&str]) -> Output {
     eplb_with(args, false)
 }
 
+/// Runs `eplb plan --loads LOADS --ranks R --redundant X --policy P` followed by `extra`.
+pub fn eplb_plan(
+    loads: &str,
+    ranks: &str,
+    redundant: &str,
+    policy: &str,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec![
+        "plan",
+        "--loads",
+        loads,
+        "--ranks",
+        ranks,
+        "--redundant",
+        redundant,
+        "--policy",
+        policy,
+    ];
+    args.extend_from_slice(extra);
+    eplb(&args)
+}
+
 /// Standard error as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
