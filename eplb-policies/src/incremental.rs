@@ -46,13 +46,19 @@
 //! sum of squares (kept per rank), its cross sums with the two experts (cached per step and per
 //! slot until the rank changes) and the experts' sums (`Saa` per layer, `Sab` per candidate).
 //! The other holders of a moved expert are evaluated once per step and slot.
+//! Before those checks, one branch-free pass per mover over the partner slots drops every slot
+//! that cannot beat the bar: on each side a move's value is bounded from below by the sum of a
+//! term of the mover and a term of the slot (the load it brings or leaves, and the triangle
+//! bound on the spread), so the pass compares four precomputed slot terms with four thresholds
+//! (three for a replicate). It only drops moves that the checks would reject, so the result is
+//! the same. The rank order is kept by insertion from the last step.
 //!
 //! # Memory
 //!
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
-//! per-rank loads, sums and centered loads, per-slot caches: `O(N (79 + R/64) + R (81 + 7 S))`
-//! words. State: a header, `L x N` estimates, `L`
-//! history counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
+//! per-rank loads, sums and centered loads, per-slot caches and filter terms:
+//! `O(N (79 + R/64) + R (81 + 14 S))` words. State: a header, `L x N` estimates, `L` history
+//! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies
 //!
@@ -70,7 +76,7 @@ const PAST: usize = 8;
 /// Rows of the per-window spread: the windows, then the past cycles.
 const ROWS: usize = MAX_WINDOWS + PAST;
 
-use crate::arena::{Arena, words_f64, words_u16};
+use crate::arena::{Arena, words_f64, words_u16, words_u32};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Tuning of [`Incremental`].
@@ -218,6 +224,20 @@ struct Work<'a> {
     rep_val: &'a mut [f64],
     swap_mu: &'a mut [f64],
     swap_val: &'a mut [f64],
+    /// Per step, per partner slot `[partners][S]`, the terms of the slot filter: the partner's
+    /// load without the slot's expert (`f_u`; `f_rep` is the same, or infinity where the expert
+    /// has no other copy), `f_u` plus the triangle bound on its spread (`f_rho`), the least
+    /// load the expert brings to the heaviest rank (`f_m`) and that minus the most spread it
+    /// can take off it (`f_kap`).
+    f_u: &'a mut [f64],
+    f_rep: &'a mut [f64],
+    /// `f_rep` where the slot's expert also sits on the heaviest rank, infinity elsewhere.
+    f_rep_onp: &'a mut [f64],
+    f_rho: &'a mut [f64],
+    f_m: &'a mut [f64],
+    f_kap: &'a mut [f64],
+    /// Per mover, the partner slots that pass the filter, in partner order.
+    surv: &'a mut [u32],
     mask: &'a mut [u64],
     copies: &'a mut [u16],
     touched: &'a mut [u16],
@@ -260,6 +280,13 @@ impl<'a> Work<'a> {
             rep_val: arena.f64s(r * shape.slots_per_rank())?,
             swap_mu: arena.f64s(r * shape.slots_per_rank())?,
             swap_val: arena.f64s(r * shape.slots_per_rank())?,
+            f_u: arena.f64s(r * shape.slots_per_rank())?,
+            f_rep: arena.f64s(r * shape.slots_per_rank())?,
+            f_rep_onp: arena.f64s(r * shape.slots_per_rank())?,
+            f_rho: arena.f64s(r * shape.slots_per_rank())?,
+            f_m: arena.f64s(r * shape.slots_per_rank())?,
+            f_kap: arena.f64s(r * shape.slots_per_rank())?,
+            surv: arena.u32s(r * shape.slots_per_rank() + 1)?,
             mask: arena.words(n * mask_words(shape))?,
             copies: arena.u16s(n)?,
             touched: arena.u16s(2 * r + 4)?,
@@ -273,7 +300,8 @@ impl<'a> Work<'a> {
         7 * words_f64(n)
             + words_f64(ROWS * n)
             + 9 * words_f64(r)
-            + 7 * words_f64(r * shape.slots_per_rank())
+            + 13 * words_f64(r * shape.slots_per_rank())
+            + words_u32(r * shape.slots_per_rank() + 1)
             + words_f64(r)
             + words_f64(r * ROWS)
             + n * mask_words(shape)
@@ -543,6 +571,24 @@ fn set_holder(mask: &mut [u64], mw: usize, e: usize, r: usize, on: bool) {
         } else {
             *m &= !(1u64 << (r % 64));
         }
+    }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// Turns the slot filter off on this thread, so tests can check that it changes nothing.
+    static UNFILTERED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Whether the slot filter runs (always, outside this module's tests).
+fn filtering() -> bool {
+    #[cfg(test)]
+    {
+        !UNFILTERED.with(core::cell::Cell::get)
+    }
+    #[cfg(not(test))]
+    {
+        true
     }
 }
 
@@ -1064,10 +1110,14 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     } else {
         p.z * p.z / (w.t - 1) as f64
     };
+    // z over the root of T - 1: the spread term of a value per unit of centered-load norm.
+    let zp = libm::sqrt(kz);
     let mut fetched = 0usize;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
+    let mut first = true;
     for _ in 0..4 * r * s {
-        sort_ranks(w);
+        sort_ranks(w, first);
+        first = false;
         let Some(&heavy) = w.order.last() else { return };
         let hp = usize::from(heavy);
         let lp = w.val.get(hp).copied().unwrap_or(0.0);
@@ -1121,6 +1171,30 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 }
                 if let Some(x) = w.rep_mu.get_mut(slot) {
                     *x = rmu;
+                }
+                let lq = w.load.get(q).copied().unwrap_or(0.0);
+                let nu = w.nu_of(q, b, q * s + j, sh);
+                let nxb = w.nx.get(b).copied().unwrap_or(0.0);
+                let u = lq - give;
+                let m = wb * share(rr, cb, cb - 1);
+                for (buf, v) in [
+                    (&mut *w.f_u, u),
+                    (&mut *w.f_rep, if cb >= 2 { u } else { f64::INFINITY }),
+                    (
+                        &mut *w.f_rep_onp,
+                        if cb >= 2 && holds(w.mask, mw, b, hp) {
+                            u
+                        } else {
+                            f64::INFINITY
+                        },
+                    ),
+                    (&mut *w.f_rho, u + zp * nu),
+                    (&mut *w.f_m, m),
+                    (&mut *w.f_kap, m - zp * share(rr, cb, 0) * nxb),
+                ] {
+                    if let Some(x) = buf.get_mut(slot) {
+                        *x = v;
+                    }
                 }
             }
             for (buf, v) in [
@@ -1184,7 +1258,67 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                     *x = (ds, mu, value(mu, var, p.z));
                 }
             }
-            for qi in 0..partners {
+            // The slot filter: every move of a over a partner slot is bounded from below by
+            // sums of a term of a and a term of the slot (the loads, and the triangle
+            // inequality on the spreads, on each side), so one pass over the slots drops the
+            // ones that cannot beat the bar; the rest go through the checks below, in order.
+            let nsurv = {
+                let need = need_of(&best);
+                let (bar1, bar2) = (lp - need, lp - 2.0 * need);
+                // Rounding must not drop a candidate that the exact checks accept.
+                let slack = if filtering() {
+                    1e-9 * (lp.abs() + mean.abs())
+                } else {
+                    f64::INFINITY
+                };
+                let keep_p = lp_mu - wa * spa;
+                let (a_min, a_max) = (share(rr, ca, ca - 1), share(rr, ca, 0));
+                let a_max_new = share(rr, ca + 1, 0);
+                let t_m = bar2 - keep_p + slack;
+                let t_kap = bar2 - keep_p - zp * nv + slack;
+                let t_u = bar2 - wa * a_min + slack;
+                let t_rho = bar2 - wa * a_min + zp * a_max * nxa + slack;
+                let r_u = bar1 - wa * a_min_new + slack;
+                let r_rho = bar1 - wa * a_min_new + zp * a_max_new * nxa + slack;
+                let r_mu = if ca >= 2 { f64::INFINITY } else { bar1 + slack };
+                let len = partners * s;
+                // A replicate leaves p at its value after the replicate on the partner's
+                // side, unless the slot's expert is on p too.
+                let vp_min = rep_p.iter().fold(f64::INFINITY, |m, x| m.min(x.2));
+                let rep_src = if vp_min < bar1 + slack {
+                    &*w.f_rep
+                } else {
+                    &*w.f_rep_onp
+                };
+                let mut n_s = 0usize;
+                let terms = w
+                    .f_u
+                    .iter()
+                    .zip(rep_src.iter())
+                    .zip(w.f_rho.iter())
+                    .zip(w.f_m.iter())
+                    .zip(w.f_kap.iter())
+                    .zip(w.rep_mu.iter())
+                    .take(len);
+                // Branch-free: every slot is written, and the count moves on when it passes
+                // (`surv` has room for one more than the slots).
+                for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in terms.enumerate() {
+                    let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
+                    let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
+                    if let Some(x) = w.surv.get_mut(n_s) {
+                        *x = k as u32;
+                    }
+                    n_s += usize::from(swap | rep);
+                }
+                n_s.min(len)
+            };
+            let mut si = 0usize;
+            while si < nsurv {
+                let qi = w.surv.get(si).map_or(0, |&k| k as usize) / s;
+                let group = si;
+                while si < nsurv && w.surv.get(si).map_or(0, |&k| k as usize) / s == qi {
+                    si += 1;
+                }
                 let Some(&q) = w.order.get(qi) else { break };
                 let q = usize::from(q);
                 if q == hp || holds(w.mask, mw, a, q) {
@@ -1235,7 +1369,8 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 let none = if ca == 1 { f64::MIN } else { f64::NAN };
                 let (mut oa_rep_mu, mut oa_rep_val) = (none, none);
                 let (mut oa_swap_mu, mut oa_swap_val) = (none, none);
-                for j in 0..s {
+                for js in group..si {
+                    let j = w.surv.get(js).map_or(0, |&k| k as usize) % s;
                     let Some(&b) = row.get(q * s + j) else { break };
                     let b = usize::from(b);
                     if b == a {
@@ -1446,17 +1581,33 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
     }
 }
 
-/// Orders `w.order` by rank value, ascending (ties by rank).
-fn sort_ranks(w: &mut Work<'_>) {
+/// Orders `w.order` by rank value, ascending (ties by rank): from scratch when `fresh`, else by
+/// insertion from the last order, which a move leaves nearly sorted (it changes a few values).
+fn sort_ranks(w: &mut Work<'_>, fresh: bool) {
     let val = &*w.val;
-    for (i, o) in w.order.iter_mut().enumerate() {
-        *o = i as u16;
+    let key = |x: u16| val.get(usize::from(x)).copied().unwrap_or(0.0);
+    let before = |x: u16, y: u16| key(x).total_cmp(&key(y)).then(x.cmp(&y)).is_lt();
+    if fresh {
+        for (i, o) in w.order.iter_mut().enumerate() {
+            *o = i as u16;
+        }
+        w.order
+            .sort_unstable_by(|&x, &y| key(x).total_cmp(&key(y)).then(x.cmp(&y)));
+        return;
     }
-    w.order.sort_unstable_by(|&x, &y| {
-        let kx = val.get(usize::from(x)).copied().unwrap_or(0.0);
-        let ky = val.get(usize::from(y)).copied().unwrap_or(0.0);
-        kx.total_cmp(&ky).then(x.cmp(&y))
-    });
+    for i in 1..w.order.len() {
+        let mut k = i;
+        while k > 0 {
+            let (Some(&x), Some(&y)) = (w.order.get(k - 1), w.order.get(k)) else {
+                break;
+            };
+            if !before(y, x) {
+                break;
+            }
+            w.order.swap(k - 1, k);
+            k -= 1;
+        }
+    }
 }
 
 /// Which per-slot cache of the other holders' effect: after a replicate over the slot or a
@@ -1591,6 +1742,81 @@ mod tests {
                         "n {n} d {d} j {j}: {got} {want}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Runs `cycles` cycles of the policy from a permuted default layout with replicas, on
+    /// pseudo-random per-window loads with a few hot experts, and returns every output.
+    fn outputs(shape: Shape, windows: usize, cycles: usize, seed: u64) -> vec::Vec<u16> {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut current = vec![0u16; shape.placement_len()];
+        eplb_core::Layout::Default
+            .fill(&shape, &mut current)
+            .unwrap();
+        let mut policy = Incremental::new();
+        let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+        let mut state = vec![0u64; policy.state_len(&shape)];
+        let mut all = vec::Vec::new();
+        for _ in 0..cycles {
+            let n = usize::from(shape.experts());
+            let hot: vec::Vec<f64> = (0..shape.loads_len())
+                .map(|i| {
+                    if i % n < 3 || next() % 7 == 0 {
+                        8.0
+                    } else {
+                        1.0
+                    }
+                })
+                .collect();
+            let samples: vec::Vec<f64> = (0..windows * shape.loads_len())
+                .map(|i| hot[i % shape.loads_len()] * (next() % 100) as f64)
+                .collect();
+            let loads: vec::Vec<f64> = (0..shape.loads_len())
+                .map(|i| {
+                    (0..windows)
+                        .map(|t| samples[t * shape.loads_len() + i])
+                        .sum()
+                })
+                .collect();
+            let sm = crate::Samples::new(&shape, windows, &samples).unwrap();
+            let placement = eplb_core::Placement::new(shape, &current).unwrap();
+            let input = Input::new(placement, &loads, Some(sm), 1).unwrap();
+            let mut out = vec![0u16; shape.placement_len()];
+            policy
+                .place(&input, &mut scratch, &mut state, &mut out)
+                .unwrap();
+            all.extend_from_slice(&out);
+            current = out;
+        }
+        all
+    }
+
+    #[test]
+    fn the_slot_filter_changes_no_placement() {
+        // Shapes with and without replicas, rank counts across one bitset word, one window and
+        // many.
+        let shapes = [
+            (24, 4, 7, 10),
+            (40, 8, 6, 6),
+            (64, 16, 5, 10),
+            (30, 70, 1, 3),
+        ];
+        for (k, &(n, r, s, t)) in shapes.iter().enumerate() {
+            let shape = Shape::new(2, n, r, s).unwrap();
+            for seed in 0..4u64 {
+                let seed = seed * 0x9e37_79b9 + k as u64 + 7;
+                let fast = outputs(shape, t, 4, seed);
+                UNFILTERED.with(|c| c.set(true));
+                let full = outputs(shape, t, 4, seed);
+                UNFILTERED.with(|c| c.set(false));
+                assert_eq!(fast, full, "N {n} R {r} S {s} T {t} seed {seed}");
             }
         }
     }
