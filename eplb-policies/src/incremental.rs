@@ -1765,7 +1765,7 @@ mod tests {
         let mut state = vec![0u64; policy.state_len(&shape)];
         let mut all = vec::Vec::new();
         for _ in 0..cycles {
-            let n = usize::from(shape.experts());
+            let n = shape.experts();
             let hot: vec::Vec<f64> = (0..shape.loads_len())
                 .map(|i| {
                     if i % n < 3 || next() % 7 == 0 {
