@@ -1131,6 +1131,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         // any of its experts would bring to p. The other holders' effects are filled on demand.
         for qi in 0..partners {
             let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
+            let lq = w.load.get(q).copied().unwrap_or(0.0);
             let (mut pmax, mut prep, mut pmin) = (f64::MIN, f64::MIN, f64::MAX);
             let mut prep_strict = f64::MIN;
             for j in 0..s {
@@ -1160,7 +1161,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                         prep_strict = prep_strict.max(give);
                     }
                 }
-                pmin = pmin.min(wb * share(rr, cb, cb - 1));
+                // The least load b brings to another rank (as its last holder).
+                let m = wb * share(rr, cb, cb - 1);
+                pmin = pmin.min(m);
                 if let Some(x) = w.psh.get_mut(slot) {
                     *x = sh;
                 }
@@ -1172,11 +1175,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
                 if let Some(x) = w.rep_mu.get_mut(slot) {
                     *x = rmu;
                 }
-                let lq = w.load.get(q).copied().unwrap_or(0.0);
                 let nu = w.nu_of(q, b, q * s + j, sh);
                 let nxb = w.nx.get(b).copied().unwrap_or(0.0);
                 let u = lq - give;
-                let m = wb * share(rr, cb, cb - 1);
                 for (buf, v) in [
                     (&mut *w.f_u, u),
                     (&mut *w.f_rep, if cb >= 2 { u } else { f64::INFINITY }),
