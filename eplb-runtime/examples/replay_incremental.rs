@@ -5,8 +5,10 @@
 //! [key=value ...]` (keys as in `tune_incremental`)
 //! runs `eplb simulate`'s loop once (H=10, A=1, log2phy, default layout) recording every policy
 //! input, then replays the recorded calls in order `REPEATS` times (default 5) with a fresh
-//! state each time, and prints the fastest time of each call and their mean. Replaying gives
-//! the loop's own outputs back because the policy is deterministic: the tool checks that too.
+//! state each time, and prints the fastest time of each call, their mean, and an FNV-1a
+//! fingerprint of every output (a change meant to keep the placements must keep it). Replaying
+//! gives the loop's own outputs back because the policy is deterministic: the tool checks that
+//! too.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -105,6 +107,14 @@ fn main() {
             assert_eq!(out, c.out, "call {k}: the replay differs from the loop");
         }
     }
+    // A fingerprint of every output, to check that a change leaves the placements alone.
+    let mut fnv = 0xcbf2_9ce4_8422_2325u64;
+    for c in calls.iter() {
+        for &v in &c.out {
+            fnv = (fnv ^ u64::from(v)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    println!("outputs fnv {fnv:016x}");
     let mean = best.iter().sum::<f64>() / best.len().max(1) as f64;
     let per: Vec<String> = best.iter().map(|t| format!("{t:.1}")).collect();
     println!(
