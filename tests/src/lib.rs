@@ -7,8 +7,66 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use eplb_core::Shape;
+use eplb_core::metrics::{self, Routing};
+use eplb_core::{Placement, Shape};
+use eplb_policies::{Input, Output, Policy, Summary, rebalance, scratch_len};
 use serde_json::Value;
+
+/// Per-layer PAR of `placement` under the even split (the golden files' routing).
+pub fn even_pars(shape: Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
+    let p = Placement::new(shape, placement).unwrap();
+    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
+    let mut ranks = vec![0.0; shape.ranks()];
+    let mut per_layer = vec![0.0; shape.layers()];
+    metrics::hotness(
+        &p,
+        loads,
+        Routing::Even,
+        &mut scratch,
+        &mut ranks,
+        &mut per_layer,
+    )
+    .unwrap();
+    per_layer
+}
+
+/// One [`rebalance`] of `input` by `policy` with fresh scratch and state.
+pub struct Rebalanced {
+    /// The new placement.
+    pub placement: Vec<u16>,
+    /// Per-layer PAR after (even split).
+    pub par: Vec<f64>,
+    /// The summary.
+    pub summary: Summary,
+}
+
+/// Runs [`rebalance`] once with fresh buffers; panics with `name` on an error.
+pub fn rebalance_fresh<P: Policy>(policy: &mut P, input: &Input<'_>, name: &str) -> Rebalanced {
+    let shape = *input.shape();
+    let mut scratch = vec![0u64; scratch_len(policy, &shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    let l = shape.layers();
+    let mut placement = vec![0u16; shape.placement_len()];
+    let (mut changed, mut before, mut par) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
+    let summary = rebalance(
+        policy,
+        input,
+        &mut scratch,
+        &mut state,
+        Output {
+            placement: &mut placement,
+            changed: &mut changed,
+            par_before: &mut before,
+            par_after: &mut par,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    Rebalanced {
+        placement,
+        par,
+        summary,
+    }
+}
 
 /// The project root (the workspace directory).
 pub fn project_root() -> PathBuf {

@@ -2,52 +2,16 @@
 //! DefaultEplb): exact placements where the golden file says `exact`, PAR within tolerance
 //! where it says `metric`.
 
-use eplb_core::metrics::{self, Routing};
 use eplb_core::{Placement, Shape};
 use eplb_policies::deepseek::DeepSeek;
 use eplb_policies::default::DefaultEplb;
-use eplb_policies::{Input, Output, Policy, rebalance, scratch_len};
-use eplb_tests::{GOLDEN_CASES, GoldenCase, golden};
+use eplb_policies::{Input, Policy};
+use eplb_tests::{GOLDEN_CASES, GoldenCase, even_pars, golden, rebalance_fresh};
 
 fn run<P: Policy>(policy: &mut P, shape: Shape, case: &GoldenCase) -> Vec<u16> {
     let current = Placement::new(shape, &case.current).unwrap();
     let input = Input::new(current, &case.loads, None, 0).unwrap();
-    let mut scratch = vec![0u64; scratch_len(policy, &shape)];
-    let mut state = vec![0u64; policy.state_len(&shape)];
-    let mut out = vec![0u16; shape.placement_len()];
-    let l = shape.layers();
-    let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-    rebalance(
-        policy,
-        &input,
-        &mut scratch,
-        &mut state,
-        Output {
-            placement: &mut out,
-            changed: &mut ch,
-            par_before: &mut pb,
-            par_after: &mut pa,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    out
-}
-
-fn pars(shape: Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
-    let p = Placement::new(shape, placement).unwrap();
-    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
-    let mut ranks = vec![0.0; shape.ranks()];
-    let mut per_layer = vec![0.0; shape.layers()];
-    metrics::hotness(
-        &p,
-        loads,
-        Routing::Even,
-        &mut scratch,
-        &mut ranks,
-        &mut per_layer,
-    )
-    .unwrap();
-    per_layer
+    rebalance_fresh(policy, &input, &case.name).placement
 }
 
 /// The first differing layer, for a readable failure.
@@ -66,7 +30,7 @@ fn check(case: &GoldenCase, peer: &str, shape: Shape, got: &[u16]) -> String {
     if e.placement.is_empty() {
         return format!("{}/{peer}: skipped upstream", case.name);
     }
-    let ours = pars(shape, got, &case.loads);
+    let ours = even_pars(shape, got, &case.loads);
     let mean = ours.iter().sum::<f64>() / ours.len() as f64;
     for (l, (p, lb)) in ours.iter().zip(&case.lower_bound).enumerate() {
         assert!(

@@ -1,25 +1,7 @@
 //! Every golden case loads, and our metrics reproduce its recorded PARs.
 
-use eplb_core::Placement;
-use eplb_core::metrics::{self, Routing};
-use eplb_tests::{GOLDEN_CASES, golden};
-
-fn even_pars(shape: eplb_core::Shape, placement: &[u16], loads: &[f64]) -> Vec<f64> {
-    let p = Placement::new(shape, placement).unwrap();
-    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
-    let mut ranks = vec![0.0; shape.ranks()];
-    let mut per_layer = vec![0.0; shape.layers()];
-    metrics::hotness(
-        &p,
-        loads,
-        Routing::Even,
-        &mut scratch,
-        &mut ranks,
-        &mut per_layer,
-    )
-    .unwrap();
-    per_layer
-}
+use eplb_core::metrics;
+use eplb_tests::{GOLDEN_CASES, even_pars, golden};
 
 #[test]
 fn golden_metrics_match_recorded_pars() {

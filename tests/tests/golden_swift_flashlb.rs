@@ -5,16 +5,10 @@
 use eplb_core::{Placement, Shape};
 use eplb_policies::flashlb::FlashLb;
 use eplb_policies::swift::SwiftBalance;
-use eplb_policies::{Input, Output, Policy, Samples, Summary, rebalance, scratch_len};
-use eplb_tests::{GOLDEN_CASES, GoldenCase, golden};
+use eplb_policies::{Input, Policy, Samples};
+use eplb_tests::{GOLDEN_CASES, GoldenCase, Rebalanced, golden, rebalance_fresh};
 
-struct Run {
-    placement: Vec<u16>,
-    par: Vec<f64>,
-    summary: Summary,
-}
-
-fn run<P: Policy>(policy: &mut P, case: &GoldenCase, with_windows: bool) -> Run {
+fn run<P: Policy>(policy: &mut P, case: &GoldenCase, with_windows: bool) -> Rebalanced {
     let shape: Shape = case.shape;
     let samples = match (&case.windows, with_windows) {
         (Some((t, w)), true) => Some(Samples::new(&shape, *t, w).unwrap()),
@@ -22,32 +16,10 @@ fn run<P: Policy>(policy: &mut P, case: &GoldenCase, with_windows: bool) -> Run 
     };
     let current = Placement::new(shape, &case.current).unwrap();
     let input = Input::new(current, &case.loads, samples, 0).unwrap();
-    let mut scratch = vec![0u64; scratch_len(policy, &shape)];
-    let mut state = vec![0u64; policy.state_len(&shape)];
-    let l = shape.layers();
-    let mut placement = vec![0u16; shape.placement_len()];
-    let (mut changed, mut before, mut par) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-    let summary = rebalance(
-        policy,
-        &input,
-        &mut scratch,
-        &mut state,
-        Output {
-            placement: &mut placement,
-            changed: &mut changed,
-            par_before: &mut before,
-            par_after: &mut par,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    Run {
-        placement,
-        par,
-        summary,
-    }
+    rebalance_fresh(policy, &input, &case.name)
 }
 
-fn check_common(case: &GoldenCase, who: &str, r: &Run) {
+fn check_common(case: &GoldenCase, who: &str, r: &Rebalanced) {
     assert_eq!(
         r.summary.colocated_rows, 0,
         "{}/{who}: co-located copies",
