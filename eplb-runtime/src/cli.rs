@@ -50,6 +50,8 @@ enum Command {
     Hotness(HotnessArgs),
     /// Replay a trace through the dynamic cycle and score the placements (SIMULATION.md).
     Simulate(SimulateArgs),
+    /// Simulate several policies on one trace and write one self-contained HTML page of charts.
+    Report(ReportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -120,6 +122,11 @@ struct CostArgs {
 
 impl CostArgs {
     fn resolve(&self) -> Result<CostBasis, String> {
+        self.resolve_for_trace(None)
+    }
+
+    /// With no model flags, a trace that names a known model sizes the expert.
+    fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
         CostSpec {
             model: self.model,
             hidden: self.hidden,
@@ -128,7 +135,7 @@ impl CostArgs {
             fused_mc2: self.fused_mc2,
             link: self.link.clone(),
         }
-        .resolve()
+        .resolve_for_trace(trace_model)
     }
 }
 
@@ -221,6 +228,9 @@ struct HotnessArgs {
     /// Heat: a trace, an SGLang dump, a JSON array [L][N], or per-slot loads [L][R][S].
     #[arg(long)]
     loads: PathBuf,
+    /// Also draw the rank loads per layer (log2phy routing) as an SVG heat map here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -272,13 +282,53 @@ struct SimulateArgs {
     json: bool,
 }
 
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// An eplb-trace/v1 trace with windows.
+    #[arg(long)]
+    trace: PathBuf,
+    /// EP ranks.
+    #[arg(long)]
+    ranks: u16,
+    /// Redundant experts.
+    #[arg(long)]
+    redundant: u32,
+    /// `all`, or a comma-separated list of static, 0..4, random, default, swift, flashlb,
+    /// incremental, deepseek (static is always run as the baseline).
+    #[arg(long, default_value = "all")]
+    policies: String,
+    /// Heat windows per cycle (H >= 1).
+    #[arg(long)]
+    heat_interval: u32,
+    /// Windows between the snapshot and the new placement (A >= 1).
+    #[arg(long)]
+    algo_interval: u32,
+    #[command(flatten)]
+    topo: Topology,
+    /// `default` or `random:SEED`.
+    #[arg(long, default_value = "default")]
+    initial: String,
+    /// Routing model of the metrics.
+    #[arg(long, value_enum, default_value = "log2phy")]
+    routing: RoutingArg,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    cost: CostArgs,
+    /// Where to write the HTML page (atomically).
+    #[arg(long)]
+    out: PathBuf,
+}
+
 /// Runs the tool on `args` (including the program name) and returns the exit code.
 pub fn run<I, T>(args: I) -> ExitCode
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let argv: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
@@ -292,6 +342,7 @@ where
         Command::CheckConfig(a) => check_config(&a),
         Command::Hotness(a) => hotness(&a),
         Command::Simulate(a) => simulate_cmd(&a),
+        Command::Report(a) => report_cmd(&a, &argv),
     };
     match result {
         Ok(code) => code,
@@ -304,6 +355,20 @@ where
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The model preset a trace names in its `model` object, and that object's `name`.
+fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return (None, None);
+    };
+    let Some(m) = v.get("model") else {
+        return (None, None);
+    };
+    (
+        ModelPreset::from_trace_model(m),
+        m.get("name").and_then(|n| n.as_str()).map(str::to_owned),
+    )
 }
 
 fn parse_policy(s: &str) -> Result<PolicyKind, String> {
@@ -356,8 +421,9 @@ fn warn_heat(heat: &Heat, path: &Path) {
 
 fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
-    let basis = a.cost.resolve()?;
+    a.cost.resolve()?;
     let bytes = read(&a.loads)?;
+    let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
     let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
     if format == HeatFormat::SlotLoads {
         return Err(format!(
@@ -637,6 +703,17 @@ fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
     for (l, (e, r)) in even.iter().zip(&routed).enumerate() {
         println!("{l:>5}  {e:>9.4}  {r:>12.4}");
     }
+    if let Some(out) = &a.svg {
+        let title = format!(
+            "{} under {} (log2phy routing)",
+            a.map.display(),
+            a.loads.display()
+        );
+        let svg = crate::report::hotness_svg(&placement, &loads, Routing::Log2Phy, &title)?;
+        crate::fsio::write_atomic(out, svg.as_bytes())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -657,8 +734,9 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
         SimPolicy::Policy(parse_policy(&a.policy)?)
     };
     let initial = parse_initial(&a.initial)?;
-    let basis = a.cost.resolve()?;
+    a.cost.resolve()?;
     let bytes = read(&a.trace)?;
+    let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
     let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     warn_heat(&heat, &a.trace);
     let counts = heat
@@ -727,6 +805,85 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, String> {
+    use crate::report::{PolicyList, ReportJob, shell_quote};
+    let policies = PolicyList::parse(&a.policies)?;
+    let initial = parse_initial(&a.initial)?;
+    a.cost.resolve()?;
+    let same = match (a.out.canonicalize(), a.trace.canonicalize()) {
+        (Ok(o), Ok(t)) => o == t,
+        _ => a.out == a.trace,
+    };
+    if same {
+        return Err(format!(
+            "--out {}: the output would overwrite the trace",
+            a.out.display()
+        ));
+    }
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(format!(
+            "--out {}: {} is not a directory",
+            a.out.display(),
+            dir.display()
+        ));
+    }
+    let bytes = read(&a.trace)?;
+    let (preset, model_name) = trace_model(&bytes);
+    let basis = a.cost.resolve_for_trace(preset)?;
+    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
+    warn_heat(&heat, &a.trace);
+    let counts = heat
+        .counts_u64()
+        .ok_or_else(|| format!("{}: counts must be whole token counts", a.trace.display()))?;
+    let trace = SimTrace {
+        windows: heat.windows(),
+        layers: heat.layers(),
+        experts: heat.experts(),
+        counts,
+    };
+    let base = SimConfig {
+        ranks: a.ranks,
+        redundant: a.redundant,
+        ranks_per_node: a.topo.ranks_per_node,
+        groups: a.topo.groups,
+        policy: SimPolicy::Static,
+        heat_interval: a.heat_interval,
+        algo_interval: a.algo_interval,
+        initial,
+        routing: match a.routing {
+            RoutingArg::Log2phy => Routing::Log2Phy,
+            RoutingArg::Even => Routing::Even,
+        },
+        seed: a.seed,
+        expert_bytes: 64,
+    };
+    let words: Vec<String> = argv
+        .iter()
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    let trace_name = heat.name().map(str::to_owned).unwrap_or_else(|| {
+        a.trace
+            .file_name()
+            .map_or_else(|| a.trace.display().to_string(), |f| f.to_string_lossy().into_owned())
+    });
+    let report = crate::report::run(ReportJob {
+        trace: &trace,
+        trace_name,
+        trace_model: model_name,
+        base,
+        policies,
+        basis: &basis,
+        command: shell_quote(&words),
+    })?;
+    let html = report.html()?;
+    crate::fsio::write_atomic(&a.out, html.as_bytes())
+        .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    println!("wrote {}", a.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Bytes moved over all cycles, their mean per cycle, and the mean transfer time per cycle at
 /// the link (cycles that change nothing count as zero).
 fn sim_cost(costs: &[MoveCost], basis: &CostBasis) -> (u64, f64, f64) {
@@ -737,7 +894,7 @@ fn sim_cost(costs: &[MoveCost], basis: &CostBasis) -> (u64, f64, f64) {
 }
 
 /// The cost keys of `simulate --json`.
-fn add_sim_cost(v: &mut serde_json::Value, costs: &[MoveCost], basis: &CostBasis) {
+pub(crate) fn add_sim_cost(v: &mut serde_json::Value, costs: &[MoveCost], basis: &CostBasis) {
     let (total, per_cycle, ms) = sim_cost(costs, basis);
     v["bytes_moved_total"] = json!(total);
     v["bytes_per_cycle_mean"] = json!(per_cycle);

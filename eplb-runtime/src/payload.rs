@@ -415,24 +415,28 @@ pub enum ModelPreset {
     Qwen3_235B,
     /// Qwen3-30B-A3B: `H = 2048`, `I = 768`.
     Qwen3_30B,
+    /// DeepSeek-V2-Lite (and the ESFT models built on it): `H = 2048`, `I = 1408`, bf16.
+    DeepSeekV2Lite,
 }
 
-const MODEL_NAMES: [&str; 3] = ["deepseek-v3", "qwen3-235b", "qwen3-30b"];
+const MODEL_NAMES: [&str; 4] = ["deepseek-v3", "qwen3-235b", "qwen3-30b", "deepseek-v2-lite"];
 
 impl ModelPreset {
     /// Every preset.
-    pub const ALL: [ModelPreset; 3] = [
+    pub const ALL: [ModelPreset; 4] = [
         ModelPreset::DeepSeekV3,
         ModelPreset::Qwen3_235B,
         ModelPreset::Qwen3_30B,
+        ModelPreset::DeepSeekV2Lite,
     ];
 
-    /// The command-line name: `deepseek-v3`, `qwen3-235b` or `qwen3-30b`.
+    /// The command-line name: `deepseek-v3`, `qwen3-235b`, `qwen3-30b` or `deepseek-v2-lite`.
     pub fn name(self) -> &'static str {
         match self {
             ModelPreset::DeepSeekV3 => "deepseek-v3",
             ModelPreset::Qwen3_235B => "qwen3-235b",
             ModelPreset::Qwen3_30B => "qwen3-30b",
+            ModelPreset::DeepSeekV2Lite => "deepseek-v2-lite",
         }
     }
 
@@ -442,6 +446,7 @@ impl ModelPreset {
             ModelPreset::DeepSeekV3 => "DeepSeek-V3/R1",
             ModelPreset::Qwen3_235B => "Qwen3-235B-A22B",
             ModelPreset::Qwen3_30B => "Qwen3-30B-A3B",
+            ModelPreset::DeepSeekV2Lite => "DeepSeek-V2-Lite",
         }
     }
 
@@ -451,10 +456,44 @@ impl ModelPreset {
             ModelPreset::DeepSeekV3 => (7168, 2048),
             ModelPreset::Qwen3_235B => (4096, 1536),
             ModelPreset::Qwen3_30B => (2048, 768),
+            // deepseek-ai/DeepSeek-V2-Lite `config.json`: `hidden_size` 2048,
+            // `moe_intermediate_size` 1408 (64 routed experts, top-6, `torch_dtype` bfloat16).
+            ModelPreset::DeepSeekV2Lite => (2048, 1408),
         };
         ModelDims {
             hidden,
             intermediate,
+        }
+    }
+}
+
+impl ModelPreset {
+    /// The quant type of the model's published checkpoint, when it is not what an Ascend
+    /// deployment of it usually runs (W8A8): DeepSeek-V2-Lite ships in bf16 only.
+    pub fn checkpoint_quant(self) -> Option<QuantType> {
+        match self {
+            ModelPreset::DeepSeekV2Lite => Some(QuantType::None),
+            _ => None,
+        }
+    }
+
+    /// The preset of the model an `eplb-trace/v1` trace names in its `model` object (`name`,
+    /// `arch`, `num_experts`), if one matches: `deepseek_v2` with 64 experts is DeepSeek-V2-Lite
+    /// (the ESFT traces), `deepseek_v3` is DeepSeek-V3. `None` for anything else.
+    pub fn from_trace_model(model: &Value) -> Option<Self> {
+        let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
+        let name = model
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let experts = model.get("num_experts").and_then(Value::as_u64);
+        match arch.as_str() {
+            "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
+                Some(ModelPreset::DeepSeekV2Lite)
+            }
+            "deepseek_v3" => Some(ModelPreset::DeepSeekV3),
+            _ => None,
         }
     }
 }
@@ -468,6 +507,7 @@ impl FromStr for ModelPreset {
             "deepseek-v3" | "deepseek-r1" => Ok(ModelPreset::DeepSeekV3),
             "qwen3-235b" | "qwen3-235b-a22b" => Ok(ModelPreset::Qwen3_235B),
             "qwen3-30b" | "qwen3-30b-a3b" => Ok(ModelPreset::Qwen3_30B),
+            "deepseek-v2-lite" => Ok(ModelPreset::DeepSeekV2Lite),
             _ => Err(UnknownName {
                 what: "model",
                 got: s.to_owned(),
@@ -776,7 +816,19 @@ impl CostSpec {
     /// Applies the defaults and builds the payload. `hidden` and `intermediate` go together
     /// and exclude `model`.
     pub fn resolve(&self) -> Result<CostBasis, String> {
+        self.resolve_for_trace(None)
+    }
+
+    /// [`CostSpec::resolve`] for a trace of `trace_model` (see
+    /// [`ModelPreset::from_trace_model`]): with no `model`, `hidden` or `intermediate` given,
+    /// the expert is sized by the trace's model instead of the DeepSeek-V3 default, and an
+    /// unset quant type is the model's checkpoint type ([`ModelPreset::checkpoint_quant`]).
+    pub fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
         let mut defaulted = Vec::new();
+        let from_trace = match (self.model, self.hidden, self.intermediate, trace_model) {
+            (None, None, None, Some(m)) => Some(m),
+            _ => None,
+        };
         let (model, dims) = match (self.model, self.hidden, self.intermediate) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
                 return Err(
@@ -794,15 +846,20 @@ impl CostSpec {
                 return Err("--hidden and --intermediate go together".to_owned());
             }
             (Some(m), None, None) => (m.title().to_owned(), m.dims()),
-            (None, None, None) => {
-                defaulted.push("model");
-                let m = ModelPreset::DeepSeekV3;
-                (m.title().to_owned(), m.dims())
-            }
+            (None, None, None) => match from_trace {
+                Some(m) => (format!("{} (from the trace)", m.title()), m.dims()),
+                None => {
+                    defaulted.push("model");
+                    let m = ModelPreset::DeepSeekV3;
+                    (m.title().to_owned(), m.dims())
+                }
+            },
         };
         let quant = self.quant.unwrap_or_else(|| {
             defaulted.push("quant");
-            QuantType::W8A8
+            from_trace
+                .and_then(ModelPreset::checkpoint_quant)
+                .unwrap_or(QuantType::W8A8)
         });
         let link = self.link.clone().unwrap_or_else(|| {
             defaulted.push("link");

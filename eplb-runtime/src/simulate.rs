@@ -141,6 +141,10 @@ pub struct SimResult {
     pub failed_layers: u64,
     /// The placement log.
     pub log: Vec<LogEntry>,
+    /// `PAR[w][l]` under the routing model, `[T][L]` (the numbers behind the PAR metrics).
+    pub par: Vec<f64>,
+    /// The lower-bound PAR of every window and layer, `[T][L]`.
+    pub lower_bound: Vec<f64>,
 }
 
 impl SimResult {
@@ -501,6 +505,8 @@ pub fn simulate_with(
         policy_time_ms_max: times.iter().copied().fold(0.0, f64::max) * 1e3,
         failed_layers,
         log,
+        par,
+        lower_bound: lb,
     })
 }
 
