@@ -94,8 +94,10 @@ pub fn par_lines(series: &[ParSeries<'_>], lower: &[f64], first_active: usize) -
         .filter(|v| v.is_finite());
     let (lo, hi) = all.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
     let (y0, y1) = padded(lo.min(1.0), hi);
+    // Room above the lines for the legend.
+    let y1 = y1 + 0.02 * (series.len() as f64 + 2.0) * 2.5 * (y1 - y0);
     let x1 = (t.max(2) - 1) as f64;
-    svg(WIDTH, 520, |root| {
+    svg(WIDTH, 600, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(
                 "PAR per window (mean over layers; markers: a new placement becomes active)",
@@ -224,7 +226,7 @@ pub fn fetch_bars(series: &[FetchSeries<'_>], cycles: usize) -> Result<String, S
             .margin(12)
             .x_label_area_size(48)
             .y_label_area_size(70)
-            .build_cartesian_2d(0.5f64..k + 0.5, 0f64..ymax * (1.12 + 0.07 * n))
+            .build_cartesian_2d(0.5f64..k + 0.5, 0f64..ymax * (1.15 + 0.09 * n))
             .map_err(err)?;
         chart
             .configure_mesh()
