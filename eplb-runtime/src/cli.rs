@@ -864,9 +864,10 @@ fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, S
         .map(|w| w.to_string_lossy().into_owned())
         .collect();
     let trace_name = heat.name().map(str::to_owned).unwrap_or_else(|| {
-        a.trace
-            .file_name()
-            .map_or_else(|| a.trace.display().to_string(), |f| f.to_string_lossy().into_owned())
+        a.trace.file_name().map_or_else(
+            || a.trace.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        )
     });
     let report = crate::report::run(ReportJob {
         trace: &trace,
@@ -888,7 +889,12 @@ fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, S
 /// the link (cycles that change nothing count as zero).
 fn sim_cost(costs: &[MoveCost], basis: &CostBasis) -> (u64, f64, f64) {
     let total: u64 = costs.iter().map(MoveCost::bytes_moved).sum();
-    let ms: f64 = costs.iter().map(|c| c.transfer_ms(&basis.link)).sum();
+    // `+ 0.0`: an empty float sum is -0.0.
+    let ms = costs
+        .iter()
+        .map(|c| c.transfer_ms(&basis.link))
+        .sum::<f64>()
+        + 0.0;
     let n = costs.len().max(1) as f64;
     (total, total as f64 / n, ms / n)
 }

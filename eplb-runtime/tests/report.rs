@@ -119,7 +119,10 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
     assert!(stdout(&o).contains("wrote"), "{}", stdout(&o));
     // Progress on stderr: one line per policy when stderr is not a terminal.
     assert_eq!(
-        stderr(&o).lines().filter(|l| l.starts_with("report: [")).count(),
+        stderr(&o)
+            .lines()
+            .filter(|l| l.starts_with("report: ["))
+            .count(),
         7,
         "{}",
         stderr(&o)
@@ -172,10 +175,7 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         let o = eplb(&args);
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         let json: Value = serde_json::from_slice(&o.stdout).unwrap();
-        let (got, want) = (
-            p["metrics"].as_object().unwrap(),
-            json.as_object().unwrap(),
-        );
+        let (got, want) = (p["metrics"].as_object().unwrap(), json.as_object().unwrap());
         let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<Vec<_>>();
         assert_eq!(keys(got), keys(want), "{name}: the same keys");
         for (k, v) in want {
@@ -185,9 +185,18 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
             assert_eq!(&got[k], v, "{name}: {k}");
         }
         // The chart series reproduce the metrics.
-        let par: Vec<f64> = p["par_per_window"].as_array().unwrap().iter().map(f).collect();
+        let par: Vec<f64> = p["par_per_window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect();
         assert_eq!(par.len(), t);
-        close(par.iter().sum::<f64>() / t as f64, f(&want["mean_par"]), "mean_par");
+        close(
+            par.iter().sum::<f64>() / t as f64,
+            f(&want["mean_par"]),
+            "mean_par",
+        );
         close(
             par[first..].iter().sum::<f64>() / (t - first) as f64,
             f(&want["mean_par_from_first_activation"]),
@@ -204,14 +213,22 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
             .iter()
             .map(|x| x.as_u64().unwrap())
             .sum();
-        assert_eq!(fetches, want["moves_total"].as_u64().unwrap(), "{name}: fetches");
+        assert_eq!(
+            fetches,
+            want["moves_total"].as_u64().unwrap(),
+            "{name}: fetches"
+        );
         let bytes: u64 = p["bytes_per_cycle"]
             .as_array()
             .unwrap()
             .iter()
             .map(|x| x.as_u64().unwrap())
             .sum();
-        assert_eq!(bytes, want["bytes_moved_total"].as_u64().unwrap(), "{name}: bytes");
+        assert_eq!(
+            bytes,
+            want["bytes_moved_total"].as_u64().unwrap(),
+            "{name}: bytes"
+        );
         let ms: Vec<f64> = p["transfer_ms_per_cycle"]
             .as_array()
             .unwrap()
@@ -226,7 +243,11 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         let acts = p["activations"].as_array().unwrap();
         assert_eq!(acts.len() as u64, want["cycles"].as_u64().unwrap());
         let changed = acts.iter().filter(|a| a["changed"] == true).count();
-        assert_eq!(changed as u64, want["changes"].as_u64().unwrap(), "{name}: changes");
+        assert_eq!(
+            changed as u64,
+            want["changes"].as_u64().unwrap(),
+            "{name}: changes"
+        );
         if name != "static" && changed > 0 {
             rebalanced += 1;
         }
@@ -254,7 +275,11 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
             .flat_map(|r| r.as_array().unwrap().iter().map(f))
             .collect();
         assert_eq!(all.len(), t * l);
-        close(all.iter().sum::<f64>() / (t * l) as f64, f(&p["metrics"]["mean_par"]), "heat map");
+        close(
+            all.iter().sum::<f64>() / (t * l) as f64,
+            f(&p["metrics"]["mean_par"]),
+            "heat map",
+        );
         close(
             all.iter().copied().fold(f64::MIN, f64::max),
             f(&p["metrics"]["max_par"]),
@@ -271,7 +296,11 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
     assert!(w >= first && w < t && layer < l);
     let static_rows = heat[0]["par"].as_array().unwrap();
     let worst = static_rows[w].as_array().unwrap();
-    close(f(&rl["before"]["par"]), f(&worst[layer]), "before = static PAR[w][l]");
+    close(
+        f(&rl["before"]["par"]),
+        f(&worst[layer]),
+        "before = static PAR[w][l]",
+    );
     let trace_v: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let tokens: f64 = trace_v["counts"][w][layer]
         .as_array()
@@ -280,7 +309,12 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         .map(f)
         .sum();
     for side in ["before", "after"] {
-        let loads: Vec<f64> = rl[side]["loads"].as_array().unwrap().iter().map(f).collect();
+        let loads: Vec<f64> = rl[side]["loads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect();
         assert_eq!(loads.len(), 4);
         close(loads.iter().sum::<f64>(), tokens, side);
     }
@@ -338,7 +372,11 @@ fn report_works_on_every_shared_trace() {
             path.display()
         );
         if data["windows"].as_u64().unwrap() <= 11 {
-            assert!(html.contains("no plan ever became active"), "{}", path.display());
+            assert!(
+                html.contains("no plan ever became active"),
+                "{}",
+                path.display()
+            );
         }
         std::fs::remove_file(&out).unwrap();
     }
@@ -376,10 +414,16 @@ fn the_trace_model_sizes_the_expert() {
     assert_eq!(p["intermediate"], 1408);
     assert_eq!(p["quant_type"], "none");
     assert_eq!(p["expert_bytes"], 3 * 2048 * 1408 * 2);
-    assert!(p["model"].as_str().unwrap().contains("DeepSeek-V2-Lite"), "{p}");
+    assert!(
+        p["model"].as_str().unwrap().contains("DeepSeek-V2-Lite"),
+        "{p}"
+    );
     // The flags still win.
     let p = run(&["--model", "deepseek-v3", "--quant", "W8A8"]);
-    assert_eq!((p["hidden"].clone(), p["intermediate"].clone()), (7168.into(), 2048.into()));
+    assert_eq!(
+        (p["hidden"].clone(), p["intermediate"].clone()),
+        (7168.into(), 2048.into())
+    );
     let p = run(&["--hidden", "1024", "--intermediate", "512"]);
     assert_eq!(p["hidden"], 1024);
     assert_eq!(p["quant_type"], "W8A8");
@@ -403,10 +447,12 @@ fn the_trace_model_sizes_the_expert() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["payload"]["hidden"], 7168);
-    assert!(v["payload"]["defaulted"]
-        .as_array()
-        .unwrap()
-        .contains(&"model".into()));
+    assert!(
+        v["payload"]["defaulted"]
+            .as_array()
+            .unwrap()
+            .contains(&"model".into())
+    );
 }
 
 /// The directory's entries, sorted.
@@ -435,7 +481,15 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
         ("4", &["--algo-interval", "0"], "algo-interval"),
     ];
     for (ranks, extra, needle) in cases {
-        let mut args = vec!["report", "--trace", &trace, "--ranks", ranks, "--redundant", "4"];
+        let mut args = vec![
+            "report",
+            "--trace",
+            &trace,
+            "--ranks",
+            ranks,
+            "--redundant",
+            "4",
+        ];
         if !extra.contains(&"--algo-interval") {
             args.extend_from_slice(&["--algo-interval", "1"]);
         }
@@ -445,7 +499,10 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
         let o = eplb(&args);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
-        assert!(err.lines().any(|l| l.starts_with("error: ")), "{extra:?}: {err}");
+        assert!(
+            err.lines().any(|l| l.starts_with("error: ")),
+            "{extra:?}: {err}"
+        );
         assert!(err.contains(needle), "{extra:?}: {err}");
         assert_eq!(entries(&dir), Vec::<String>::new(), "{extra:?} left a file");
     }
@@ -455,13 +512,21 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
     assert!(stderr(&o).contains("overwrite the trace"), "{}", stderr(&o));
     let o = report(&trace, &dir.join("no").join("r.html"), &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).lines().any(|l| l.starts_with("error: ")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).lines().any(|l| l.starts_with("error: ")),
+        "{}",
+        stderr(&o)
+    );
     // A failing write (a directory is in the way) leaves no temporary file behind.
     let blocked = dir.join("blocked.html");
     std::fs::create_dir(&blocked).unwrap();
     let o = report(&trace, &blocked, &["--policies", "deepseek"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).lines().any(|l| l.starts_with("error: ")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).lines().any(|l| l.starts_with("error: ")),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(entries(&dir), ["blocked.html"]);
     // Usage errors are clap's: exit 2.
     let o = eplb(&["report", "--trace", &trace, "--ranks", "4"]);
@@ -578,6 +643,10 @@ fn the_page_renders_in_headless_chromium() {
     let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
     assert_eq!((w, h), (1400, 4000));
     // A blank page compresses to a few KB; the charts do not.
-    assert!(bytes.len() > 50_000, "{} bytes: the page looks empty", bytes.len());
+    assert!(
+        bytes.len() > 50_000,
+        "{} bytes: the page looks empty",
+        bytes.len()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask demo`: replays the vendored ESFT trace through `eplb simulate` for every policy
-//! and prints realized PAR, weight moves and planner time per policy.
+//! and prints realized PAR, weight moves and planner time per policy, then writes the
+//! `eplb report` page of the first cluster to `target/eplb-demo/report.html`.
 
 use std::process::Command;
 
@@ -22,9 +23,15 @@ const POLICIES: [&str; 7] = [
 const CLUSTERS: [(u16, u32); 2] = [(8, 8), (16, 16)];
 
 pub fn demo(args: &[String]) -> Result<(), String> {
-    if let Some(a) = args.first() {
-        return Err(format!("`cargo xtask demo` takes no arguments, got `{a}`"));
-    }
+    let screenshot = match args {
+        [] => false,
+        [a] if a == "--screenshot" => true,
+        [a, ..] => {
+            return Err(format!(
+                "`cargo xtask demo` takes only `--screenshot`, got `{a}`"
+            ));
+        }
+    };
     run(
         "build eplb (release)",
         cargo().args([
@@ -98,6 +105,75 @@ pub fn demo(args: &[String]) -> Result<(), String> {
     }
     println!();
     println!("* from the first activation (window 11) on; lower bound 1.0000 on every window.");
+    let page = report(&bin, CLUSTERS[0])?;
+    println!();
+    println!("report of EP{}: {}", CLUSTERS[0].0, page.display());
+    if screenshot {
+        let png = root().join("docs").join("report.png");
+        shoot(&page, &png)?;
+        println!("screenshot: {}", png.display());
+    }
     println!("demo ran in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Runs `eplb report` on the demo trace for `(ranks, redundant)` from the project root, with
+/// relative paths and the program named `eplb`, so the page shows a command one can retype.
+fn report(
+    bin: &std::path::Path,
+    (ranks, redundant): (u16, u32),
+) -> Result<std::path::PathBuf, String> {
+    let rel = std::path::Path::new("target").join("eplb-demo");
+    std::fs::create_dir_all(root().join(&rel))
+        .map_err(|e| format!("{}: {e}", root().join(&rel).display()))?;
+    let out = rel.join("report.html");
+    let mut cmd = Command::new(bin);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.arg0("eplb");
+    }
+    cmd.current_dir(root())
+        .args(["report", "--trace", "data/esft_chain.json"])
+        .args([
+            "--ranks",
+            &ranks.to_string(),
+            "--redundant",
+            &redundant.to_string(),
+            "--policies",
+            "all",
+            "--heat-interval",
+            "10",
+            "--algo-interval",
+            "1",
+            "--out",
+        ])
+        .arg(&out);
+    run("eplb report", &mut cmd)?;
+    Ok(root().join(out))
+}
+
+/// Renders `page` with headless Chromium (Debian's `chromium`) into `png`: 1400 CSS pixels wide
+/// at scale 0.6, which keeps the PNG under 500 KB.
+fn shoot(page: &std::path::Path, png: &std::path::Path) -> Result<(), String> {
+    let profile = std::env::temp_dir().join(format!("eplb-demo-chromium-{}", std::process::id()));
+    let mut cmd = Command::new("chromium");
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--force-device-scale-factor=0.6",
+        "--window-size=1400,3900",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .arg(format!("--screenshot={}", png.display()))
+    .arg(format!("file://{}", page.display()))
+    .stderr(std::process::Stdio::null());
+    let done = run("chromium --screenshot (apt-get install chromium)", &mut cmd);
+    let _ = std::fs::remove_dir_all(&profile);
+    done
 }

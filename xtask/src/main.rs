@@ -1,6 +1,7 @@
 //! `cargo xtask`: every repeatable command of the eplb workspace.
 //!
-//! - `cargo xtask demo`: the simulator on the vendored ESFT trace, every policy.
+//! - `cargo xtask demo [--screenshot]`: the simulator on the vendored ESFT trace, every policy,
+//!   and its `eplb report` page (with `--screenshot`, rendered to `docs/report.png` by Chromium).
 //! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, cross builds
 //!   when their targets are installed).
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
@@ -57,7 +58,8 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: cargo xtask <task>
 tasks:
-  demo    replay the vendored ESFT trace through every policy and print the results
+  demo    replay the vendored ESFT trace through every policy, print the results and write
+          target/eplb-demo/report.html (--screenshot: also docs/report.png via chromium)
   test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
   fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)

@@ -84,7 +84,11 @@ pub struct ParSeries<'a> {
 }
 
 /// PAR per window, one line per policy, the lower bound dashed, activations marked.
-pub fn par_lines(series: &[ParSeries<'_>], lower: &[f64], first_active: usize) -> Result<String, String> {
+pub fn par_lines(
+    series: &[ParSeries<'_>],
+    lower: &[f64],
+    first_active: usize,
+) -> Result<String, String> {
     let t = lower.len();
     let all = series
         .iter()
@@ -170,9 +174,9 @@ pub fn par_lines(series: &[ParSeries<'_>], lower: &[f64], first_active: usize) -
                 .filter_map(|&w| s.values.get(w).map(|&p| (w as f64, p)))
                 .filter(|p| p.1.is_finite());
             chart
-                .draw_series(marks.map(|p| {
-                    TriangleMarker::new(p, 6, ShapeStyle::from(&c).filled())
-                }))
+                .draw_series(
+                    marks.map(|p| TriangleMarker::new(p, 6, ShapeStyle::from(&c).filled())),
+                )
                 .map_err(err)?;
         }
         chart
@@ -234,6 +238,7 @@ pub fn fetch_bars(series: &[FetchSeries<'_>], cycles: usize) -> Result<String, S
             .y_desc("expert copies fetched")
             .axis_desc_style((FONT, 16))
             .label_style((FONT, 14))
+            .y_label_formatter(&|y| integral_label(*y))
             .x_labels(cycles.clamp(1, 40))
             .x_label_formatter(&|x| integral_label(*x))
             .disable_x_mesh()
@@ -301,10 +306,8 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
     let hi = if hi > lo { hi } else { lo + 1e-9 };
     let height = (220 + 14 * axes.rows as u32).clamp(360, 1000);
     let (cols, rows) = (axes.cols.max(1), axes.rows.max(1));
-    svg(WIDTH, height, |root| {
-        let root = root
-            .titled(axes.caption, (FONT, 20))
-            .map_err(err)?;
+    let out = svg(WIDTH, height, |root| {
+        let root = root.titled(axes.caption, (FONT, 20)).map_err(err)?;
         let (maps, bar) = root.split_horizontally(WIDTH - 130);
         let areas = maps.split_evenly((1, panels.len().max(1)));
         for (area, p) in areas.iter().zip(panels) {
@@ -364,7 +367,9 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
             }))
             .map_err(err)?;
         Ok(())
-    })
+    })?;
+    // Glue: adjacent cells without anti-aliased seams between them.
+    Ok(out.replacen("<svg ", "<svg shape-rendering=\"crispEdges\" ", 1))
 }
 
 /// The rank loads of one layer under two placements, side by side per rank.
@@ -389,7 +394,7 @@ pub fn rank_bars(
             .margin(12)
             .x_label_area_size(48)
             .y_label_area_size(80)
-            .build_cartesian_2d(-0.6f64..r as f64 - 0.4, 0f64..ymax * 1.25)
+            .build_cartesian_2d(-0.6f64..r as f64 - 0.4, 0f64..ymax * 1.4)
             .map_err(err)?;
         chart
             .configure_mesh()
@@ -397,6 +402,7 @@ pub fn rank_bars(
             .y_desc("tokens routed to the rank")
             .axis_desc_style((FONT, 16))
             .label_style((FONT, 14))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .x_labels(r.min(64))
             .x_label_formatter(&|x| integral_label(*x))
             .disable_x_mesh()

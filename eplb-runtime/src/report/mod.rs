@@ -117,7 +117,13 @@ impl Run {
         self.result
             .log
             .windows(2)
-            .map(|p| (p[1].cycle, p[1].active_from_window, p[0].placement != p[1].placement))
+            .map(|p| {
+                (
+                    p[1].cycle,
+                    p[1].active_from_window,
+                    p[0].placement != p[1].placement,
+                )
+            })
             .collect()
     }
 
@@ -470,7 +476,8 @@ pub fn hotness_svg(
     let mut rel = Vec::with_capacity(l * r);
     let mut buf = vec![0.0; r];
     for (layer, w) in placement.layers().zip(loads.chunks_exact(shape.experts())) {
-        metrics::rank_loads(&layer, w, routing, &mut scratch, &mut buf).map_err(|e| e.to_string())?;
+        metrics::rank_loads(&layer, w, routing, &mut scratch, &mut buf)
+            .map_err(|e| e.to_string())?;
         let mean = buf.iter().sum::<f64>() / r as f64;
         rel.extend(buf.iter().map(|&x| if mean > 0.0 { x / mean } else { 1.0 }));
     }

@@ -64,7 +64,10 @@ const TABLE_KEYS: [&str; 21] = [
 fn cell(v: Option<&Value>) -> String {
     match v {
         Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
-        Some(Value::Number(n)) => n.as_f64().map_or("n/a".into(), |f| format!("{f:.4}")),
+        // `+ 0.0` shows a negative zero as 0.
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .map_or("n/a".into(), |f| format!("{:.4}", f + 0.0)),
         _ => "n/a".into(),
     }
 }
@@ -162,7 +165,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
     let mut totals = String::from("<ul>\n");
     for (i, r) in rep.runs.iter().enumerate() {
         let bytes: u64 = r.costs.iter().map(|c| c.bytes_moved()).sum();
-        let ms: f64 = r.costs.iter().map(|c| c.transfer_ms(link)).sum();
+        let ms = r.costs.iter().map(|c| c.transfer_ms(link)).sum::<f64>() + 0.0;
         let n: usize = fetches[i].iter().sum();
         let line = format!(
             "{}: {} fetches, {} in all, {} of transfers on {}",
@@ -246,7 +249,11 @@ pub fn render(rep: &Report) -> Result<String, String> {
         esc(&format!("eplb report: {}", rep.trace_name))
     );
     let _ = writeln!(h, "<style>{STYLE}</style>\n</head>\n<body>");
-    let _ = writeln!(h, "<h1>{}</h1>", esc(&format!("eplb report: {}", rep.trace_name)));
+    let _ = writeln!(
+        h,
+        "<h1>{}</h1>",
+        esc(&format!("eplb report: {}", rep.trace_name))
+    );
     let facts = format!(
         "{} windows x {} layers x {} experts; EP{} ranks, {} slots per rank, {} redundant; routing {}; heat {} windows, plan active {} windows later (first possible activation: window {}); initial placement {:?}; seed {}.",
         t,
@@ -264,7 +271,11 @@ pub fn render(rep: &Report) -> Result<String, String> {
     );
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&facts));
     if let Some(m) = &rep.trace_model {
-        let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&format!("Trace model: {m}.")));
+        let _ = writeln!(
+            h,
+            "<p class=\"facts\">{}</p>",
+            esc(&format!("Trace model: {m}."))
+        );
     }
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.basis.describe()));
     if first >= t {
@@ -350,7 +361,10 @@ mod tests {
 
     #[test]
     fn escapes() {
-        assert_eq!(esc("<a href=\"x\">&'</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(
+            esc("<a href=\"x\">&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;"
+        );
         let v = serde_json::json!({"c": "</script><b>&"});
         let s = script_json(&v).unwrap();
         assert!(!s.contains('<') && !s.contains('&'));
