@@ -478,8 +478,9 @@ impl ModelPreset {
     }
 
     /// The preset of the model an `eplb-trace/v1` trace names in its `model` object (`name`,
-    /// `arch`, `num_experts`), if one matches: `deepseek_v2` with 64 experts is DeepSeek-V2-Lite
-    /// (the ESFT traces), `deepseek_v3` is DeepSeek-V3. `None` for anything else.
+    /// `arch`, `num_experts`), when it is not the DeepSeek-V3 default: `deepseek_v2` with 64
+    /// experts (or "lite" in the name) is DeepSeek-V2-Lite (the ESFT traces). `None` for
+    /// anything else, `deepseek_v3` included (the default already is DeepSeek-V3).
     pub fn from_trace_model(model: &Value) -> Option<Self> {
         let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
         let name = model
@@ -492,7 +493,6 @@ impl ModelPreset {
             "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
                 Some(ModelPreset::DeepSeekV2Lite)
             }
-            "deepseek_v3" => Some(ModelPreset::DeepSeekV3),
             _ => None,
         }
     }
