@@ -96,11 +96,13 @@ struct PlanArgs {
     json: bool,
 }
 
-/// What one expert weighs and how fast it moves, for the cost estimate of `plan` and
-/// `simulate` (default: DeepSeek-V3, W8A8, 10 Gbit/s).
+/// What one expert weighs and how fast it moves, for the cost estimate of `plan`, `simulate`
+/// and `report` (default: the model the trace names if known, else DeepSeek-V3 W8A8; 10 Gbit/s).
 #[derive(Debug, Args)]
 struct CostArgs {
-    /// Model preset sizing an expert: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b.
+    /// Model preset sizing an expert: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b,
+    /// deepseek-v2-lite; default: the trace's model when known (ESFT: deepseek-v2-lite), else
+    /// deepseek-v3.
     #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
     model: Option<ModelPreset>,
     /// Hidden size H (with --intermediate, instead of --model).

@@ -473,11 +473,15 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
     let out_s = out.to_str().unwrap().to_owned();
     let cases: [(&str, &[&str], &str); 6] = [
         ("4", &["--policies", "nope"], "nope"),
-        ("4", &["--policies", "static,9"], "`9`"),
+        ("4", &["--policies", "static,9"], "unknown policy `9`"),
         ("4", &["--policies", "deepseek,,swift"], "empty policy name"),
         ("4", &["--initial", "sideways"], "--initial"),
         // 8 experts + 4 redundant do not split over 5 ranks.
-        ("5", &["--policies", "deepseek"], "static"),
+        (
+            "5",
+            &["--policies", "deepseek"],
+            "not a multiple of 5 ranks",
+        ),
         ("4", &["--algo-interval", "0"], "algo-interval"),
     ];
     for (ranks, extra, needle) in cases {

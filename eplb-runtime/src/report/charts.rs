@@ -316,7 +316,7 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
                 .margin(10)
                 .x_label_area_size(44)
                 .y_label_area_size(56)
-                .build_cartesian_2d(0f64..cols as f64, 0f64..rows as f64)
+                .build_cartesian_2d(-0.5f64..cols as f64 - 0.5, -0.5f64..rows as f64 - 0.5)
                 .map_err(err)?;
             chart
                 .configure_mesh()
@@ -333,10 +333,9 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
                 .draw_series(p.values.iter().enumerate().map(|(i, &v)| {
                     let (r, c) = (i / cols, i % cols);
                     let color = ViridisRGB.get_color_normalized(v, lo, hi);
-                    Rectangle::new(
-                        [(c as f64, r as f64), (c as f64 + 1.0, r as f64 + 1.0)],
-                        color.filled(),
-                    )
+                    // Cell (c, r) is centred on its integer label.
+                    let (x, y) = (c as f64, r as f64);
+                    Rectangle::new([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)], color.filled())
                 }))
                 .map_err(err)?;
         }

@@ -56,10 +56,10 @@ impl PolicyList {
             let p = if name == "static" {
                 SimPolicy::Static
             } else {
-                SimPolicy::Policy(name.parse::<PolicyKind>().map_err(|e| {
+                SimPolicy::Policy(name.parse::<PolicyKind>().map_err(|_| {
                     let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
                     format!(
-                        "--policies: `{name}`: {e} (expected `all` or a list of static, 0..4, {})",
+                        "--policies: unknown policy `{name}` (expected `all` or a comma-separated list of static, 0..4, {})",
                         names.join(", ")
                     )
                 })?)
@@ -236,7 +236,12 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
                 if progress.tty {
                     eprintln!();
                 }
-                return Err(format!("policy {name}: {e}"));
+                // `static` fails only on the options (shape, intervals): no policy to name.
+                return Err(if policy == SimPolicy::Static {
+                    e
+                } else {
+                    format!("policy {name}: {e}")
+                });
             }
         };
         let costs = sequence_cost(
