@@ -283,6 +283,8 @@ pub struct HeatAxes<'a> {
     pub caption: &'a str,
     /// Columns (x).
     pub cols: usize,
+    /// x units per column (1, or the windows averaged into one column of a long trace).
+    pub col_width: usize,
     /// Rows (y).
     pub rows: usize,
     /// x axis name.
@@ -306,6 +308,7 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
     let hi = if hi > lo { hi } else { lo + 1e-9 };
     let height = (220 + 14 * axes.rows as u32).clamp(360, 1000);
     let (cols, rows) = (axes.cols.max(1), axes.rows.max(1));
+    let cw = axes.col_width.max(1) as f64;
     let out = svg(WIDTH, height, |root| {
         let root = root.titled(axes.caption, (FONT, 20)).map_err(err)?;
         let (maps, bar) = root.split_horizontally(WIDTH - 130);
@@ -316,7 +319,7 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
                 .margin(10)
                 .x_label_area_size(44)
                 .y_label_area_size(56)
-                .build_cartesian_2d(-0.5f64..cols as f64 - 0.5, -0.5f64..rows as f64 - 0.5)
+                .build_cartesian_2d(-0.5f64..cols as f64 * cw - 0.5, -0.5f64..rows as f64 - 0.5)
                 .map_err(err)?;
             chart
                 .configure_mesh()
@@ -333,9 +336,12 @@ pub fn heatmap(panels: &[HeatPanel<'_>], axes: &HeatAxes<'_>) -> Result<String, 
                 .draw_series(p.values.iter().enumerate().map(|(i, &v)| {
                     let (r, c) = (i / cols, i % cols);
                     let color = ViridisRGB.get_color_normalized(v, lo, hi);
-                    // Cell (c, r) is centred on its integer label.
-                    let (x, y) = (c as f64, r as f64);
-                    Rectangle::new([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)], color.filled())
+                    // Cell (c, r) spans its x units and is centred on its integer labels.
+                    let (x, y) = (c as f64 * cw, r as f64);
+                    Rectangle::new(
+                        [(x - 0.5, y - 0.5), (x + cw - 0.5, y + 0.5)],
+                        color.filled(),
+                    )
                 }))
                 .map_err(err)?;
         }

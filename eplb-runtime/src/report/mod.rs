@@ -144,12 +144,12 @@ impl Run {
     }
 }
 
-/// The runs of a report and what the page needs besides.
+/// The runs of a report and what the page needs besides. It holds at least the `static` run.
 pub struct Report {
-    /// Runs in order, `static` first.
-    pub runs: Vec<Run>,
+    /// Runs in order, `static` first (never empty).
+    runs: Vec<Run>,
     /// Policies of `all` left out, with the reason.
-    pub skipped: Vec<(String, String)>,
+    skipped: Vec<(String, String)>,
     trace_name: String,
     trace_model: Option<String>,
     base: SimConfig,
@@ -208,16 +208,23 @@ impl Progress {
     }
 }
 
-/// Runs every policy of `job` (progress on stderr) and collects the results.
+/// Runs `static` and then every other policy of `job` (progress on stderr) and collects the
+/// results.
 pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
     let progress = Progress {
         tty: std::io::stderr().is_terminal(),
         started: Instant::now(),
     };
-    let n = job.policies.policies.len();
+    let mut order = vec![SimPolicy::Static];
+    for &p in &job.policies.policies {
+        if !order.contains(&p) {
+            order.push(p);
+        }
+    }
+    let n = order.len();
     let mut runs = Vec::with_capacity(n);
     let mut skipped = Vec::new();
-    for (i, &policy) in job.policies.policies.iter().enumerate() {
+    for (i, &policy) in order.iter().enumerate() {
         let name = policy.name();
         let cfg = SimConfig {
             policy,
@@ -294,6 +301,16 @@ pub struct RankLoads {
 }
 
 impl Report {
+    /// The runs, `static` first.
+    pub fn runs(&self) -> &[Run] {
+        &self.runs
+    }
+
+    /// The policies of `all` that were left out, with the reason.
+    pub fn skipped(&self) -> &[(String, String)] {
+        &self.skipped
+    }
+
     fn shape(&self) -> Shape {
         self.runs[0].result.shape
     }
@@ -494,6 +511,7 @@ pub fn hotness_svg(
         &charts::HeatAxes {
             caption: "Rank load per layer (relative to the layer's mean rank load)",
             cols: r,
+            col_width: 1,
             rows: l,
             x_desc: "rank",
             y_desc: "layer",

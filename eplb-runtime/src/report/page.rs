@@ -188,21 +188,30 @@ pub fn render(rep: &Report) -> Result<String, String> {
     let cycles = rep.runs.iter().map(|r| r.result.cycles).max().unwrap_or(0);
     let fetch_svg = charts::fetch_bars(&fetch_series, cycles)?;
 
-    // 3. Per-layer PAR heat map: static next to the best policy.
+    // 3. Per-layer PAR heat map: static next to the best policy. A long trace is drawn with
+    // windows averaged into at most HEAT_COLS columns (the data block keeps every window).
+    let bin = t.div_ceil(HEAT_COLS).max(1);
+    let cols = t.div_ceil(bin);
+    let caption = if bin > 1 {
+        format!("Per-layer PAR (layers x windows, mean of each {bin} windows), one colour scale")
+    } else {
+        "Per-layer PAR (layers x windows), one colour scale".to_owned()
+    };
     let heat_svg = charts::heatmap(
         &[
             HeatPanel {
                 title: format!("{} (before)", base.policy.name()),
-                values: &transpose(&base.result.par, t, l),
+                values: &binned(&transpose(&base.result.par, t, l), t, bin),
             },
             HeatPanel {
                 title: format!("{} (best mean PAR from window {first})", best.policy.name()),
-                values: &transpose(&best.result.par, t, l),
+                values: &binned(&transpose(&best.result.par, t, l), t, bin),
             },
         ],
         &HeatAxes {
-            caption: "Per-layer PAR (layers x windows), one colour scale",
-            cols: t,
+            caption: &caption,
+            cols,
+            col_width: bin,
             rows: l,
             x_desc: "window",
             y_desc: "layer",
@@ -342,6 +351,22 @@ pub fn render(rep: &Report) -> Result<String, String> {
     Ok(h)
 }
 
+/// The most heat-map columns drawn; longer traces are averaged into bins of windows.
+const HEAT_COLS: usize = 300;
+
+/// Rows of `t` values to rows of `t.div_ceil(bin)` bin means.
+fn binned(rows: &[f64], t: usize, bin: usize) -> Vec<f64> {
+    if bin <= 1 || t == 0 {
+        return rows.to_vec();
+    }
+    rows.chunks_exact(t)
+        .flat_map(|row| {
+            row.chunks(bin)
+                .map(|c| c.iter().sum::<f64>() / c.len() as f64)
+        })
+        .collect()
+}
+
 /// `[T][L]` to `[L][T]` (rows = layers for the heat map).
 fn transpose(par: &[f64], t: usize, l: usize) -> Vec<f64> {
     let mut out = vec![f64::NAN; t * l];
@@ -358,6 +383,19 @@ fn transpose(par: &[f64], t: usize, l: usize) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heat_map_rows() {
+        // [T=2][L=3] to [L][T].
+        assert_eq!(
+            transpose(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3),
+            [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+        );
+        // Two rows of 5 windows in bins of 2 (the last bin is short).
+        let rows = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0];
+        assert_eq!(binned(&rows, 5, 2), [1.5, 3.5, 5.0, 15.0, 35.0, 50.0]);
+        assert_eq!(binned(&rows, 5, 1), rows);
+    }
 
     #[test]
     fn escapes() {
