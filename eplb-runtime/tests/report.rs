@@ -335,7 +335,7 @@ fn report_works_on_every_shared_trace() {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     names.sort();
-    assert_eq!(names.len(), 14, "the shared traces");
+    assert!(names.len() >= 14, "the shared traces: {names:?}");
     for path in names {
         let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let experts = v["model"]["num_experts"].as_u64().unwrap();
