@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
 
 create_exception!(
-    _native,
+    eplb,
     EplbError,
     PyValueError,
     "An error of eplb: bad input (dtype, shape, values, sizes), an unknown policy or parameter, \
