@@ -72,6 +72,7 @@ class Case:
             self.loads = self.windows.sum(axis=0)
         self.lower_bound = np.array(raw["lower_bound"]["par"])
         self.expected = raw["expected"]
+        self.reference = raw.get("reference", {})
 
     def _fold(self, flat, slot_loads):
         out = np.zeros((self.layers, self.experts))

@@ -370,7 +370,7 @@ def test_unknown_policy_and_params():
         small(partners=1.5)
     with pytest.raises(eplb.EplbError, match="`max_fetch_fraction` = 1.5 is out of range"):
         small(max_fetch_fraction=1.5)
-    with pytest.raises(eplb.EplbError, match="`z` = nan is out of range"):
+    with pytest.raises(eplb.EplbError, match="`z` = NaN is out of range"):
         small(z=float("nan"))
     with pytest.raises(eplb.EplbError, match="`movers`: expected a number, got a bool"):
         small(movers=True)
