@@ -50,7 +50,8 @@ class Rebalance:
     ``placement`` is ``[L, R, S]`` int64; ``par_before``, ``par_after`` (float64), ``moves``
     (int64: experts each layer must fetch) and ``changed`` (bool) are per layer. The means and
     maxima over layers, and ``colocated_rows`` (rows holding an expert twice; only ``deepseek``
-    produces them), are plain numbers.
+    produces them), are plain numbers. ``rust_seconds`` is the wall time of the Rust policy
+    call alone (without the conversions), for measuring the binding's overhead.
     """
 
     __slots__ = (
@@ -64,6 +65,7 @@ class Rebalance:
         "par_after_mean",
         "par_after_max",
         "colocated_rows",
+        "rust_seconds",
     )
 
     def __init__(self, raw):
@@ -79,6 +81,7 @@ class Rebalance:
             self.par_after_mean,
             self.par_after_max,
             self.colocated_rows,
+            self.rust_seconds,
         ) = summary
 
     @property

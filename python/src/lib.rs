@@ -355,7 +355,7 @@ type Rebalanced<'py> = (
     Bound<'py, PyArray1<f64>>,
     Bound<'py, PyArray1<bool>>,
     Bound<'py, PyArray1<i64>>,
-    (f64, f64, f64, f64, usize),
+    (f64, f64, f64, f64, usize, f64),
 );
 
 #[pymethods]
@@ -505,6 +505,7 @@ impl NativePolicy {
             let input = Input::new(cur, &loads_v, smp, seed).map_err(|e| e.to_string())?;
             let mut placement = vec![0u16; shape.placement_len()];
             let (mut changed, mut before, mut after) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
+            let started = std::time::Instant::now();
             let summary = eplb_policies::rebalance(
                 &mut st.policy,
                 &input,
@@ -518,14 +519,16 @@ impl NativePolicy {
                 },
             )
             .map_err(|e| format!("{}: {e}", self.kind.name()))?;
+            let rust_s = started.elapsed().as_secs_f64();
             let per = shape.slots_per_layer();
             let moves: Vec<i64> = current_v
                 .chunks_exact(per)
                 .zip(placement.chunks_exact(per))
                 .map(|(o, nw)| metrics::moves(o, nw, shape.slots_per_rank()) as i64)
                 .collect();
-            Ok((placement, before, after, changed, moves, summary))
+            Ok((placement, before, after, changed, moves, (summary, rust_s)))
         })?;
+        let (summary, rust_s) = summary;
         let (r, s) = (shape.ranks(), shape.slots_per_rank());
         let p: Vec<i64> = placement.iter().map(|&e| i64::from(e)).collect();
         let p = ArrayD::from_shape_vec(vec![l, r, s], p)
@@ -545,6 +548,7 @@ impl NativePolicy {
                 summary.after.mean,
                 summary.after.max,
                 summary.colocated_rows,
+                rust_s,
             ),
         ))
     }

@@ -240,3 +240,26 @@ def test_keep_slots():
     np.testing.assert_array_equal(out, [[[0, 6, 2], [3, 7, 5]]])
     for r in range(2):
         assert set(out[0, r].tolist()) == set(new[0, r].tolist())
+
+
+def test_a_failing_call_keeps_the_table_and_logs(ascend, caplog):
+    ascend.additional_config["eplb_rs"] = {"policy": "swift"}
+    adapter.register()
+    p = ascend.factory.generate_policy(2)
+    c = golden("esft_law_ep8")
+    bad = slot_loads(c)
+    bad[3, 1, 2] = -5  # a negative load: the planner loop must go on
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        changed, priority, new = do_update(p, c.current, FakeTensor(bad))
+    assert changed == 0 and len(priority) == 0
+    np.testing.assert_array_equal(new, c.current)
+    assert "layer 3" in caplog.text and "kept this cycle" in caplog.text
+
+
+def test_out_of_range_params_fail_at_selection(ascend, caplog):
+    ascend.additional_config["eplb_rs"] = {"policy": "incremental", "params": {"movers": 0}}
+    adapter.register()
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(2)
+    assert isinstance(p, StandInUpstreamPolicy)
+    assert "`movers` = 0 is out of range" in caplog.text

@@ -31,7 +31,9 @@ def canonical(name) -> str:
 
 
 def check_params(policy: str, params: dict) -> dict:
-    """Raises EplbError for a parameter ``policy`` does not take (ranges are checked by Rust)."""
+    """Raises EplbError for a parameter ``policy`` does not take or an out-of-range value (the
+    Rust checks, run on a tiny shape), so that a bad setting fails when the engine starts, not in
+    its planner."""
     if not isinstance(params, dict):
         raise EplbError(f"policy parameters must be an object, got {type(params).__name__}")
     takes = policy_params()[policy]
@@ -40,7 +42,18 @@ def check_params(policy: str, params: dict) -> dict:
             raise EplbError(
                 f"unknown parameter `{k}` for policy `{policy}` (it takes: {', '.join(takes) or 'none'})"
             )
+    Policy(policy, layers=1, experts=4, ranks=2, redundant=0, **params)
     return dict(params)
+
+
+def params_from_env(environ=None) -> dict:
+    """The parameters in ``EPLB_POLICY_PARAMS`` (a JSON object; empty when unset)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_PARAMS, "").strip()
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise EplbError(f"{ENV_PARAMS} is not JSON: {e}") from None
 
 
 def from_env(environ=None) -> Optional[Tuple[str, dict]]:
@@ -50,11 +63,7 @@ def from_env(environ=None) -> Optional[Tuple[str, dict]]:
     name = env.get(ENV_POLICY, "").strip()
     if not name:
         return None
-    raw = env.get(ENV_PARAMS, "").strip()
-    try:
-        params = json.loads(raw) if raw else {}
-    except ValueError as e:
-        raise EplbError(f"{ENV_PARAMS} is not JSON: {e}") from None
+    params = params_from_env(env)
     policy = canonical(name)
     return policy, check_params(policy, params)
 

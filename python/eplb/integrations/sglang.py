@@ -44,15 +44,7 @@ def ours(algorithm):
     if not isinstance(raw, str) or not raw.startswith(PREFIX):
         return None
     name = _common.canonical(raw[len(PREFIX):])
-    env = _common.from_env({"EPLB_POLICY": name, **_params_env()})
-    return env
-
-
-def _params_env():
-    import os
-
-    v = os.environ.get(_common.ENV_PARAMS)
-    return {} if v is None else {_common.ENV_PARAMS: v}
+    return name, _common.check_params(name, _common.params_from_env())
 
 
 def derive_maps(phy2log: np.ndarray, experts: int):

@@ -99,9 +99,6 @@ def configure(policy: str, params: dict = None) -> None:
     """Selects the policy :class:`Policy` runs (validated; raises EplbError)."""
     name = _common.canonical(policy)
     params = _common.check_params(name, params or {})
-    # Build once on a tiny shape so that out-of-range values fail here, not in the engine.
-    if params:
-        _api.Policy(name, layers=1, experts=4, ranks=2, redundant=0, **params)
     Policy.policy_name = name
     Policy.policy_params = params
     Policy._cache.clear()

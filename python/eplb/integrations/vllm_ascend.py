@@ -78,7 +78,13 @@ class Policy:
 
     def rebalance_experts(self, current_expert_table, expert_workload):
         table = to_numpy(current_expert_table)
-        new = self.plan(table, to_numpy(expert_workload))
+        try:
+            new = self.plan(table, to_numpy(expert_workload))
+        except EplbError as e:
+            # An exception would end vLLM-Ascend's planner loop and leave the worker waiting
+            # forever; keep the current table (nothing changes) and say why.
+            logger.error("eplb: %s policy failed (%s); the placement is kept this cycle", self.policy, e)
+            return 0, np.zeros(0, dtype=np.int64), current_expert_table
         changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
         priority = np.flatnonzero(changed_layers)
         return int(changed_layers.any()), priority, like(new, current_expert_table)
