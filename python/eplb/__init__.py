@@ -6,7 +6,13 @@ Numpy in, numpy out; the Rust call releases the GIL; every error is an :class:`E
 DeepSeek's ``eplb.py``.
 """
 
-from ._native import EplbError, __version__
+try:
+    from ._native import EplbError, __version__
+except ImportError as _e:  # pragma: no cover - only on a source tree without the build
+    raise ImportError(
+        f"eplb's native module is missing from {__path__[0]}: this is the source tree, not the "
+        "installed package (install with `pip install ./python` and import it from elsewhere)"
+    ) from _e
 from ._api import (
     POLICIES,
     Hotness,

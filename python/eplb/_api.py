@@ -258,7 +258,12 @@ def write_map(path, placement) -> None:
         raise
 
 
-_CLI_CHILD = "import sys; from eplb import _native; sys.exit(_native.cli(sys.argv[1:]))"
+# The child imports this very package (the parent's location first on its path).
+_CLI_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from eplb import _native; "
+    "sys.exit(_native.cli(sys.argv[2:]))"
+)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli_args(options: dict) -> list:
@@ -291,7 +296,7 @@ def simulate(trace, **options) -> dict:
     """
     argv = ["simulate", "--trace", os.fspath(trace), *_cli_args(options), "--json"]
     proc = subprocess.run(
-        [sys.executable, "-c", _CLI_CHILD, *argv],
+        [sys.executable, "-c", _CLI_CHILD, _PACKAGE_PARENT, *argv],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

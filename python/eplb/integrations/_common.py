@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import threading
+import weakref
 from typing import Optional, Tuple
 
 import numpy as np
@@ -82,13 +83,20 @@ class PolicyCache:
     def __init__(self):
         self._lock = threading.Lock()
         self._policies = {}
-        self._pid = os.getpid()
+        if hasattr(os, "register_at_fork"):
+            # A thread of the parent may hold the lock at the fork; the child gets a new one.
+            ref = weakref.ref(self)
+
+            def reinit():
+                cache = ref()
+                if cache is not None:
+                    cache._lock = threading.Lock()
+
+            os.register_at_fork(after_in_child=reinit)
 
     def get(self, name: str, params: dict, **shape) -> Policy:
         key = (name, json.dumps(params, sort_keys=True), tuple(sorted(shape.items())))
         with self._lock:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
             p = self._policies.get(key)
             if p is None:
                 p = Policy(name, **shape, **params)
