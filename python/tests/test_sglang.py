@@ -200,3 +200,14 @@ def test_without_sglang_register_says_so(caplog, monkeypatch):
     with caplog.at_level(logging.WARNING, logger="sglang.eplb_rs"):
         assert not adapter.register()
     assert "not importable" in caplog.text
+
+
+def test_many_steps_become_at_most_64_flashlb_windows(sglang):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    rng = np.random.default_rng(0)
+    steps = rng.integers(0, 50, size=(1000, 3, 16)).astype(np.int32)
+    w = adapter._windows(steps)
+    assert w.shape == (64, 3, 16)
+    np.testing.assert_array_equal(w.sum(axis=0), steps.sum(axis=0))
+    init_by_eplb(sglang, FakeTensor(steps), 24, 6, None, 1, "eplb_rs:flashlb")

@@ -122,10 +122,22 @@ def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current
         if current is None:
             current = _current_phy2log()
         cur = _common.repair_current(current, layers, experts, ranks, num_local)
-        samples = t if name == "flashlb" else None
+        samples = _windows(t) if name == "flashlb" else None
         phy2log = policy.rebalance(weight, cur, samples).placement.reshape(layers, num_physical)
     log2phy, logcnt = derive_maps(phy2log, experts)
     return phy2log, log2phy, logcnt
+
+
+#: FlashLB keeps 64 samples per layer; SGLang records one row per forward step (1000 by default).
+MAX_SAMPLES = 64
+
+
+def _windows(t: np.ndarray) -> np.ndarray:
+    """Per-step counts ``[T, L, E]`` as at most :data:`MAX_SAMPLES` windows of consecutive steps
+    (summed, oldest first), FlashLB's samples."""
+    if t.shape[0] <= MAX_SAMPLES:
+        return t
+    return np.stack([c.sum(axis=0) for c in np.array_split(t, MAX_SAMPLES, axis=0)])
 
 
 def _around_compute_algorithm(original_fn, *args, **kwargs):
