@@ -2,8 +2,9 @@
 //!
 //! - `cargo xtask demo [--screenshot]`: the simulator on the vendored ESFT trace, every policy,
 //!   and its `eplb report` page (with `--screenshot`, rendered to `docs/report.png` by Chromium).
-//! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, cross builds
-//!   when their targets are installed).
+//! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, the Python
+//!   package's wheel and tests, cross builds when their targets are installed).
+//! - `cargo xtask python`: only the Python package's step of the gate.
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
 //! - `cargo xtask fuzz`: runs each decoder's fuzz target (cargo-fuzz, nightly).
@@ -14,6 +15,7 @@
 mod aicpu;
 mod demo;
 mod fuzz;
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         "demo" => demo::demo(rest),
         "fuzz" => fuzz::run(rest),
         "aicpu" => aicpu::run(rest),
+        "python" => python::test(),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -60,11 +63,13 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   demo    replay the vendored ESFT trace through every policy, print the results and write
           target/eplb-demo/report.html (--screenshot: also docs/report.png via chromium)
-  test    the whole gate: fmt, clippy, tests, docs, no_std proof, cross builds (if targets present)
+  test    the whole gate: fmt, clippy, tests, docs, no_std proof, Python wheel + pytest,
+          cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
   fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)
   bench   run the criterion benchmarks (extra args go to `cargo bench`)
-  aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds";
+  aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds
+  python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)";
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -123,6 +128,7 @@ fn test(args: &[String]) -> Result<(), String> {
     )?;
     no_std_proof(None)?;
     aicpu::host_check()?;
+    python::test()?;
     cross(false)
 }
 

@@ -1,0 +1,312 @@
+"""The numpy API over `eplb._native`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from . import _native
+from ._native import EplbError
+
+#: Canonical policy names (numbers 0..4 select random, default, swift, flashlb, incremental).
+POLICIES = ("random", "default", "swift", "flashlb", "incremental", "deepseek")
+
+
+def policy_params() -> dict:
+    """``{policy name: [parameter names]}``: what ``Policy(name, **params)`` accepts."""
+    return {name: list(params) for name, params in _native.policy_params()}
+
+
+def _array(x, what: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x)
+    raise EplbError(f"{what}: expected a numpy array, got {type(x).__name__}")
+
+
+def rebalance_experts(weight, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int):
+    """DeepSeek's ``eplb.rebalance_experts`` contract on numpy (our ``deepseek`` policy).
+
+    ``weight`` is ``[L, N]`` (int32, int64, float32 or float64). Returns ``(phy2log [L, P],
+    log2phy [L, N, P-N+1] padded with -1, logcnt [L, N])``, all int64. Hierarchical when
+    ``num_groups % num_nodes == 0``, else global, as DeepSeek's. ``log2phy`` lists each expert's
+    replicas in ascending physical id.
+    """
+    return _native.rebalance_experts(
+        _array(weight, "weight"), int(num_replicas), int(num_groups), int(num_nodes), int(num_gpus)
+    )
+
+
+class Rebalance:
+    """What :meth:`Policy.rebalance` returns.
+
+    ``placement`` is ``[L, R, S]`` int64; ``par_before``, ``par_after`` (float64), ``moves``
+    (int64: experts each layer must fetch) and ``changed`` (bool) are per layer. The means and
+    maxima over layers, and ``colocated_rows`` (rows holding an expert twice; only ``deepseek``
+    produces them), are plain numbers. ``rust_seconds`` is the wall time of the Rust policy
+    call alone (without the conversions), for measuring the binding's overhead.
+    """
+
+    __slots__ = (
+        "placement",
+        "par_before",
+        "par_after",
+        "changed",
+        "moves",
+        "par_before_mean",
+        "par_before_max",
+        "par_after_mean",
+        "par_after_max",
+        "colocated_rows",
+        "rust_seconds",
+    )
+
+    def __init__(self, raw):
+        placement, before, after, changed, moves, summary = raw
+        self.placement = placement
+        self.par_before = before
+        self.par_after = after
+        self.changed = changed
+        self.moves = moves
+        (
+            self.par_before_mean,
+            self.par_before_max,
+            self.par_after_mean,
+            self.par_after_max,
+            self.colocated_rows,
+            self.rust_seconds,
+        ) = summary
+
+    @property
+    def moves_total(self) -> int:
+        return int(self.moves.sum())
+
+    def __repr__(self) -> str:
+        return (
+            f"Rebalance(layers={len(self.changed)}, changed={int(self.changed.sum())}, "
+            f"moves={self.moves_total}, par {self.par_before_mean:.4f} -> {self.par_after_mean:.4f})"
+        )
+
+
+class Policy:
+    """One policy on one shape; stateful policies (flashlb, incremental) keep their state here.
+
+    ``name`` is random, default, swift, flashlb, incremental, deepseek or 0..4. ``**params`` are
+    the policy's parameters (:func:`policy_params`); an unknown one or an out-of-range value
+    raises :class:`EplbError` naming it. The object starts no thread, works after ``fork``
+    (the child goes on with a copy of the state), and pickles as its settings: the unpickled
+    object starts from a fresh state.
+    """
+
+    def __init__(
+        self,
+        name,
+        *,
+        layers: int,
+        experts: int,
+        ranks: int,
+        redundant: int,
+        ranks_per_node: Optional[int] = None,
+        groups: Optional[int] = None,
+        seed: int = 0,
+        **params: Any,
+    ):
+        self._settings = dict(
+            name=str(name),
+            layers=int(layers),
+            experts=int(experts),
+            ranks=int(ranks),
+            redundant=int(redundant),
+            ranks_per_node=None if ranks_per_node is None else int(ranks_per_node),
+            groups=None if groups is None else int(groups),
+            seed=int(seed),
+            params=dict(params),
+        )
+        self._native = self._build()
+        self._pid = os.getpid()
+
+    def _build(self):
+        s = self._settings
+        for k in ("layers", "experts", "ranks", "redundant", "seed"):
+            if s[k] < 0:
+                raise EplbError(f"{k} = {s[k]} must not be negative")
+        for k in ("ranks_per_node", "groups"):
+            if s[k] is not None and s[k] < 1:
+                raise EplbError(f"{k} = {s[k]} must be at least 1")
+        return _native.NativePolicy(
+            s["name"],
+            s["layers"],
+            s["experts"],
+            s["ranks"],
+            s["redundant"],
+            s["ranks_per_node"],
+            s["groups"],
+            s["seed"],
+            s["params"],
+        )
+
+    @property
+    def name(self) -> str:
+        return self._get().name
+
+    @property
+    def settings(self) -> dict:
+        return dict(self._settings, params=dict(self._settings["params"]))
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self._get().shape[3]
+
+    def _get(self):
+        if self._native is None:
+            self._native = self._build()
+            self._pid = os.getpid()
+        elif self._pid != os.getpid():
+            # A forked child: go on with a copy whose lock no thread of the parent can hold.
+            self._native = self._native.fork_copy()
+            self._pid = os.getpid()
+        return self._native
+
+    def reset(self) -> None:
+        """Forgets the state: the next call starts fresh."""
+        self._get().reset()
+
+    def rebalance(self, loads, current=None, samples=None) -> Rebalance:
+        """A new placement from ``loads`` (``[L, N]``, int32/int64/float32/float64, finite and
+        ``>= 0``), the ``current`` placement (``[L, R, S]`` or ``[L, R*S]``, any integer dtype;
+        default: vLLM-Ascend's default layout) and, for flashlb, per-window ``samples``
+        (``[T, L, N]``). The GIL is released during the Rust call."""
+        loads = _array(loads, "loads")
+        if current is not None:
+            current = _array(current, "current")
+        if samples is not None:
+            samples = _array(samples, "samples")
+        return Rebalance(self._get().rebalance(loads, current, samples))
+
+    def __reduce__(self):
+        return (_rebuild, (self.settings,))
+
+    def __repr__(self) -> str:
+        s = self._settings
+        extra = "".join(f", {k}={v!r}" for k, v in sorted(s["params"].items()))
+        return (
+            f"eplb.Policy({s['name']!r}, layers={s['layers']}, experts={s['experts']}, "
+            f"ranks={s['ranks']}, redundant={s['redundant']}{extra})"
+        )
+
+
+def _rebuild(settings: dict) -> Policy:
+    p = Policy.__new__(Policy)
+    p._settings = settings
+    p._native = None  # built at first use: nothing native crosses a pickle
+    p._pid = os.getpid()
+    return p
+
+
+class Hotness(NamedTuple):
+    """Per-layer PAR of a placement under some loads, with its mean and max."""
+
+    par: np.ndarray
+    mean: float
+    max: float
+
+
+def hotness(placement, loads, routing: str = "even") -> Hotness:
+    """PAR per layer of ``placement`` (``[L, R, S]``) under ``loads`` (``[L, N]``): each expert's
+    load split evenly over its copies (``routing="even"``) or routed as vLLM-Ascend's static
+    ``log2phy`` does (``"log2phy"``)."""
+    par, mean, mx = _native.hotness(_array(placement, "placement"), _array(loads, "loads"), routing)
+    return Hotness(par, mean, mx)
+
+
+def read_map(path) -> np.ndarray:
+    """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted)."""
+    return _native.read_map(os.fspath(path))
+
+
+def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None) -> list:
+    """Every problem of an expert-map JSON as ``eplb validate`` lists them (co-located copies are
+    problems); an empty list means valid."""
+    return _native.validate_map(os.fspath(path), experts, ranks)
+
+
+def write_map(path, placement) -> None:
+    """Writes ``placement`` (``[L, R, S]``) as an expert-map JSON, byte-identical to
+    vLLM-Ascend's recorder. Atomic: a temporary file in the same directory, fsync, rename."""
+    text = _native.map_json(_array(placement, "placement"))
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".eplb-map-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# The child imports this very package (the parent's location first on its path).
+_CLI_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from eplb import _native; "
+    "sys.exit(_native.cli(sys.argv[2:]))"
+)
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli_args(options: dict) -> list:
+    args = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "params":
+            for k, v in dict(value).items():
+                args += ["--param", f"{k}={v}"]
+        elif value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                args += [flag, str(v)]
+        else:
+            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
+    return args
+
+
+def simulate(trace, **options) -> dict:
+    """``eplb simulate --json`` on ``trace``: the same dict the CLI prints.
+
+    Options are the CLI's, with underscores: ``ranks``, ``redundant``, ``policy``,
+    ``heat_interval``, ``algo_interval``, ``ranks_per_node``, ``groups``, ``initial``,
+    ``routing``, ``seed``, ``placements_log``, ``model``, ``quant``, ``link``, ... (``True`` for
+    a flag). It runs the CLI's own code in a child process (the simulator starts a thread per
+    rank; none is left in this process). Errors raise :class:`EplbError` with the CLI's message.
+    """
+    argv = ["simulate", "--trace", os.fspath(trace), *_cli_args(options), "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_CHILD, _PACKAGE_PARENT, *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        errors = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
+        msg = "; ".join(errors) if errors else "\n".join(lines[-20:])
+        raise EplbError(f"simulate: {msg or f'exit status {proc.returncode}'}")
+    out = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    if not out:
+        raise EplbError("simulate: the CLI printed nothing")
+    return json.loads(out[-1])

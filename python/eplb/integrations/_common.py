@@ -1,0 +1,158 @@
+"""What the adapters share: the selection (``EPLB_POLICY``/``EPLB_POLICY_PARAMS``), a
+per-process cache of policies keyed by shape, and the repair of a current placement."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import threading
+import weakref
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .._api import Policy, policy_params
+from .._native import EplbError
+
+ENV_POLICY = "EPLB_POLICY"
+ENV_PARAMS = "EPLB_POLICY_PARAMS"
+
+
+def canonical(name) -> str:
+    """The canonical policy name of ``name`` (a name or 0..4); raises EplbError."""
+    s = str(name).strip()
+    numbers = {"0": "random", "1": "default", "2": "swift", "3": "flashlb", "4": "incremental"}
+    s = numbers.get(s, s)
+    if s not in policy_params():
+        raise EplbError(
+            f"unknown policy `{name}` (expected one of {', '.join(policy_params())} or 0..4)"
+        )
+    return s
+
+
+def check_params(policy: str, params: dict) -> dict:
+    """Raises EplbError for a parameter ``policy`` does not take or an out-of-range value (the
+    Rust checks, run on a tiny shape), so that a bad setting fails when the engine starts, not in
+    its planner."""
+    if not isinstance(params, dict):
+        raise EplbError(f"policy parameters must be an object, got {type(params).__name__}")
+    takes = policy_params()[policy]
+    for k in sorted(params):
+        if k not in takes:
+            raise EplbError(
+                f"unknown parameter `{k}` for policy `{policy}` (it takes: {', '.join(takes) or 'none'})"
+            )
+    Policy(policy, layers=1, experts=4, ranks=2, redundant=0, **params)
+    return dict(params)
+
+
+def params_from_env(environ=None) -> dict:
+    """The parameters in ``EPLB_POLICY_PARAMS`` (a JSON object; empty when unset)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_PARAMS, "").strip()
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError as e:
+        raise EplbError(f"{ENV_PARAMS} is not JSON: {e}") from None
+
+
+def from_env(environ=None) -> Optional[Tuple[str, dict]]:
+    """``(policy, params)`` from ``EPLB_POLICY`` and ``EPLB_POLICY_PARAMS`` (JSON), or None when
+    ``EPLB_POLICY`` is unset or empty. Raises EplbError on a bad value."""
+    env = os.environ if environ is None else environ
+    name = env.get(ENV_POLICY, "").strip()
+    if not name:
+        return None
+    params = params_from_env(env)
+    policy = canonical(name)
+    return policy, check_params(policy, params)
+
+
+def signature_names(fn) -> Optional[list]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+class PolicyCache:
+    """One :class:`eplb.Policy` per shape, per process (a main model and an MTP drafter call with
+    different shapes, and a stateful policy must not mix their histories). Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._policies = {}
+        if hasattr(os, "register_at_fork"):
+            # A thread of the parent may hold the lock at the fork; the child gets a new one.
+            ref = weakref.ref(self)
+
+            def reinit():
+                cache = ref()
+                if cache is not None:
+                    cache._lock = threading.Lock()
+
+            os.register_at_fork(after_in_child=reinit)
+
+    def get(self, name: str, params: dict, **shape) -> Policy:
+        key = (name, json.dumps(params, sort_keys=True), tuple(sorted(shape.items())))
+        with self._lock:
+            p = self._policies.get(key)
+            if p is None:
+                p = Policy(name, **shape, **params)
+                self._policies[key] = p
+            return p
+
+    def clear(self):
+        with self._lock:
+            self._policies.clear()
+
+
+def repair_current(old, layers: int, experts: int, ranks: int, slots: int) -> Optional[np.ndarray]:
+    """A valid ``[L, R, S]`` placement from an engine's old ``phy2log`` (``[L, R*S]``), or None
+    when it cannot be used (another size; more experts missing than free slots).
+
+    Entries that are -1 (empty slots under elastic scale-up), out of range, or a second copy on
+    the same rank become free slots; free slots get the missing experts first (ascending id, in
+    slot order), then the lowest id the rank does not hold yet. Deterministic.
+    """
+    if old is None:
+        return None
+    a = np.asarray(old)
+    if a.ndim == 2 and a.shape == (layers, ranks * slots):
+        a = a.reshape(layers, ranks, slots)
+    if a.shape != (layers, ranks, slots) or a.dtype.kind not in "iu":
+        return None
+    a = a.astype(np.int64, copy=True)
+    valid = (a >= 0) & (a < experts)
+    if valid.all():
+        # The common case: only check co-location.
+        srt = np.sort(a, axis=2)
+        if not (srt[:, :, 1:] == srt[:, :, :-1]).any():
+            present = np.zeros((layers, experts), dtype=bool)
+            np.put_along_axis(present, a.reshape(layers, -1), True, axis=1)
+            if present.all():
+                return a
+    for l in range(layers):
+        layer = a[l]
+        seen = np.zeros(experts, dtype=bool)
+        holes = []
+        for r in range(ranks):
+            row_seen = set()
+            for s in range(slots):
+                e = int(layer[r, s])
+                if 0 <= e < experts and e not in row_seen:
+                    row_seen.add(e)
+                    seen[e] = True
+                else:
+                    layer[r, s] = -1
+                    holes.append((r, s))
+        missing = list(np.flatnonzero(~seen))
+        if len(missing) > len(holes):
+            return None
+        for (r, s), e in zip(holes, missing):
+            layer[r, s] = e
+        for r, s in holes[len(missing):]:
+            row = set(int(x) for x in layer[r] if x >= 0)
+            layer[r, s] = next(e for e in range(experts) if e not in row)
+    return a

@@ -1,0 +1,181 @@
+"""SGLang: ``--eplb-algorithm eplb_rs:<policy>`` runs our policies.
+
+``register()`` is the ``sglang.srt.plugins`` entry point. It registers two AROUND hooks with
+SGLang's ``HookRegistry``: on ``compute_algorithm`` (our names resolve to themselves, every other
+name goes to SGLang) and on ``rebalance_experts`` (our names are served by
+:func:`rebalance_experts`, every other algorithm by SGLang's dispatcher).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .. import _api
+from .._native import EplbError
+from .._tensor import to_numpy, to_torch
+from . import _common
+
+logger = logging.getLogger("sglang.eplb_rs")
+
+PREFIX = "eplb_rs:"
+ALGORITHMS = "sglang.srt.eplb.eplb_algorithms"
+EXPECTED = {
+    "compute_algorithm": ["raw_algorithm", "num_groups", "num_nodes"],
+    "rebalance_experts": [
+        "tokens_per_expert",
+        "num_physical_experts",
+        "num_local_physical_experts",
+        "num_groups",
+        "num_nodes",
+        "algorithm",
+    ],
+}
+
+_cache = _common.PolicyCache()
+
+
+def ours(algorithm):
+    """The ``(policy, params)`` of an ``eplb_rs:<policy>`` algorithm (or of what our
+    ``compute_algorithm`` hook returned for it), else None. Parameters come from
+    ``EPLB_POLICY_PARAMS`` (JSON)."""
+    raw = getattr(algorithm, "value", algorithm)
+    if not isinstance(raw, str) or not raw.startswith(PREFIX):
+        return None
+    name = _common.canonical(raw[len(PREFIX):])
+    return name, _common.check_params(name, _common.params_from_env())
+
+
+def derive_maps(phy2log: np.ndarray, experts: int):
+    """``(log2phy [L, N, P-N+1] -1 padded, logcnt [L, N])`` from ``phy2log [L, P]``: each expert's
+    physical ids in ascending order, as SGLang derives them from a mapping."""
+    layers, p = phy2log.shape
+    width = p - experts + 1
+    log2phy = np.full((layers, experts, width), -1, dtype=np.int64)
+    logcnt = np.zeros((layers, experts), dtype=np.int64)
+    for l in range(layers):
+        for slot, e in enumerate(phy2log[l].tolist()):
+            log2phy[l, e, logcnt[l, e]] = slot
+            logcnt[l, e] += 1
+    return log2phy, logcnt
+
+
+def _current_phy2log():
+    try:
+        from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
+        meta = get_global_expert_location_metadata()
+        return None if meta is None else to_numpy(meta.physical_to_logical_map_cpu)
+    except Exception:
+        return None
+
+
+def rebalance_experts(
+    tokens_per_expert,
+    num_physical_experts,
+    num_local_physical_experts,
+    num_groups,
+    num_nodes,
+    algorithm,
+):
+    """SGLang's algorithm contract: per-step counts ``[T, L, E]`` (any device) in,
+    ``(phy2log [L, P], log2phy [L, E, P-E+1], logcnt [L, E])`` CPU int64 torch tensors out."""
+    chosen = ours(algorithm)
+    if chosen is None:
+        raise EplbError(f"algorithm {algorithm!r} is not an {PREFIX}<policy> algorithm")
+    phy2log, log2phy, logcnt = plan(
+        to_numpy(tokens_per_expert),
+        int(num_physical_experts),
+        int(num_local_physical_experts),
+        num_groups,
+        int(num_nodes),
+        chosen,
+    )
+    return to_torch(phy2log), to_torch(log2phy), to_torch(logcnt)
+
+
+def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current=None):
+    """The numpy core of :func:`rebalance_experts`."""
+    name, params = chosen
+    t = np.asarray(tokens)
+    if t.ndim == 2:
+        t = t[None]
+    if t.ndim != 3:
+        raise EplbError(f"tokens_per_expert: expected [T, L, E], got shape {t.shape}")
+    if num_local < 1 or num_physical % num_local != 0:
+        raise EplbError(
+            f"num_physical_experts = {num_physical} is not a multiple of "
+            f"num_local_physical_experts = {num_local}"
+        )
+    ranks = num_physical // num_local
+    weight = t.sum(axis=0, dtype=np.int64) if t.dtype.kind in "iu" else t.sum(axis=0)
+    layers, experts = weight.shape
+    if name == "deepseek":
+        groups = 1 if num_groups is None else int(num_groups)
+        phy2log = _api.rebalance_experts(weight, num_physical, groups, num_nodes, ranks)[0]
+    else:
+        policy = _cache.get(
+            name, params, layers=layers, experts=experts, ranks=ranks,
+            redundant=num_physical - experts,
+        )
+        if current is None:
+            current = _current_phy2log()
+        cur = _common.repair_current(current, layers, experts, ranks, num_local)
+        samples = _windows(t) if name == "flashlb" else None
+        phy2log = policy.rebalance(weight, cur, samples).placement.reshape(layers, num_physical)
+    log2phy, logcnt = derive_maps(phy2log, experts)
+    return phy2log, log2phy, logcnt
+
+
+#: FlashLB keeps 64 samples per layer; SGLang records one row per forward step (1000 by default).
+MAX_SAMPLES = 64
+
+
+def _windows(t: np.ndarray) -> np.ndarray:
+    """Per-step counts ``[T, L, E]`` as at most :data:`MAX_SAMPLES` windows of consecutive steps
+    (summed, oldest first), FlashLB's samples."""
+    if t.shape[0] <= MAX_SAMPLES:
+        return t
+    return np.stack([c.sum(axis=0) for c in np.array_split(t, MAX_SAMPLES, axis=0)])
+
+
+def _around_compute_algorithm(original_fn, *args, **kwargs):
+    raw = args[0] if args else kwargs.get("raw_algorithm")
+    if isinstance(raw, str) and raw.startswith(PREFIX):
+        ours(raw)  # raises EplbError on an unknown policy or parameter
+        return raw
+    return original_fn(*args, **kwargs)
+
+
+def _around_rebalance_experts(original_fn, *args, **kwargs):
+    algorithm = args[5] if len(args) > 5 else kwargs.get("algorithm")
+    if ours(algorithm) is not None:
+        return rebalance_experts(*args, **kwargs)
+    return original_fn(*args, **kwargs)
+
+
+def register() -> bool:
+    """The ``sglang.srt.plugins`` entry point; True when both hooks were registered."""
+    try:
+        import importlib
+
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        algos = importlib.import_module(ALGORITHMS)
+    except Exception as e:
+        logger.warning("eplb: SGLang's plugin hooks or EPLB algorithms are not importable (%s); "
+                       "eplb_rs algorithms are unavailable", e)
+        return False
+    for fn, want in EXPECTED.items():
+        got = _common.signature_names(getattr(algos, fn, None))
+        if got != want:
+            logger.warning(
+                "eplb: SGLang's %s.%s has the signature %s, not %s; eplb_rs algorithms are not "
+                "registered and SGLang keeps its own", ALGORITHMS, fn, got, want,
+            )
+            return False
+    HookRegistry.register(f"{ALGORITHMS}.compute_algorithm", _around_compute_algorithm, HookType.AROUND)
+    HookRegistry.register(f"{ALGORITHMS}.rebalance_experts", _around_rebalance_experts, HookType.AROUND)
+    logger.info("eplb: SGLang --eplb-algorithm %s<policy> registered", PREFIX)
+    return True

@@ -1,0 +1,225 @@
+"""vLLM-Ascend (MRv1): our policies behind ``PolicyFactory.generate_policy``.
+
+Called from :func:`eplb.integrations.vllm.register` (vLLM-Ascend workers load the
+``vllm.general_plugins`` group too). When ``vllm_ascend`` is importable, the factory's
+``generate_policy(policy_type)`` is wrapped: if the user selected a policy, with
+``additional_config["eplb_rs"] = {"policy": ..., "params": {...}}`` or with ``EPLB_POLICY``,
+the wrapper returns :class:`Policy` for the configured ``eplb_policy_type``, which keeps choosing
+the load format (1 and 2: ``[L, R, S]`` int64 slot loads; 3: ``[H, L, R, S]`` int32 per-window
+slot loads, and FlashLB's numba warm-up is then skipped). Without a selection it defers to the
+original factory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from .._native import EplbError
+from .._tensor import like, to_numpy
+from . import _common
+
+logger = logging.getLogger("vllm.eplb_rs")
+
+FACTORY_MODULE = "vllm_ascend.eplb.core.policy.policy_factory"
+FLASHLB_MODULE = "vllm_ascend.eplb.core.policy.policy_flashlb"
+CONFIG_KEY = "eplb_rs"
+_MARK = "__eplb_rs__"
+_lock = threading.Lock()
+
+
+def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
+    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same set per row."""
+    out = new.copy()
+    layers, ranks, slots = new.shape
+    for l in range(layers):
+        o_l, n_l = old[l], new[l]
+        same = (o_l == n_l).all(axis=1)
+        for r in np.flatnonzero(~same):
+            o, n = o_l[r].tolist(), n_l[r].tolist()
+            keep = set(o) & set(n)
+            row = [e if e in keep else -1 for e in o]
+            rest = iter(e for e in n if e not in keep)
+            out[l, r] = [e if e >= 0 else next(rest) for e in row]
+    return out
+
+
+def fold(table: np.ndarray, slot_loads: np.ndarray, experts: int) -> np.ndarray:
+    """Logical loads ``[..., L, N]`` from slot loads ``[..., L, R, S]`` through ``table``."""
+    lead = slot_loads.shape[:-3]
+    layers = table.shape[0]
+    flat_t = table.reshape(layers, -1)
+    sl = slot_loads.reshape(lead + (layers, -1)).astype(np.float64)
+    out = np.zeros(lead + (layers, experts), dtype=np.float64)
+    for l in range(layers):
+        np.add.at(out[..., l, :], (Ellipsis, flat_t[l]), sl[..., l, :])
+    return out
+
+
+class Policy:
+    """vLLM-Ascend's ``EplbPolicy`` contract: ``rebalance_experts(current_expert_table,
+    expert_workload)`` returns ``(changed, priority, new_table)``. One native policy per shape;
+    picklable (the planner may run under ``forkserver``) and fork-safe."""
+
+    def __init__(self, policy: str, params: dict = None, policy_type: int = 1):
+        self.policy = _common.canonical(policy)
+        self.params = _common.check_params(self.policy, params or {})
+        self.policy_type = int(policy_type)
+        self._cache = None
+
+    def __getstate__(self):
+        return {"policy": self.policy, "params": self.params, "policy_type": self.policy_type}
+
+    def __setstate__(self, state):
+        self.__init__(state["policy"], state["params"], state["policy_type"])
+
+    def rebalance_experts(self, current_expert_table, expert_workload):
+        table = to_numpy(current_expert_table)
+        try:
+            new = self.plan(table, to_numpy(expert_workload))
+        except EplbError as e:
+            # An exception would end vLLM-Ascend's planner loop and leave the worker waiting
+            # forever; keep the current table (nothing changes) and say why.
+            logger.error("eplb: %s policy failed (%s); the placement is kept this cycle", self.policy, e)
+            return 0, np.zeros(0, dtype=np.int64), current_expert_table
+        changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
+        priority = np.flatnonzero(changed_layers)
+        return int(changed_layers.any()), priority, like(new, current_expert_table)
+
+    def plan(self, table: np.ndarray, workload: np.ndarray) -> np.ndarray:
+        """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard."""
+        if self._cache is None:
+            self._cache = _common.PolicyCache()
+        if table.ndim != 3:
+            raise EplbError(f"current_expert_table: expected [L, R, S], got shape {table.shape}")
+        layers, ranks, slots = table.shape
+        if workload.ndim == 4:
+            samples = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
+            loads = samples.sum(axis=0)
+        elif workload.ndim == 3:
+            samples = None
+            loads = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
+        else:
+            raise EplbError(
+                f"expert_workload: expected [L, R, S] or [H, L, R, S], got shape {workload.shape}"
+            )
+        if workload.shape[-3:] != table.shape:
+            raise EplbError(
+                f"expert_workload: shape {workload.shape} does not end in the table's {table.shape}"
+            )
+        experts = loads.shape[1]
+        policy = self._cache.get(
+            self.policy,
+            self.params,
+            layers=layers,
+            experts=experts,
+            ranks=ranks,
+            redundant=ranks * slots - experts,
+        )
+        current = table.astype(np.int64)
+        r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
+        return keep_slots(current, r.placement)
+
+
+def selection():
+    """``(policy, params)`` from ``additional_config["eplb_rs"]``, else from ``EPLB_POLICY``, or
+    None. Raises EplbError on a bad setting."""
+    try:
+        from vllm_ascend.ascend_config import get_ascend_config
+
+        extra = getattr(get_ascend_config().vllm_config, "additional_config", None) or {}
+    except Exception:
+        extra = {}
+    cfg = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+    if cfg is not None:
+        if not isinstance(cfg, dict) or "policy" not in cfg:
+            raise EplbError(
+                f'additional_config["{CONFIG_KEY}"] must be {{"policy": ..., "params": {{...}}}}'
+            )
+        unknown = sorted(set(cfg) - {"policy", "params"})
+        if unknown:
+            raise EplbError(f'additional_config["{CONFIG_KEY}"]: unknown key `{unknown[0]}`')
+        name = _common.canonical(cfg["policy"])
+        return name, _common.check_params(name, cfg.get("params") or {})
+    return _common.from_env()
+
+
+def _skip_warm_up(*_args, **_kwargs):
+    logger.info("eplb: FlashLB's numba warm-up skipped (eplb's policy serves this type)")
+
+
+_skip_warm_up.__eplb_rs__ = True  # type: ignore[attr-defined]
+
+
+def register() -> bool:
+    """Wraps ``PolicyFactory.generate_policy`` when vLLM-Ascend is importable; True if wrapped."""
+    with _lock:
+        try:
+            import importlib
+
+            factory_mod = importlib.import_module(FACTORY_MODULE)
+        except Exception as e:
+            logger.debug("eplb: vLLM-Ascend's policy factory is not importable (%s)", e)
+            return False
+        factory = getattr(factory_mod, "PolicyFactory", None)
+        original = getattr(factory, "generate_policy", None)
+        if original is None:
+            logger.warning("eplb: %s has no PolicyFactory.generate_policy; not patched", FACTORY_MODULE)
+            return False
+        if getattr(original, _MARK, False):
+            return True
+        names = _common.signature_names(original)
+        if names != ["policy_type"]:
+            logger.warning(
+                "eplb: vLLM-Ascend's PolicyFactory.generate_policy has the signature %s, not "
+                "['policy_type']; keeping vLLM-Ascend's own EPLB policies",
+                names,
+            )
+            return False
+
+        def generate_policy(policy_type):
+            try:
+                chosen = selection()
+            except EplbError as e:
+                logger.error("eplb: %s; keeping vLLM-Ascend's own policy %s", e, policy_type)
+                return original(policy_type)
+            if chosen is None:
+                return original(policy_type)
+            name, params = chosen
+            if name == "deepseek":
+                logger.warning(
+                    "eplb: the deepseek policy may put two copies of an expert on one NPU, which "
+                    "vLLM-Ascend's planner rejects; keeping vLLM-Ascend's own policy %s",
+                    policy_type,
+                )
+                return original(policy_type)
+            if int(policy_type) == 3:
+                _disable_flashlb_warm_up()
+            logger.info(
+                "eplb: vLLM-Ascend eplb_policy_type %s now runs eplb's %s policy (params %s)",
+                policy_type,
+                name,
+                params,
+            )
+            return Policy(name, params, policy_type)
+
+        generate_policy.__eplb_rs__ = True  # type: ignore[attr-defined]
+        generate_policy.__wrapped__ = original  # type: ignore[attr-defined]
+        factory.generate_policy = staticmethod(generate_policy)
+        logger.info("eplb: vLLM-Ascend's PolicyFactory.generate_policy wrapped")
+        return True
+
+
+def _disable_flashlb_warm_up() -> None:
+    try:
+        import importlib
+
+        mod = importlib.import_module(FLASHLB_MODULE)
+    except Exception as e:
+        logger.debug("eplb: %s not importable (%s); no warm-up to skip", FLASHLB_MODULE, e)
+        return
+    if callable(getattr(mod, "warm_up", None)) and not getattr(mod.warm_up, _MARK, False):
+        mod.warm_up = _skip_warm_up

@@ -1,0 +1,213 @@
+"""eplb.integrations.sglang against our stand-in of SGLang 0.5.23's plugin HookRegistry, its
+algorithm lookup and its caller (written from the documented interface:
+research/python-integration.md §4)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import eplb
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from eplb.integrations import sglang as adapter
+
+ALGOS = adapter.ALGORITHMS
+
+
+class HookType(enum.Enum):
+    BEFORE = "before"
+    AFTER = "after"
+    AROUND = "around"
+    REPLACE = "replace"
+
+
+class HookRegistry:
+    """AROUND hooks are called as hook(original_fn, *args, **kwargs)."""
+
+    hooks = []
+
+    @classmethod
+    def register(cls, target, hook, hook_type):
+        cls.hooks.append((target, hook, hook_type))
+
+    @classmethod
+    def apply_hooks(cls):
+        for target, hook, hook_type in cls.hooks:
+            mod_name, attr = target.rsplit(".", 1)
+            mod = sys.modules[mod_name]
+            original = getattr(mod, attr)
+            assert hook_type is HookType.AROUND
+
+            def wrapped(*a, _h=hook, _o=original, **k):
+                return _h(_o, *a, **k)
+
+            setattr(mod, attr, wrapped)
+        cls.hooks = []
+
+
+class EplbAlgorithm(enum.Enum):
+    deepseek = "deepseek"
+    deepseek_hierarchical = "deepseek_hierarchical"
+
+
+@pytest.fixture
+def sglang(monkeypatch, fake_torch):
+    algos = types.ModuleType(ALGOS)
+    algos.EplbAlgorithm = EplbAlgorithm
+    calls = {"upstream": 0}
+
+    def compute_algorithm(raw_algorithm, num_groups, num_nodes):
+        if raw_algorithm == "auto":
+            if num_groups is not None and num_groups % num_nodes == 0:
+                return EplbAlgorithm.deepseek_hierarchical
+            return EplbAlgorithm.deepseek
+        return EplbAlgorithm[raw_algorithm]
+
+    def rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts,
+                          num_groups, num_nodes, algorithm):
+        calls["upstream"] += 1
+        return "upstream", algorithm
+
+    algos.compute_algorithm = compute_algorithm
+    algos.rebalance_experts = rebalance_experts
+    registry = types.ModuleType("sglang.srt.plugins.hook_registry")
+    registry.HookRegistry = HookRegistry
+    registry.HookType = HookType
+    HookRegistry.hooks = []
+    install_modules(monkeypatch, {ALGOS: algos, "sglang.srt.plugins.hook_registry": registry})
+    monkeypatch.delenv("EPLB_POLICY_PARAMS", raising=False)
+    adapter._cache.clear()
+    algos.calls = calls
+    return algos
+
+
+def init_by_eplb(algos, tokens, num_physical, num_local, num_groups, num_nodes, raw):
+    """Our stand-in of ExpertLocationMetadata.init_by_eplb: the lookup by attribute at call
+    time, then the triple's checks (as init_by_mapping derives the logical maps)."""
+    algorithm = algos.compute_algorithm(raw, num_groups, num_nodes)
+    phy2log, log2phy, logcnt = algos.rebalance_experts(
+        tokens, num_physical, num_local, num_groups, num_nodes, algorithm
+    )
+    for t in (phy2log, log2phy, logcnt):
+        assert isinstance(t, FakeTensor) and t.device == "cpu" and t.dtype == np.int64
+    p, l2p, cnt = phy2log.numpy(), log2phy.numpy(), logcnt.numpy()
+    layers, experts = tokens.shape[1], tokens.shape[2]
+    assert p.shape == (layers, num_physical)
+    for l in range(layers):
+        for e in range(experts):
+            ids = np.flatnonzero(p[l] == e)
+            assert cnt[l, e] == len(ids) >= 1
+            row = l2p[l, e]
+            np.testing.assert_array_equal(row[: len(ids)], ids)
+            assert (row[len(ids):] == -1).all()
+    return p
+
+
+@pytest.mark.parametrize("name", DSV3_CASES)
+def test_deepseek_is_as_balanced_as_sglangs(sglang, name):
+    assert adapter.register()
+    HookRegistry.apply_hooks()
+    c = golden(name)
+    tokens = FakeTensor(c.loads[None].astype(np.float64), device="cuda:3")
+    p = init_by_eplb(sglang, tokens, c.replicas, c.slots, c.groups, c.nodes, "eplb_rs:deepseek")
+    ref = np.array(c.expected["deepseek_hier"]["placement"])
+    assert even_par(p.reshape(c.current.shape), c.loads).mean() <= (
+        even_par(ref.reshape(c.current.shape), c.loads).mean() * 1.001
+    )
+    assert sglang.calls["upstream"] == 0
+
+
+@pytest.mark.parametrize("policy", ["incremental", "flashlb", "swift", "default", "random", "4"])
+def test_every_policy_through_the_hooks(sglang, policy):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    c = golden("esft_law_ep8")
+    tokens = FakeTensor(c.windows[-12:].astype(np.int32), device="cuda:0")
+    p = init_by_eplb(sglang, tokens, c.replicas, c.slots, None, 1, f"eplb_rs:{policy}")
+    if policy not in ("random",):
+        assert even_par(p.reshape(c.current.shape), c.windows[-12:].sum(0)).mean() < 1.5
+
+
+def test_current_placement_from_the_global_metadata(sglang, monkeypatch):
+    c = golden("dsv3_drift_ep32")
+    meta = types.SimpleNamespace(physical_to_logical_map_cpu=FakeTensor(c.current.reshape(c.layers, -1)))
+    loc = types.ModuleType("sglang.srt.eplb.expert_location")
+    loc.get_global_expert_location_metadata = lambda: meta
+    install_modules(monkeypatch, {"sglang.srt.eplb.expert_location": loc})
+    adapter.register()
+    HookRegistry.apply_hooks()
+    tokens = FakeTensor(c.loads[None].astype(np.int64))
+    p = init_by_eplb(sglang, tokens, c.replicas, c.slots, None, 1, "eplb_rs:incremental")
+    want = eplb.Policy("incremental", layers=c.layers, experts=c.experts, ranks=c.ranks,
+                       redundant=c.redundant).rebalance(c.loads, c.current).placement
+    np.testing.assert_array_equal(p, want.reshape(c.layers, -1))
+
+
+def test_params_from_the_environment(sglang, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY_PARAMS", '{"max_fetch_fraction": 0.01}')
+    adapter.register()
+    HookRegistry.apply_hooks()
+    c = golden("dsv3_decode_ep64")
+    tokens = FakeTensor(c.loads[None])
+    cur = FakeTensor(c.current.reshape(c.layers, -1))
+    tight = adapter.plan(tokens.numpy(), c.replicas, c.slots, None, 1,
+                         adapter.ours("eplb_rs:incremental"), cur.numpy())[0]
+    monkeypatch.delenv("EPLB_POLICY_PARAMS")
+    loose = adapter.plan(tokens.numpy(), c.replicas, c.slots, None, 1,
+                         adapter.ours("eplb_rs:incremental"), cur.numpy())[0]
+    moved = lambda p: (p.reshape(c.current.shape) != c.current).sum()  # noqa: E731
+    assert moved(tight) < moved(loose)
+
+
+def test_other_algorithms_stay_sglangs(sglang):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    tokens = FakeTensor(np.ones((1, 2, 8), dtype=np.int32))
+    assert sglang.compute_algorithm("auto", 4, 2) is EplbAlgorithm.deepseek_hierarchical
+    assert sglang.compute_algorithm("auto", None, 2) is EplbAlgorithm.deepseek
+    with pytest.raises(KeyError):
+        sglang.compute_algorithm("nope", 1, 1)
+    out = sglang.rebalance_experts(tokens, 12, 3, 1, 1, EplbAlgorithm.deepseek)
+    assert out == ("upstream", EplbAlgorithm.deepseek)
+    assert sglang.calls["upstream"] == 1
+
+
+def test_unknown_policy_raises_eplb_error(sglang):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    with pytest.raises(eplb.EplbError, match="unknown policy `fastest`"):
+        sglang.compute_algorithm("eplb_rs:fastest", 1, 1)
+
+
+def test_changed_signature_is_left_alone(sglang, caplog):
+    def compute_algorithm(raw_algorithm, num_groups, num_nodes, extra):
+        return None
+
+    sglang.compute_algorithm = compute_algorithm
+    with caplog.at_level(logging.WARNING, logger="sglang.eplb_rs"):
+        assert not adapter.register()
+    assert HookRegistry.hooks == []
+    assert "SGLang keeps its own" in caplog.text
+
+
+def test_without_sglang_register_says_so(caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    with caplog.at_level(logging.WARNING, logger="sglang.eplb_rs"):
+        assert not adapter.register()
+    assert "not importable" in caplog.text
+
+
+def test_many_steps_become_at_most_64_flashlb_windows(sglang):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    rng = np.random.default_rng(0)
+    steps = rng.integers(0, 50, size=(1000, 3, 16)).astype(np.int32)
+    w = adapter._windows(steps)
+    assert w.shape == (64, 3, 16)
+    np.testing.assert_array_equal(w.sum(axis=0), steps.sum(axis=0))
+    init_by_eplb(sglang, FakeTensor(steps), 24, 6, None, 1, "eplb_rs:flashlb")

@@ -1,0 +1,249 @@
+"""eplb.integrations.vllm against our stand-in of vLLM 0.33's policy registry and call sites
+(written from the documented interface: research/python-integration.md §3)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+import types
+
+import numpy as np
+import pytest
+
+import eplb
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from eplb.integrations import vllm as adapter
+
+
+class StandInDefault:
+    """Upstream's default policy as far as the registry is concerned: a class with the
+    classmethod contract."""
+
+    calls = 0
+
+    @classmethod
+    def rebalance_experts(
+        cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices=None
+    ):
+        cls.calls += 1
+        raise AssertionError("upstream's policy should not run when eplb's is selected")
+
+
+@pytest.fixture
+def vllm_registry(monkeypatch, fake_torch):
+    mod = types.ModuleType("vllm.distributed.eplb.policy")
+    mod.EPLB_POLICIES = {"default": StandInDefault}
+    install_modules(monkeypatch, {"vllm.distributed.eplb.policy": mod})
+    for k in ("policy_name", "policy_params"):
+        monkeypatch.setattr(adapter.Policy, k, getattr(adapter.Policy, k))
+    adapter.Policy._cache.clear()
+    monkeypatch.delenv("EPLB_POLICY", raising=False)
+    monkeypatch.delenv("EPLB_POLICY_PARAMS", raising=False)
+    return mod.EPLB_POLICIES
+
+
+def rearrange(registry, weight, num_replicas, num_groups, num_nodes, num_ranks, old=None):
+    """Our stand-in of vLLM's call site: six positional arguments on the registry's entry, then
+    the checks vLLM's commit path relies on, and compute_logical_maps' semantics."""
+    policy = registry["default"]
+    phy2log = policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, old)
+    assert isinstance(phy2log, FakeTensor), type(phy2log)
+    assert phy2log.device == "cpu" and phy2log.dtype == np.int64
+    p = phy2log.numpy()
+    layers, experts = weight.shape
+    assert p.shape == (layers, num_replicas)
+    assert ((p >= 0) & (p < experts)).all()
+    logcnt = np.zeros((layers, experts), dtype=np.int64)
+    for l in range(layers):
+        np.add.at(logcnt[l], p[l], 1)
+    assert (logcnt >= 1).all(), "every logical expert needs a replica"
+    return p
+
+
+@pytest.mark.parametrize("name", DSV3_CASES)
+def test_deepseek_is_as_balanced_as_vllms_default(vllm_registry, monkeypatch, name):
+    monkeypatch.setenv("EPLB_POLICY", "deepseek")
+    adapter.register()
+    assert vllm_registry["default"] is adapter.Policy
+    c = golden(name)
+    w = FakeTensor(c.loads, device="cuda:0")
+    p = rearrange(vllm_registry, w, c.replicas, c.groups, c.nodes, c.ranks)
+    # vLLM's default policy gives the golden deepseek_hier placement (checks
+    # float64_implementations_agree in the golden file); ours must be within 0.1% mean PAR.
+    ref = np.array(c.expected["deepseek_hier"]["placement"])
+    ours = even_par(p.reshape(c.current.shape), c.loads).mean()
+    theirs = even_par(ref.reshape(c.current.shape), c.loads).mean()
+    assert ours <= theirs * 1.001
+    assert StandInDefault.calls == 0
+
+
+@pytest.mark.parametrize("name", DSV3_CASES)
+def test_deepseek_on_integer_counts_is_as_balanced(vllm_registry, monkeypatch, name):
+    """vLLM hands int64 token counts, where ties are frequent: the balance must still match the
+    float64 reference placement's within 0.1% mean PAR."""
+    monkeypatch.setenv("EPLB_POLICY", "deepseek")
+    adapter.register()
+    c = golden(name)
+    counts = np.rint(c.loads).astype(np.int64)
+    p = rearrange(vllm_registry, FakeTensor(counts), c.replicas, c.groups, c.nodes, c.ranks)
+    ref = np.array(c.expected["deepseek_hier"]["placement"])
+    ours = even_par(p.reshape(c.current.shape), counts.astype(np.float64)).mean()
+    theirs = even_par(ref.reshape(c.current.shape), counts.astype(np.float64)).mean()
+    assert ours <= theirs * 1.001
+
+
+@pytest.mark.parametrize("policy", eplb.POLICIES)
+def test_all_zero_weights_work(vllm_registry, monkeypatch, policy):
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    w = FakeTensor(np.zeros((4, 16), dtype=np.int64))
+    rearrange(vllm_registry, w, 24, 1, 1, 4)
+    old = FakeTensor(np.tile((np.arange(24) % 16), (4, 1)))
+    rearrange(vllm_registry, w, 24, 1, 1, 4, old)
+
+
+def test_old_indices_with_holes_and_another_size(vllm_registry, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    monkeypatch.setenv("EPLB_POLICY_PARAMS", '{"partners": 3}')
+    adapter.register()
+    assert adapter.Policy.policy_params == {"partners": 3}
+    c = golden("esft_law_ep8")
+    w = FakeTensor(c.loads.astype(np.int64))
+    old = c.current.reshape(c.layers, -1).copy()
+    good = rearrange(vllm_registry, w, c.replicas, 1, 1, c.ranks, FakeTensor(old))
+    holes = old.copy()
+    holes[:, -3:] = -1  # elastic scale-up: empty slots
+    p = rearrange(vllm_registry, w, c.replicas, 1, 1, c.ranks, FakeTensor(holes))
+    assert p.shape == good.shape
+    bigger = np.concatenate([old, old[:, :8]], axis=1)  # another old size: start from the layout
+    rearrange(vllm_registry, w, c.replicas, 1, 1, c.ranks, FakeTensor(bigger))
+
+
+def test_incremental_keeps_the_current_placement_when_balanced(vllm_registry, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    adapter.register()
+    c = golden("dsv3_decode_ep32")
+    first = rearrange(vllm_registry, FakeTensor(c.loads), c.replicas, 1, 1, c.ranks,
+                      FakeTensor(c.current.reshape(c.layers, -1)))
+    moved = (first.reshape(c.current.shape) != c.current).any(axis=2).sum()
+    assert moved < c.layers * c.ranks, "incremental starts from the current placement"
+
+
+def test_state_is_kept_per_shape(vllm_registry, monkeypatch):
+    """A main model and an MTP drafter (another shape) interleave; each keeps its own state."""
+    monkeypatch.setenv("EPLB_POLICY", "flashlb")
+    adapter.register()
+    main, mtp = golden("dsv3_decode_ep32"), golden("esft_law_ep8")
+
+    def call(c):
+        return rearrange(vllm_registry, FakeTensor(c.loads), c.replicas, 1, 1, c.ranks,
+                         FakeTensor(c.current.reshape(c.layers, -1)))
+
+    interleaved = [call(main), call(mtp), call(main), call(mtp)]
+    alone = {}
+    for c in (main, mtp):
+        p = eplb.Policy("flashlb", layers=c.layers, experts=c.experts, ranks=c.ranks,
+                        redundant=c.redundant)
+        alone[c.name] = [p.rebalance(c.loads, c.current).placement.reshape(c.layers, -1)
+                         for _ in range(2)]
+    np.testing.assert_array_equal(interleaved[0], alone[main.name][0])
+    np.testing.assert_array_equal(interleaved[2], alone[main.name][1])
+    np.testing.assert_array_equal(interleaved[1], alone[mtp.name][0])
+    np.testing.assert_array_equal(interleaved[3], alone[mtp.name][1])
+
+
+def test_callable_from_a_non_main_thread(vllm_registry, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", "swift")
+    adapter.register()
+    c = golden("dsv3_prefill_ep32")
+    out, errors = [], []
+
+    def worker():  # vLLM's async EPLB thread
+        try:
+            out.append(rearrange(vllm_registry, FakeTensor(c.loads), c.replicas, 1, 1, c.ranks,
+                                 FakeTensor(c.current.reshape(c.layers, -1))))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors, errors
+    main = rearrange(vllm_registry, FakeTensor(c.loads), c.replicas, 1, 1, c.ranks,
+                     FakeTensor(c.current.reshape(c.layers, -1)))
+    np.testing.assert_array_equal(out[0], main)
+
+
+def test_sizes_that_do_not_divide_raise_assertion_error(vllm_registry, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", "default")
+    adapter.register()
+    w = FakeTensor(np.ones((2, 8), dtype=np.int64))
+    with pytest.raises(AssertionError):
+        rearrange(vllm_registry, w, 10, 1, 1, 4)
+    with pytest.raises(eplb.EplbError, match="not a multiple of num_ranks"):
+        rearrange(vllm_registry, w, 10, 1, 1, 4)
+
+
+def test_changed_signature_leaves_upstream_and_warns(vllm_registry, monkeypatch, caplog):
+    class NewUpstream:
+        @classmethod
+        def rebalance_experts(cls, context, state):
+            return None
+
+    vllm_registry["default"] = NewUpstream
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    with caplog.at_level(logging.WARNING, logger="vllm.eplb_rs"):
+        adapter.register()
+    assert vllm_registry["default"] is NewUpstream
+    assert "keeping vLLM's own EPLB policy" in caplog.text
+
+
+def test_no_selection_leaves_upstream(vllm_registry):
+    adapter.register()
+    assert vllm_registry["default"] is StandInDefault
+
+
+def test_bad_selection_leaves_upstream_and_logs(vllm_registry, monkeypatch, caplog):
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    monkeypatch.setenv("EPLB_POLICY_PARAMS", '{"partners": 0}')
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        adapter.register()
+    assert vllm_registry["default"] is StandInDefault
+    assert "`partners` = 0 is out of range" in caplog.text
+    monkeypatch.setenv("EPLB_POLICY", "fastest")
+    monkeypatch.delenv("EPLB_POLICY_PARAMS")
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        adapter.register()
+    assert vllm_registry["default"] is StandInDefault
+    assert "unknown policy `fastest`" in caplog.text
+
+
+def test_register_twice_is_idempotent(vllm_registry, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", "default")
+    adapter.register()
+    monkeypatch.setenv("EPLB_POLICY", "swift")
+    adapter.register()
+    assert vllm_registry["default"] is adapter.Policy
+    assert adapter.Policy.policy_name == "swift"
+    assert adapter.Policy.upstream is StandInDefault
+
+
+def test_entry_points_are_declared():
+    eps = importlib.metadata.entry_points()
+    group = eps.select(group="vllm.general_plugins") if hasattr(eps, "select") else eps.get(
+        "vllm.general_plugins", [])
+    assert any(ep.value == "eplb.integrations.vllm:register" for ep in group)
+    group = eps.select(group="sglang.srt.plugins") if hasattr(eps, "select") else eps.get(
+        "sglang.srt.plugins", [])
+    assert any(ep.value == "eplb.integrations.sglang:register" for ep in group)
+
+
+def test_importing_the_adapters_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, eplb, eplb.integrations.vllm, eplb.integrations.vllm_ascend, "
+            "eplb.integrations.sglang, eplb.deepseek; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,265 @@
+"""eplb.integrations.vllm_ascend against our stand-in of vLLM-Ascend 0.23's MRv1 policy factory
+and planner (written from the documented interface: research/python-integration.md §2). The
+test reimplements the planner's per-layer guard and asserts that no layer would be reverted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import types
+
+import numpy as np
+import pytest
+
+import eplb
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from eplb.integrations import vllm_ascend as adapter
+
+
+class StandInUpstreamPolicy:
+    def __init__(self, policy_type):
+        self.policy_type = policy_type
+
+    def rebalance_experts(self, current_expert_table, expert_workload):
+        return 0, [], current_expert_table
+
+
+class Env:
+    def __init__(self):
+        self.warm_ups = 0
+        self.additional_config = {}
+
+
+@pytest.fixture
+def ascend(monkeypatch, fake_torch):
+    env = Env()
+    factory = types.ModuleType(adapter.FACTORY_MODULE)
+    flashlb = types.ModuleType(adapter.FLASHLB_MODULE)
+
+    def warm_up():
+        env.warm_ups += 1
+
+    flashlb.warm_up = warm_up
+
+    class PolicyFactory:
+        @staticmethod
+        def generate_policy(policy_type):
+            if policy_type == 3:
+                # The factory looks the module up by name each time, as upstream's does.
+                import sys
+
+                sys.modules[adapter.FLASHLB_MODULE].warm_up()
+            return StandInUpstreamPolicy(policy_type)
+
+    factory.PolicyFactory = PolicyFactory
+    config = types.ModuleType("vllm_ascend.ascend_config")
+    config.get_ascend_config = lambda: types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(additional_config=env.additional_config)
+    )
+    install_modules(
+        monkeypatch,
+        {
+            adapter.FACTORY_MODULE: factory,
+            adapter.FLASHLB_MODULE: flashlb,
+            "vllm_ascend.ascend_config": config,
+        },
+    )
+    monkeypatch.delenv("EPLB_POLICY", raising=False)
+    monkeypatch.delenv("EPLB_POLICY_PARAMS", raising=False)
+    env.factory = PolicyFactory
+    env.flashlb = flashlb
+    return env
+
+
+def guard(old: np.ndarray, new: np.ndarray) -> list:
+    """The layers vLLM-Ascend's planner would revert: an expert lost, an expert twice on one
+    rank, or a kept expert that changed slot on its rank."""
+    reverted = []
+    layers, ranks, slots = old.shape
+    for l in range(layers):
+        bad = set(old[l].ravel().tolist()) - set(new[l].ravel().tolist())
+        for r in range(ranks):
+            row_o, row_n = old[l, r].tolist(), new[l, r].tolist()
+            if len(set(row_n)) != len(row_n):
+                bad.add("dup")
+            for s, e in enumerate(row_n):
+                if e in row_o and row_o.index(e) != s:
+                    bad.add("slot")
+        if bad:
+            reverted.append(l)
+    return reverted
+
+
+def do_update(policy, table: np.ndarray, workload):
+    """Our stand-in of the planner's use: only element 2 of the triple is used."""
+    changed, priority, new = policy.rebalance_experts(FakeTensor(table), workload)
+    new = new.numpy() if isinstance(new, FakeTensor) else np.asarray(new)
+    assert new.shape == table.shape
+    return changed, priority, new
+
+
+def slot_loads(c):
+    counts = np.stack([np.bincount(c.current[l].ravel(), minlength=c.experts) for l in range(c.layers)])
+    per_copy = c.loads / counts
+    return np.stack([per_copy[l][c.current[l]] for l in range(c.layers)]).round().astype(np.int64)
+
+
+@pytest.mark.parametrize("name", DSV3_CASES + ["esft_law_ep8"])
+@pytest.mark.parametrize("policy", ["default", "swift", "incremental", "flashlb", "random"])
+def test_types_1_and_2_no_layer_reverted(ascend, name, policy):
+    ascend.additional_config["eplb_rs"] = {"policy": policy, "params": {}}
+    assert adapter.register()
+    c = golden(name)
+    for policy_type in (1, 2):
+        p = ascend.factory.generate_policy(policy_type)
+        assert isinstance(p, adapter.Policy) and p.policy == policy
+        load = FakeTensor(slot_loads(c))
+        changed, priority, new = do_update(p, c.current, load)
+        assert guard(c.current, new) == []
+        assert new.dtype == np.int64
+        if policy != "random":
+            assert even_par(new, c.loads).mean() <= even_par(c.current, c.loads).mean()
+        layer_changed = (new != c.current).reshape(c.layers, -1).any(axis=1)
+        assert changed == int(layer_changed.any())
+        assert sorted(np.asarray(priority).tolist()) == np.flatnonzero(layer_changed).tolist()
+    assert ascend.warm_ups == 0
+
+
+@pytest.mark.parametrize("policy", ["flashlb", "incremental", "default"])
+def test_type_3_multi_stage_loads_and_no_warm_up(ascend, policy, monkeypatch):
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    assert adapter.register()
+    c = golden("esft_intent_ep16")
+    p = ascend.factory.generate_policy(3)
+    assert isinstance(p, adapter.Policy)
+    assert ascend.warm_ups == 0
+    ascend.flashlb.warm_up()  # the planner's start-up call: now a no-op
+    assert ascend.warm_ups == 0
+    # [L, R, H, S] int32 as gathered, handed over as a permuted [H, L, R, S] view.
+    h = 8
+    counts = np.stack([np.bincount(c.current[l].ravel(), minlength=c.experts) for l in range(c.layers)])
+    win = c.windows[-h:]
+    per_slot = np.stack([(win[:, l] / counts[l])[:, c.current[l]] for l in range(c.layers)])
+    gathered = np.ascontiguousarray(per_slot.transpose(0, 2, 1, 3)).round().astype(np.int32)
+    workload = FakeTensor(gathered).permute(2, 0, 1, 3)
+    assert not workload.is_contiguous() and workload.shape == (h, c.layers, c.ranks, c.slots)
+    _, _, new = do_update(p, c.current, workload)
+    assert guard(c.current, new) == []
+
+
+def test_no_selection_defers_to_upstream(ascend):
+    assert adapter.register()
+    p = ascend.factory.generate_policy(1)
+    assert isinstance(p, StandInUpstreamPolicy)
+    p = ascend.factory.generate_policy(3)
+    assert isinstance(p, StandInUpstreamPolicy) and ascend.warm_ups == 1
+
+
+def test_deepseek_is_refused_with_a_warning(ascend, caplog):
+    ascend.additional_config["eplb_rs"] = {"policy": "deepseek"}
+    adapter.register()
+    with caplog.at_level(logging.WARNING, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(1)
+    assert isinstance(p, StandInUpstreamPolicy)
+    assert "two copies of an expert on one NPU" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"policy": "incremental", "params": {"bogus": 1}}, "unknown parameter `bogus`"),
+        ({"policy": "nope"}, "unknown policy `nope`"),
+        ({"policy": "swift", "extra": 1}, "unknown key `extra`"),
+        ("swift", "must be"),
+    ],
+)
+def test_bad_config_keeps_upstream_and_logs(ascend, caplog, cfg, message):
+    ascend.additional_config["eplb_rs"] = cfg
+    adapter.register()
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(2)
+    assert isinstance(p, StandInUpstreamPolicy)
+    assert message in caplog.text
+
+
+def test_changed_factory_signature_is_left_alone(ascend, caplog):
+    original = ascend.factory.generate_policy
+
+    def generate_policy(policy_type, config):
+        return original(policy_type)
+
+    ascend.factory.generate_policy = staticmethod(generate_policy)
+    with caplog.at_level(logging.WARNING, logger="vllm.eplb_rs"):
+        assert not adapter.register()
+    assert ascend.factory.generate_policy is generate_policy
+    assert "keeping vLLM-Ascend's own EPLB policies" in caplog.text
+
+
+def test_register_is_idempotent_and_called_by_the_vllm_entry_point(ascend, monkeypatch):
+    from eplb.integrations import vllm
+
+    vllm.register()
+    first = ascend.factory.generate_policy
+    assert getattr(first, "__eplb_rs__", False)
+    vllm.register()
+    assert ascend.factory.generate_policy is first
+
+
+def test_policy_pickles_and_works_after_fork(ascend):
+    ascend.additional_config["eplb_rs"] = {"policy": "incremental", "params": {"movers": 8}}
+    adapter.register()
+    p = ascend.factory.generate_policy(2)
+    c = golden("dsv3_decode_ep32")
+    load = FakeTensor(slot_loads(c))
+    _, _, want = do_update(p, c.current, load)
+    q = pickle.loads(pickle.dumps(p))
+    assert q.params == {"movers": 8}
+    _, _, got = do_update(q, c.current, load)
+    np.testing.assert_array_equal(got, want)
+    if not hasattr(os, "fork"):
+        return
+    fresh = pickle.loads(pickle.dumps(p))
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _, _, child = do_update(fresh, c.current, load)
+            os.write(wfd, b"1" if np.array_equal(child, want) else b"0")
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    assert os.read(rfd, 1) == b"1"
+    os.waitpid(pid, 0)
+
+
+def test_keep_slots():
+    old = np.array([[[0, 1, 2], [3, 4, 5]]])
+    new = np.array([[[2, 6, 0], [5, 3, 7]]])
+    out = adapter.keep_slots(old, new)
+    np.testing.assert_array_equal(out, [[[0, 6, 2], [3, 7, 5]]])
+    for r in range(2):
+        assert set(out[0, r].tolist()) == set(new[0, r].tolist())
+
+
+def test_a_failing_call_keeps_the_table_and_logs(ascend, caplog):
+    ascend.additional_config["eplb_rs"] = {"policy": "swift"}
+    adapter.register()
+    p = ascend.factory.generate_policy(2)
+    c = golden("esft_law_ep8")
+    bad = slot_loads(c)
+    bad[3, 1, 2] = -5  # a negative load: the planner loop must go on
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        changed, priority, new = do_update(p, c.current, FakeTensor(bad))
+    assert changed == 0 and len(priority) == 0
+    np.testing.assert_array_equal(new, c.current)
+    assert "layer 3" in caplog.text and "kept this cycle" in caplog.text
+
+
+def test_out_of_range_params_fail_at_selection(ascend, caplog):
+    ascend.additional_config["eplb_rs"] = {"policy": "incremental", "params": {"movers": 0}}
+    adapter.register()
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(2)
+    assert isinstance(p, StandInUpstreamPolicy)
+    assert "`movers` = 0 is out of range" in caplog.text

@@ -1,0 +1,169 @@
+//! The Python package's step of `cargo xtask test` (`python/`, not a workspace member).
+//!
+//! 1. `cargo fmt --check` and `cargo clippy -D warnings` on `python/Cargo.toml`
+//!    (target dir `target/python`);
+//! 2. maturin (from PyPI, in the tools venv `target/python-tools`, made once) builds the wheel
+//!    into `target/python/wheels`;
+//! 3. a fresh venv `target/python-test-venv` gets only numpy and pytest (from PyPI) and the wheel;
+//! 4. pytest runs `python/tests` in it, with `EPLB_BIN` set to the CLI so that the tests compare
+//!    `eplb.simulate` and `eplb.write_map` with it. Any non-zero pytest status fails the gate,
+//!    including 5 (no test collected).
+//!
+//! The interpreter is `$EPLB_PYTHON`, else `python3`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{cargo, root, run};
+
+/// The maturin the wheel is built with (the PEP 517 backend in `pyproject.toml` allows the
+/// same range).
+const MATURIN: &str = "maturin>=1.9,<2.0";
+
+fn python() -> String {
+    std::env::var("EPLB_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn manifest() -> PathBuf {
+    root().join("python").join("Cargo.toml")
+}
+
+fn target_dir() -> PathBuf {
+    root().join("target").join("python")
+}
+
+fn venv_bin(venv: &Path, exe: &str) -> PathBuf {
+    venv.join("bin").join(exe)
+}
+
+/// Creates a venv at `dir` (replacing any), or says which package is missing.
+fn make_venv(dir: &Path) -> Result<(), String> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let py = python();
+    run(
+        &format!("python: {py} -m venv {}", dir.display()),
+        Command::new(&py).args(["-m", "venv"]).arg(dir),
+    )
+    .map_err(|e| {
+        format!("{e}: this needs Python's venv module (on Debian: apt-get install python3-venv)")
+    })
+}
+
+fn pip_install(venv: &Path, what: &str, args: &[&str]) -> Result<(), String> {
+    run(
+        &format!("python: pip install {what}"),
+        Command::new(venv_bin(venv, "python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(args),
+    )
+}
+
+/// The tools venv with maturin, made when missing.
+fn maturin() -> Result<PathBuf, String> {
+    let venv = root().join("target").join("python-tools");
+    let exe = venv_bin(&venv, "maturin");
+    let works = Command::new(&exe)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !works {
+        make_venv(&venv)?;
+        pip_install(&venv, MATURIN, &[MATURIN])?;
+    }
+    Ok(exe)
+}
+
+/// fmt and clippy of the native module.
+fn lint() -> Result<(), String> {
+    let m = manifest();
+    let m = m.to_str().ok_or("python/Cargo.toml: path is not UTF-8")?;
+    run(
+        "python: cargo fmt --check (python/)",
+        cargo().args(["fmt", "--check", "--manifest-path", m]),
+    )?;
+    run(
+        "python: cargo clippy (python/, warnings denied)",
+        cargo()
+            .args([
+                "clippy",
+                "--all-targets",
+                "--manifest-path",
+                m,
+                "--target-dir",
+            ])
+            .arg(target_dir())
+            .args(["--", "-D", "warnings"]),
+    )
+}
+
+/// Builds the wheel; returns its path.
+fn build_wheel(maturin: &Path) -> Result<PathBuf, String> {
+    let out = target_dir().join("wheels");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    run(
+        "python: maturin build --release (the eplb wheel)",
+        Command::new(maturin)
+            .current_dir(root())
+            .args(["build", "--release", "--quiet", "-m"])
+            .arg(manifest())
+            .arg("--target-dir")
+            .arg(target_dir())
+            .arg("-o")
+            .arg(&out)
+            .args(["--interpreter", &python()]),
+    )?;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    match wheels.as_slice() {
+        [w] => Ok(w.clone()),
+        other => Err(format!(
+            "python: expected one wheel in {}, found {}",
+            out.display(),
+            other.len()
+        )),
+    }
+}
+
+/// The whole step.
+pub fn test() -> Result<(), String> {
+    lint()?;
+    let maturin = maturin()?;
+    let wheel = build_wheel(&maturin)?;
+    run(
+        "python: the eplb CLI for the comparison tests",
+        cargo().args(["build", "--quiet", "-p", "eplb-runtime", "--bin", "eplb"]),
+    )?;
+    let venv = root().join("target").join("python-test-venv");
+    make_venv(&venv)?;
+    pip_install(&venv, "numpy pytest (fresh venv)", &["numpy", "pytest"])?;
+    let w = wheel.to_str().ok_or("wheel path is not UTF-8")?;
+    pip_install(&venv, "the eplb wheel", &["--no-deps", w])?;
+    let tests = root().join("python").join("tests");
+    eprintln!("==> python: pytest python/tests (fresh venv)");
+    let status = Command::new(venv_bin(&venv, "python"))
+        .current_dir(&tests)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
+        .env("EPLB_BIN", root().join("target").join("debug").join("eplb"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .status()
+        .map_err(|e| format!("python: cannot start pytest: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(5) => Err("python: pytest collected no test (exit 5)".into()),
+        _ => Err(format!("python: pytest failed ({status})")),
+    }
+}
