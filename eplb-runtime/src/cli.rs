@@ -36,6 +36,31 @@ use crate::simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace, simula
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Largest input file read, in bytes (default 1 GiB); inputs must be regular files.
+    #[arg(long, global = true, default_value_t = crate::fsio::DEFAULT_INPUT_LIMIT)]
+    max_input_bytes: u64,
+}
+
+/// What every command writes through: the input size limit and the buffered standard output,
+/// written once at the end by [`run`] (so a closed pipe or a full disk is handled in one place).
+struct Io {
+    limit: u64,
+    out: String,
+}
+
+impl Io {
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
+        crate::fsio::read_bounded(path, self.limit).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// Appends one line to the command's standard output.
+macro_rules! outln {
+    ($io:expr) => { $io.out.push('\n') };
+    ($io:expr, $($arg:tt)*) => {{
+        use core::fmt::Write as _;
+        let _ = writeln!($io.out, $($arg)*);
+    }};
 }
 
 #[derive(Debug, Subcommand)]
@@ -281,18 +306,41 @@ where
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            if e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // --help and --version go to stdout, through the same checks as any output.
+            return finish(Ok(ExitCode::SUCCESS), e.render().to_string().as_bytes());
         }
     };
-    let result = match cli.command {
-        Command::Plan(a) => plan(&a),
-        Command::Validate(a) => validate(&a),
-        Command::CheckConfig(a) => check_config(&a),
-        Command::Hotness(a) => hotness(&a),
-        Command::Simulate(a) => simulate_cmd(&a),
+    let mut io = Io {
+        limit: cli.max_input_bytes,
+        out: String::new(),
     };
+    let result = match cli.command {
+        Command::Plan(a) => plan(&a, &mut io),
+        Command::Validate(a) => validate(&a, &mut io),
+        Command::CheckConfig(a) => check_config(&a, &mut io),
+        Command::Hotness(a) => hotness(&a, &mut io),
+        Command::Simulate(a) => simulate_cmd(&a, &mut io),
+    };
+    finish(result, io.out.as_bytes())
+}
+
+/// Writes a command's standard output, then its error if any. A closed pipe (EPIPE) ends the
+/// command quietly with its own status; any other write error is `error: stdout: ...`, exit 1.
+fn finish(result: Result<ExitCode, String>, out: &[u8]) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_all(out).and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("error: stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -300,10 +348,6 @@ where
             ExitCode::FAILURE
         }
     }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn parse_policy(s: &str) -> Result<PolicyKind, String> {
@@ -324,12 +368,13 @@ fn layout_shape(heat: &Heat, ranks: u16, redundant: u32, topo: &Topology) -> Res
         .map_err(|e| e.to_string())
 }
 
-fn read_current(path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
+fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
     let opts = ReadOptions::lenient()
         .experts(shape.experts() as u16)
         .ranks(shape.ranks() as u16)
         .layers(shape.layers() as u16);
-    let map = read_map_json(&read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let map =
+        read_map_json(&io.read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
     if map.colocated_rows() > 0 {
         eprintln!(
             "warning: {}: {} device rows hold an expert twice",
@@ -354,10 +399,15 @@ fn warn_heat(heat: &Heat, path: &Path) {
     }
 }
 
-fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
+fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
+    if let Some(out) = &a.out {
+        let mut inputs = vec![a.loads.as_path()];
+        inputs.extend(a.current.as_deref());
+        crate::fsio::refuse_overwrite_input(out, &inputs)?;
+    }
     let basis = a.cost.resolve()?;
-    let bytes = read(&a.loads)?;
+    let bytes = io.read(&a.loads)?;
     let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
     if format == HeatFormat::SlotLoads {
         return Err(format!(
@@ -369,7 +419,7 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
     let current = match &a.current {
-        Some(p) => read_current(p, &shape)?,
+        Some(p) => read_current(io, p, &shape)?,
         None => {
             let mut p = vec![0u16; shape.placement_len()];
             Layout::Default
@@ -404,7 +454,8 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
         .collect();
     if let Some(out) = &a.out {
         let p = Placement::new(shape, &plan.placement).map_err(|e| e.to_string())?;
-        std::fs::write(out, to_json(&p)).map_err(|e| format!("{}: {e}", out.display()))?;
+        crate::fsio::write_atomic(out, to_json(&p).as_bytes())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
     }
     let elapsed_us = plan.elapsed.as_secs_f64() * 1e6;
     let cost = move_cost(
@@ -427,10 +478,11 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             "colocated_rows": plan.summary.colocated_rows,
         });
         add_plan_cost(&mut v, &cost, &basis);
-        println!("{v}");
+        outln!(io, "{v}");
     } else {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        println!(
+        outln!(
+            io,
             "policy {}: {} layers, R={} S={} X={}",
             kind.name(),
             shape.layers(),
@@ -438,7 +490,8 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             shape.slots_per_rank(),
             shape.redundant()
         );
-        println!(
+        outln!(
+            io,
             "PAR (even split): before mean={:.4} max={:.4}, after mean={:.4} max={:.4}, lower bound mean={:.4}",
             plan.summary.before.mean,
             plan.summary.before.max,
@@ -446,14 +499,17 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             plan.summary.after.max,
             mean(&lower)
         );
-        println!(
+        outln!(
+            io,
             "changed layers: {}, weight fetches: {}, policy time: {:.1} us",
-            plan.summary.changed_layers, plan.summary.moves, elapsed_us
+            plan.summary.changed_layers,
+            plan.summary.moves,
+            elapsed_us
         );
-        println!("{}", basis.describe());
-        println!("{}", plan_cost_line(&cost, &basis));
+        outln!(io, "{}", basis.describe());
+        outln!(io, "{}", plan_cost_line(&cost, &basis));
         if let Some(out) = &a.out {
-            println!("wrote {}", out.display());
+            outln!(io, "wrote {}", out.display());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -482,8 +538,8 @@ fn plan_cost_line(cost: &MoveCost, basis: &CostBasis) -> String {
     )
 }
 
-fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
-    let bytes = read(&a.map)?;
+fn validate(a: &ValidateArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let bytes = io.read(&a.map)?;
     let mut opts = if a.allow_duplicates {
         ReadOptions::lenient()
     } else {
@@ -502,7 +558,8 @@ fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
                 eprintln!("warning: {}: {w}", a.map.display());
             }
             let s = map.shape();
-            println!(
+            outln!(
+                io,
                 "{}: valid: {} layers, {} devices x {} slots, {} experts, {} redundant",
                 a.map.display(),
                 s.layers(),
@@ -525,7 +582,7 @@ fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
     }
 }
 
-fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
+fn check_config(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> {
     let validator = |p: &Path| -> Result<(), String> {
         let mut opts = ReadOptions::lenient();
         if let Some(n) = a.experts {
@@ -534,7 +591,7 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
         if let Some(r) = a.ranks {
             opts = opts.ranks(r);
         }
-        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+        let bytes = crate::fsio::read_bounded(p, io.limit).map_err(|e| e.to_string())?;
         read_map_json(&bytes, &opts)
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -565,23 +622,23 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
     for w in cfg.warnings() {
         eprintln!("warning: {w}");
     }
-    println!("{}: valid", a.file.display());
-    println!("{}", cfg.summary());
+    outln!(io, "{}: valid", a.file.display());
+    outln!(io, "{}", cfg.summary());
     if let Some(d) = cfg.deployment_facts() {
-        println!("deployment facts: {}", d.summary());
+        outln!(io, "deployment facts: {}", d.summary());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
-    let map = read_map_json(&read(&a.map)?, &ReadOptions::lenient())
+fn hotness(a: &HotnessArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let map = read_map_json(&io.read(&a.map)?, &ReadOptions::lenient())
         .map_err(|e| format!("{}: {e}", a.map.display()))?;
     for w in map.warnings() {
         eprintln!("warning: {}: {w}", a.map.display());
     }
     let shape = map.shape();
     let placement = map.placement().view().map_err(|e| e.to_string())?;
-    let heat = load_heat(&read(&a.loads)?, Some(&placement))
+    let heat = load_heat(&io.read(&a.loads)?, Some(&placement))
         .map_err(|e| format!("{}: {e}", a.loads.display()))?;
     warn_heat(&heat, &a.loads);
     if heat.layers() != shape.layers() || heat.experts() > shape.experts() {
@@ -625,17 +682,21 @@ fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
         &mut routed,
     )
     .map_err(|e| e.to_string())?;
-    println!(
+    outln!(
+        io,
         "[Expert Hotness] current: mean={:.3} max={:.3}",
-        h_even.mean, h_even.max
+        h_even.mean,
+        h_even.max
     );
-    println!(
+    outln!(
+        io,
         "under log2phy routing: mean={:.3} max={:.3}",
-        h_routed.mean, h_routed.max
+        h_routed.mean,
+        h_routed.max
     );
-    println!("layer  PAR(even)  PAR(log2phy)");
+    outln!(io, "layer  PAR(even)  PAR(log2phy)");
     for (l, (e, r)) in even.iter().zip(&routed).enumerate() {
-        println!("{l:>5}  {e:>9.4}  {r:>12.4}");
+        outln!(io, "{l:>5}  {e:>9.4}  {r:>12.4}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -650,7 +711,7 @@ fn parse_initial(s: &str) -> Result<Initial, String> {
         .ok_or_else(|| format!("--initial {s}: expected `default` or `random:SEED`"))
 }
 
-fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
+fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let policy = if a.policy == "static" {
         SimPolicy::Static
     } else {
@@ -658,7 +719,10 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     };
     let initial = parse_initial(&a.initial)?;
     let basis = a.cost.resolve()?;
-    let bytes = read(&a.trace)?;
+    if let Some(log) = &a.placements_log {
+        crate::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])?;
+    }
+    let bytes = io.read(&a.trace)?;
     let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     warn_heat(&heat, &a.trace);
     let counts = heat
@@ -718,11 +782,11 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     if a.json {
         let mut v = sim_json(&r, policy.name(), cfg.routing);
         add_sim_cost(&mut v, &costs, &basis);
-        println!("{v}");
+        outln!(io, "{v}");
     } else {
-        print_sim(&r, policy.name(), cfg.routing);
-        println!("{}", basis.describe());
-        println!("{}", sim_cost_line(&costs, &basis));
+        print_sim(io, &r, policy.name(), cfg.routing);
+        outln!(io, "{}", basis.describe());
+        outln!(io, "{}", sim_cost_line(&costs, &basis));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -797,9 +861,10 @@ pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> serde_json::Va
     })
 }
 
-fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
+fn print_sim(io: &mut Io, r: &SimResult, policy: &str, routing: Routing) {
     let s = r.shape;
-    println!(
+    outln!(
+        io,
         "policy {policy}: L={} N={} R={} S={} X={}, routing {}, {} cycles",
         s.layers(),
         s.experts(),
@@ -809,7 +874,8 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         routing_name(routing),
         r.cycles
     );
-    println!(
+    outln!(
+        io,
         "PAR: mean {:.4}  p99 {:.4}  max {:.3}  | from first activation: mean {:.4}  p99 {:.4}",
         r.mean_par,
         r.p99_par,
@@ -817,7 +883,8 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         r.mean_par_from_first_activation,
         r.p99_par_from_first_activation
     );
-    println!(
+    outln!(
+        io,
         "changes {}  moves {} ({:.1} per change, {:.1}% of slots)  slot writes {}  same-rank duplicate rows max {}",
         r.changes,
         r.moves_total,
@@ -826,9 +893,12 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         r.slot_writes_total,
         r.same_rank_duplicate_rows_max
     );
-    println!(
+    outln!(
+        io,
         "policy time per cycle: mean {:.2} ms, max {:.2} ms; lower bound mean PAR {:.4}",
-        r.policy_time_ms_mean, r.policy_time_ms_max, r.lower_bound_mean_par
+        r.policy_time_ms_mean,
+        r.policy_time_ms_max,
+        r.lower_bound_mean_par
     );
 }
 
@@ -881,5 +951,5 @@ fn write_placements_log(
         doc["case"] = json!(c);
     }
     let text = serde_json::to_string(&doc).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+    crate::fsio::write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
 }

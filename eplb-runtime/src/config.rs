@@ -228,10 +228,11 @@ impl EplbConfig {
         env: &dyn Env,
         map_validator: Option<&MapValidator<'_>>,
     ) -> Result<Self, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+        let text = crate::fsio::read_bounded_to_string(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+            .map_err(|e| ConfigError::Io {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
         Self::from_json_str_with(&text, env, map_validator)
     }
 
@@ -286,10 +287,11 @@ impl EplbConfig {
         map_validator: Option<&MapValidator<'_>>,
         overrides: &Deployment,
     ) -> Result<Self, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+        let text = crate::fsio::read_bounded_to_string(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+            .map_err(|e| ConfigError::Io {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
         let value: Value = serde_json::from_str(&text).map_err(|e| ConfigError::Json {
             line: e.line(),
             column: e.column(),

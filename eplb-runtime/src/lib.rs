@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod deployment;
+pub mod fsio;
 pub mod modes;
 pub mod payload;
 pub mod planner;

@@ -65,7 +65,8 @@ pub fn startup(cfg: &EplbConfig, model: &ModelInfo) -> Result<(Shape, Vec<u16>),
 
 /// Reads a static expert map for `model`.
 pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = crate::fsio::read_bounded(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let opts = ReadOptions::lenient()
         .experts(model.experts)
         .ranks(model.ranks)
@@ -106,17 +107,14 @@ pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<Controll
 }
 
 /// The record-mode sink of rank 0: each plan is written to `path` as vLLM-Ascend's expert-map
-/// JSON, atomically (a temporary file renamed over the old one), so a reader never sees half a
-/// map.
+/// JSON with [`crate::fsio::write_atomic`] (a temporary file in the same directory, fsynced and
+/// renamed over the old one), so a reader never sees half a map.
 pub fn record_sink(path: PathBuf) -> RecordSink {
     Box::new(move |shape: &Shape, placement: &[u16]| {
         let p = Placement::new(*shape, placement).map_err(|e| e.to_string())?;
         let text = to_json(&p);
-        let mut tmp = path.clone().into_os_string();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+        crate::fsio::write_atomic(&path, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))
     })
 }
 

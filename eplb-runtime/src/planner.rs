@@ -153,20 +153,23 @@ impl Planner {
     /// Blocks until the outcome of `cycle` is ready (simulated time only; a serving thread polls
     /// [`Planner::try_result`]). Gives up after `timeout`.
     pub fn wait_result(&self, cycle: u64, timeout: Duration) -> Option<Arc<Outcome>> {
-        let deadline = Instant::now() + timeout;
+        // `None`: the deadline is past what `Instant` can hold, so wait without one.
+        let deadline = Instant::now().checked_add(timeout);
         let mut sh = self.lock();
         loop {
             if let Some(r) = sh.results.get(&cycle) {
                 return Some(Arc::clone(r));
             }
             let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
+            let left = match deadline {
+                Some(d) if now >= d => return None,
+                Some(d) => d - now,
+                None => timeout,
+            };
             sh = self
                 .shared
                 .1
-                .wait_timeout(sh, deadline - now)
+                .wait_timeout(sh, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
