@@ -93,7 +93,7 @@ struct PlanArgs {
     #[arg(long)]
     loads: PathBuf,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: u16,
     /// Redundant experts.
     #[arg(long)]
@@ -214,10 +214,10 @@ struct ValidateArgs {
     /// The expert-map JSON.
     map: PathBuf,
     /// Logical experts of the model.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     experts: Option<u16>,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: Option<u16>,
     /// Accept an expert held twice on one device.
     #[arg(long)]
@@ -229,10 +229,10 @@ struct CheckConfigArgs {
     /// `{"eplb_config": {...}}` or the inner object.
     file: PathBuf,
     /// Logical experts of the model (with --ranks: checks the redundancy divides).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     experts: Option<u16>,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: Option<u16>,
     #[command(flatten)]
     deployment: DeploymentArgs,
@@ -262,7 +262,7 @@ struct SimulateArgs {
     #[arg(long)]
     trace: PathBuf,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: u16,
     /// Redundant experts.
     #[arg(long)]
@@ -375,13 +375,6 @@ fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String>
         .layers(shape.layers() as u16);
     let map =
         read_map_json(&io.read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
-    if map.colocated_rows() > 0 {
-        eprintln!(
-            "warning: {}: {} device rows hold an expert twice",
-            path.display(),
-            map.colocated_rows()
-        );
-    }
     if map.shape().slots_per_rank() != shape.slots_per_rank() {
         return Err(format!(
             "{}: {} slots per device, but --ranks/--redundant give {}",
@@ -389,6 +382,14 @@ fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String>
             map.shape().slots_per_rank(),
             shape.slots_per_rank()
         ));
+    }
+    if map.colocated_rows() > 0 {
+        let rows = crate::modes::colocated_row_list(map.placement().as_slice(), &map.shape());
+        eprintln!(
+            "warning: {}: {} device rows hold an expert twice ({rows}); the policy plans from a servable copy",
+            path.display(),
+            map.colocated_rows()
+        );
     }
     Ok(map.into_placement().into_vec())
 }
@@ -437,9 +438,18 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         seed: a.seed,
     };
     let mut policy = policy_for(kind)?;
-    let mut scratch = vec![0u64; eplb_policies::scratch_len(policy.as_ref(), &shape)];
-    let mut state = vec![0u64; policy.state_len(&shape)];
-    let plan = plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)?;
+    // The shape's range, the policy's topology and its buffer sizes, before any allocation.
+    let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape)
+        .map_err(|e| format!("policy {}: {e}", kind.name()))?;
+    let mut scratch = vec![0u64; lens.scratch];
+    let mut state = vec![0u64; lens.state];
+    let plan =
+        plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state).map_err(|e| match &a
+            .current
+        {
+            Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
+            None => format!("policy {}: {e}", kind.name()),
+        })?;
     if plan.summary.colocated_rows > 0 {
         eprintln!(
             "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",
@@ -788,6 +798,21 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         outln!(io, "{}", basis.describe());
         outln!(io, "{}", sim_cost_line(&costs, &basis));
     }
+    // A failed plan keeps the old placement: say so, and never pass a run whose every plan
+    // failed off as the policy's result.
+    if r.plan_failures > 0 {
+        let why = r.first_plan_failure.as_deref().unwrap_or("unknown");
+        if r.plan_failures >= r.plans {
+            return Err(format!(
+                "every plan failed ({} of {}), the numbers are the initial placement's: {why}",
+                r.plan_failures, r.plans
+            ));
+        }
+        eprintln!(
+            "warning: {} of {} plans failed (the placement stayed as it was for them): {why}",
+            r.plan_failures, r.plans
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -858,6 +883,7 @@ pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> serde_json::Va
         "other_routing_mean_par": r.other_routing_mean_par,
         "lower_bound_mean_par": r.lower_bound_mean_par,
         "failed_layers": r.failed_layers,
+        "plan_failures": r.plan_failures,
     })
 }
 

@@ -72,15 +72,43 @@ pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16
         .ranks(model.ranks)
         .layers(model.layers);
     let map = read_map_json(&bytes, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shape = map.shape();
     if map.colocated_rows() > 0 {
         log::warn!(
-            "eplb: {}: {} device rows hold an expert twice; the second copy gets no tokens",
+            "eplb: {}: {} device rows hold an expert twice ({}); the second copy gets no tokens",
             path.display(),
-            map.colocated_rows()
+            map.colocated_rows(),
+            colocated_row_list(map.placement().as_slice(), &shape)
         );
     }
-    let shape = map.shape();
     Ok((shape, map.into_placement().into_vec()))
+}
+
+/// The rows `(layer, device)` of `placement` (`[L][R][S]` of `shape`) that hold an expert
+/// twice, for a warning: `layer 3 device 5 (expert 37)`, the first 8 and a count of the rest.
+pub fn colocated_row_list(placement: &[u16], shape: &Shape) -> String {
+    const SHOWN: usize = 8;
+    let (s, r) = (shape.slots_per_rank().max(1), shape.ranks().max(1));
+    let mut rows = Vec::new();
+    let mut more = 0usize;
+    for (i, row) in placement.chunks_exact(s).enumerate() {
+        let twice = row
+            .iter()
+            .enumerate()
+            .find(|&(j, e)| row.get(..j).is_some_and(|h| h.contains(e)));
+        if let Some((_, e)) = twice {
+            if rows.len() < SHOWN {
+                rows.push(format!("layer {} device {} (expert {e})", i / r, i % r));
+            } else {
+                more += 1;
+            }
+        }
+    }
+    let mut text = rows.join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
 }
 
 /// The controller settings a config implies (dynamic or record modes).

@@ -384,3 +384,272 @@ fn a_reader_never_sees_a_partial_map_while_plan_rewrites_it() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+fn plan_args<'a>(
+    loads: &'a str,
+    ranks: &'a str,
+    redundant: &'a str,
+    policy: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "plan",
+        "--loads",
+        loads,
+        "--ranks",
+        ranks,
+        "--redundant",
+        redundant,
+        "--policy",
+        policy,
+    ]
+}
+
+#[test]
+fn extreme_shapes_are_refused_before_memory_is_taken() {
+    let dir = tmp("extreme");
+    let loads = dir.join("tiny.json");
+    std::fs::write(&loads, "[[1, 2]]").unwrap();
+    let l = loads.to_str().unwrap();
+    for policy in [
+        "flashlb",
+        "default",
+        "deepseek",
+        "incremental",
+        "swift",
+        "random",
+    ] {
+        let started = Instant::now();
+        let o = eplb(&plan_args(l, "65535", "65533", policy));
+        assert!(started.elapsed() < Duration::from_secs(10), "{policy}");
+        assert_eq!(o.status.code(), Some(1), "{policy}: {}", stderr(&o));
+        assert_eq!(
+            stderr(&o),
+            format!("error: policy {policy}: ranks: 65535 is over the supported limit of 2048\n")
+        );
+    }
+    let eight = loads_file(&dir);
+    let o = eplb(&plan_args(eight.to_str().unwrap(), "1024", "8184", "swift"));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "error: policy swift: slots per layer (ranks x slots per rank): 8192 is over the supported limit of 4096\n"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn every_policy_plans_from_a_colocated_current_map() {
+    let dir = tmp("coloc");
+    let map = dir.join("current.json");
+    let m = map.to_str().unwrap();
+    let trace = shared("data/traces/sglang_dsv3_decode_in1000out1000.json");
+    let mut args = plan_args(&trace, "64", "64", "deepseek");
+    args.extend(["--ranks-per-node", "8", "--groups", "8", "--out", m]);
+    let o = eplb(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds an expert twice"),
+        "{}",
+        stderr(&o)
+    );
+    for policy in [
+        "random",
+        "default",
+        "swift",
+        "flashlb",
+        "incremental",
+        "deepseek",
+    ] {
+        let out = dir.join(format!("{policy}.json"));
+        let mut args = plan_args(&trace, "64", "64", policy);
+        args.extend(["--current", m, "--out", out.to_str().unwrap(), "--json"]);
+        let o = eplb(&args);
+        assert!(o.status.success(), "{policy}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.starts_with(&format!("warning: {m}: "))
+                && e.contains("layer ")
+                && e.contains(" device "),
+            "{policy}: {e}"
+        );
+        if policy != "deepseek" {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["colocated_rows"], 0, "{policy}");
+            // Strict validation: no co-located copies.
+            let o = eplb(&["validate", out.to_str().unwrap()]);
+            assert!(o.status.success(), "{policy}: {}", stderr(&o));
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn simulate_args<'a>(trace: &'a str, policy: &'a str) -> Vec<&'a str> {
+    vec![
+        "simulate",
+        "--trace",
+        trace,
+        "--ranks",
+        "8",
+        "--redundant",
+        "8",
+        "--policy",
+        policy,
+        "--heat-interval",
+        "2",
+        "--algo-interval",
+        "1",
+    ]
+}
+
+#[test]
+fn simulate_refuses_a_topology_plan_refuses() {
+    let trace = shared("data/traces/esft_dsv2lite_law.json");
+    let mut args = simulate_args(&trace, "deepseek");
+    args.extend(["--groups", "6", "--json"]);
+    let o = eplb(&args);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert_eq!(stdout(&o), "");
+    assert_eq!(
+        stderr(&o),
+        "error: policy deepseek: hierarchical DeepSeek EPLB needs experts divisible by expert groups (got 6)\n"
+    );
+    // A run whose plans succeed reports zero failures.
+    let mut args = simulate_args(&trace, "deepseek");
+    args.push("--json");
+    let o = eplb(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["plan_failures"], 0);
+    assert!(v["cycles"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn simulate_refuses_counts_that_do_not_fit_u32() {
+    let dir = tmp("u32");
+    let trace = dir.join("big.json");
+    std::fs::write(
+        &trace,
+        r#"{"format": "eplb-trace/v1", "counts": [[[1, 2, 3, 4]], [[5, 4294967296, 7, 8]], [[1, 1, 1, 1]]]}"#,
+    )
+    .unwrap();
+    let t = trace.to_str().unwrap();
+    let o = eplb(&[
+        "simulate",
+        "--trace",
+        t,
+        "--ranks",
+        "2",
+        "--redundant",
+        "0",
+        "--policy",
+        "default",
+        "--heat-interval",
+        "1",
+        "--algo-interval",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "error: trace window 1, layer 0, expert 1: count 4294967296 does not fit a per-iteration u32 counter (at most 4294967295)\n"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn strict_readers_refuse_duplicate_keys_and_keep_serde_reasons() {
+    let dir = tmp("strict");
+    let w = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    // check-config: the second "dynamic_eplb" would silently win.
+    let cfg = w(
+        "dup.json",
+        r#"{"eplb_config": {"dynamic_eplb": true, "dynamic_eplb": false}}"#,
+    );
+    let o = eplb(&["check-config", &cfg]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("duplicate key \"dynamic_eplb\""),
+        "{}",
+        stderr(&o)
+    );
+    // validate (strict) and the lenient --current reader.
+    let map = w(
+        "dupmap.json",
+        r#"{"moe_layer_count": 1, "moe_layer_count": 1, "layer_list": [{"layer_id": 0, "device_count": 1, "device_list": [{"device_id": 0, "device_expert": [0, 1]}]}]}"#,
+    );
+    let o = eplb(&["validate", &map]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!("error: {map}: line 1, column 43: duplicate key \"moe_layer_count\"\n")
+    );
+    // A UTF-8 byte order mark is skipped.
+    let good = r#"{"moe_layer_count": 1, "layer_list": [{"layer_id": 0, "device_count": 1, "device_list": [{"device_id": 0, "device_expert": [0, 1]}]}]}"#;
+    let bom = w("bom.json", &format!("\u{feff}{good}"));
+    let o = eplb(&["validate", &bom]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bomcfg = w("bomcfg.json", "\u{feff}{\"eplb_config\": {}}");
+    let o = eplb(&["check-config", &bomcfg]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // serde's reasons: number out of range, nesting too deep.
+    let huge = w("huge.json", "[[1e999, 2]]");
+    let o = eplb(&plan_args(&huge, "1", "0", "default"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("JSON syntax error: number out of range"),
+        "{}",
+        stderr(&o)
+    );
+    let deep = w(
+        "deep.json",
+        &format!("{}{}", "[".repeat(200), "]".repeat(200)),
+    );
+    let o = eplb(&["validate", &deep]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("nesting too deep"), "{}", stderr(&o));
+    let o = eplb(&[
+        "check-config",
+        &w(
+            "huge_cfg.json",
+            r#"{"eplb_config": {"num_redundant_experts": 1e999}}"#,
+        ),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("number out of range"), "{}", stderr(&o));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn degenerate_options_get_their_own_message() {
+    let dir = tmp("degenerate");
+    let loads = loads_file(&dir);
+    let l = loads.to_str().unwrap();
+    for args in [
+        vec!["validate", l, "--experts", "0"],
+        vec!["check-config", l, "--experts", "0"],
+        vec!["validate", l, "--ranks", "0"],
+    ] {
+        let o = eplb(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&o).contains("invalid value '0'")
+                && stderr(&o).contains("0 is not in 1..=65535"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let mut args = plan_args(l, "2", "0", "default");
+    args.extend(["--link", "1e-300gbps"]);
+    let o = eplb(&args);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("link \"1e-300gbps\" is too slow: a transfer time would be infinite"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
