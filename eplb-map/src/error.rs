@@ -220,6 +220,16 @@ pub enum Error {
         /// The kind of failure (`syntax error`, `unexpected end of input`, ...).
         kind: &'static str,
     },
+    /// An object holds the same key twice (strict readers refuse it: which one counts would be
+    /// a guess).
+    DuplicateKey {
+        /// 1-based line of the second occurrence's value.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The key (shortened).
+        key: ShortText,
+    },
     /// A required key is missing.
     MissingKey {
         /// The object that lacks it.
@@ -493,6 +503,9 @@ impl fmt::Display for Error {
             }
             Error::Json { line, column, kind } => {
                 write!(f, "line {line}, column {column}: JSON {kind}")
+            }
+            Error::DuplicateKey { line, column, key } => {
+                write!(f, "line {line}, column {column}: duplicate key {key}")
             }
             Error::MissingKey { at, key } => write!(f, "{at}: missing key \"{key}\""),
             Error::UnknownKey { at, key } => write!(f, "{at}: unknown key {key}"),

@@ -46,7 +46,7 @@ mod error;
 #[cfg(feature = "std")]
 pub mod heat;
 #[cfg(feature = "std")]
-mod json;
+pub mod json;
 pub mod map;
 #[cfg(feature = "std")]
 mod owned;

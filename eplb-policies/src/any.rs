@@ -77,6 +77,9 @@ impl Policy for AnyPolicy {
     fn colocates(&self) -> bool {
         self.inner().colocates()
     }
+    fn check_shape(&self, shape: &Shape) -> Result<(), Error> {
+        self.inner().check_shape(shape)
+    }
     fn place(
         &mut self,
         input: &Input<'_>,

@@ -96,3 +96,75 @@ impl<'a> Arena<'a> {
         Ok(v)
     }
 }
+
+/// A buffer size in words, computed with saturating arithmetic: a size that overflows `usize`
+/// stays at `usize::MAX`, above every limit, so a shape too large for memory becomes an
+/// [`Error::TooLarge`] from [`crate::buffer_lens`], never a wrapped (too small) size.
+///
+/// Each policy computes its scratch and state sizes in this type, in one function per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Words(pub usize);
+
+impl Words {
+    /// The count as a `usize` (`usize::MAX` when it overflowed).
+    pub const fn get(self) -> usize {
+        self.0
+    }
+    /// Words for this many `f64` values.
+    pub const fn f64s(self) -> Words {
+        self
+    }
+    /// Words for this many `u32` values.
+    pub const fn u32s(self) -> Words {
+        Words(self.0.div_ceil(2))
+    }
+    /// Words for this many `u16` values.
+    pub const fn u16s(self) -> Words {
+        Words(self.0.div_ceil(4))
+    }
+    /// Words for this many flags (bytes).
+    pub const fn flags(self) -> Words {
+        Words(self.0.div_ceil(8))
+    }
+    /// `ceil(self / d)` (`d >= 1`).
+    pub const fn div_ceil(self, d: usize) -> Words {
+        if d == 0 {
+            Words(usize::MAX)
+        } else {
+            Words(self.0.div_ceil(d))
+        }
+    }
+    /// The smallest power of two `>= max(self, 1)` (`usize::MAX` when there is none).
+    pub const fn next_power_of_two(self) -> Words {
+        let n = if self.0 == 0 { 1 } else { self.0 };
+        match n.checked_next_power_of_two() {
+            Some(p) => Words(p),
+            None => Words(usize::MAX),
+        }
+    }
+}
+
+impl core::ops::Add for Words {
+    type Output = Words;
+    fn add(self, o: Words) -> Words {
+        Words(self.0.saturating_add(o.0))
+    }
+}
+impl core::ops::Add<usize> for Words {
+    type Output = Words;
+    fn add(self, o: usize) -> Words {
+        Words(self.0.saturating_add(o))
+    }
+}
+impl core::ops::Mul for Words {
+    type Output = Words;
+    fn mul(self, o: Words) -> Words {
+        Words(self.0.saturating_mul(o.0))
+    }
+}
+impl core::ops::Mul<Words> for usize {
+    type Output = Words;
+    fn mul(self, o: Words) -> Words {
+        Words(self.saturating_mul(o.0))
+    }
+}

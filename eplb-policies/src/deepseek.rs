@@ -47,7 +47,7 @@
 
 use eplb_core::Shape;
 
-use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::arena::{Arena, Words};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// "No pack" in the tournament tree.
@@ -77,7 +77,17 @@ pub(crate) fn carve_keys<'a>(arena: &mut Arena<'a>, n: usize) -> Result<&'a mut 
 
 /// Words of a [`MinTree`] over up to `n` boxes.
 pub(crate) fn tree_words(n: usize) -> usize {
-    key_words(2 * n.max(1).next_power_of_two())
+    tree_words_checked(Words(n)).get()
+}
+
+/// [`key_words`] in checked arithmetic.
+pub(crate) fn key_words_checked(n: Words) -> Words {
+    2 * n + 1
+}
+
+/// [`tree_words`] in checked arithmetic.
+pub(crate) fn tree_words_checked(n: Words) -> Words {
+    key_words_checked(2 * n.next_power_of_two())
 }
 
 /// A min tournament tree over boxes `0..n`: the root is the eligible box with the smallest
@@ -321,21 +331,30 @@ impl Topo {
         self.groups.max(self.spn())
     }
 
-    fn words(&self) -> usize {
-        let (g, n, e, p, k) = (self.groups, self.n, self.epn(), self.spn(), self.packs());
-        key_words(self.items())
-            + words_f64(g)
-            + 2 * words_u16(g)
-            + words_u16(n)
-            + 2 * words_f64(e)
-            + words_u32(e)
-            + words_u16(e)
-            + words_u16(p)
-            + words_f64(p)
-            + 2 * words_u16(p)
-            + words_f64(k)
-            + words_u32(k)
-            + tree_words(k)
+    /// Scratch words of one call (checked: saturates, see [`Words`]).
+    fn words(&self) -> Words {
+        let spn = Words(self.rpn) * Words(self.s);
+        let (g, n, e, k) = (
+            Words(self.groups),
+            Words(self.n),
+            Words(self.epn()),
+            Words(self.packs()),
+        );
+        let p = spn;
+        let items = if self.groups > spn.get() { g } else { spn };
+        key_words_checked(items)
+            + g.f64s()
+            + 2 * g.u16s()
+            + n.u16s()
+            + 2 * e.f64s()
+            + e.u32s()
+            + e.u16s()
+            + p.u16s()
+            + p.f64s()
+            + 2 * p.u16s()
+            + k.f64s()
+            + k.u32s()
+            + tree_words_checked(k)
     }
 }
 
@@ -547,10 +566,15 @@ impl Policy for DeepSeek {
         Topo::of(shape)
             .unwrap_or_else(|_| Topo::global(shape))
             .words()
+            .get()
     }
 
     fn colocates(&self) -> bool {
         true
+    }
+
+    fn check_shape(&self, shape: &Shape) -> Result<(), Error> {
+        Topo::of(shape).map(|_| ())
     }
 
     fn place(

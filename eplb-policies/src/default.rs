@@ -54,9 +54,10 @@
 
 use eplb_core::Shape;
 
-use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::arena::Arena;
+use crate::arena::Words;
 use crate::common::keep_slots;
-use crate::deepseek::{MinTree, carve_keys, key_words, tree_words, weight_bits};
+use crate::deepseek::{MinTree, carve_keys, key_words_checked, tree_words_checked, weight_bits};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Per-call buffers, carved from the scratch.
@@ -79,17 +80,22 @@ struct Bufs<'a> {
     keep: &'a mut [u16],
 }
 
-fn words(shape: &Shape) -> usize {
-    let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
-    2 * words_f64(n)
-        + words_u32(n)
+/// Scratch words of one call (checked: saturates, see [`Words`]).
+fn words(shape: &Shape) -> Words {
+    let (n, r, s) = (
+        Words(shape.experts()),
+        Words(shape.ranks()),
+        Words(shape.slots_per_rank()),
+    );
+    2 * n.f64s()
+        + n.u32s()
         + r * n.div_ceil(64)
-        + words_u16(n)
-        + key_words(n)
-        + words_f64(r)
-        + words_u32(r)
-        + tree_words(r)
-        + words_u16(2 * s)
+        + n.u16s()
+        + key_words_checked(n)
+        + r.f64s()
+        + r.u32s()
+        + tree_words_checked(r)
+        + (2 * s).u16s()
 }
 
 impl<'a> Bufs<'a> {
@@ -420,7 +426,7 @@ impl Policy for DefaultEplb {
     }
 
     fn scratch_len(&self, shape: &Shape) -> usize {
-        words(shape)
+        words(shape).get()
     }
 
     fn place(
@@ -441,7 +447,14 @@ impl Policy for DefaultEplb {
             .zip(out.chunks_exact_mut(per_layer))
             .enumerate()
         {
-            layer(&shape, l, cur, input.layer_loads(l), &mut bufs, o)?;
+            let w = input.layer_loads(l);
+            // No heat, no change (as the other policies): the upstream would reshuffle a
+            // layer without load for no gain.
+            if w.iter().all(|&x| x == 0.0) {
+                o.copy_from_slice(cur);
+                continue;
+            }
+            layer(&shape, l, cur, w, &mut bufs, o)?;
         }
         Ok(())
     }

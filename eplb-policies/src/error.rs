@@ -46,6 +46,17 @@ pub enum Error {
     InvalidOutput(eplb_core::Error),
     /// An unknown policy name or number.
     UnknownPolicy,
+    /// The shape is outside the supported range, or the policy's buffers would exceed the
+    /// limit ([`crate::MAX_RANKS`], [`crate::MAX_SLOTS_PER_LAYER`],
+    /// [`crate::MAX_BUFFER_BYTES`]).
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// How much the shape needs.
+        needed: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl From<eplb_core::Error> for Error {
@@ -72,6 +83,11 @@ impl fmt::Display for Error {
                 write!(f, "layer {layer}: no valid placement: {why}")
             }
             Error::InvalidOutput(e) => write!(f, "policy produced an invalid placement: {e}"),
+            Error::TooLarge {
+                what,
+                needed,
+                limit,
+            } => write!(f, "{what}: {needed} is over the supported limit of {limit}"),
             Error::UnknownPolicy => f.write_str(
                 "unknown policy: expected 0..4 or one of random, default, swift, flashlb, incremental, deepseek",
             ),

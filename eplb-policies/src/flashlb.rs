@@ -81,7 +81,7 @@ mod hungarian;
 
 use eplb_core::Shape;
 
-use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::arena::{Arena, Words};
 use crate::common::keep_slots;
 use crate::{Error, Input, Policy, PolicyKind};
 
@@ -135,6 +135,11 @@ fn fingerprint(shape: &Shape) -> u64 {
 
 const fn layer_state_words(shape: &Shape) -> usize {
     LAYER_HEADER + SAMPLES * shape.experts()
+}
+
+/// State words (checked: saturates, see [`Words`]).
+fn state_words(shape: &Shape) -> Words {
+    Words(shape.layers()) * (SAMPLES * Words(shape.experts()) + LAYER_HEADER) + HEADER
 }
 
 /// `(ratio, value)` of the need-update test.
@@ -275,37 +280,42 @@ struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    fn words(shape: &Shape) -> usize {
-        let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
-        let (p, a) = (r * s, shape.redundant());
-        2 * words_f64(SAMPLES * n)
-            + words_u16(n)
+    /// Scratch words of one call (checked: saturates, see [`Words`]).
+    fn words(shape: &Shape) -> Words {
+        let (n, r, s) = (
+            Words(shape.experts()),
+            Words(shape.ranks()),
+            Words(shape.slots_per_rank()),
+        );
+        let (p, a) = (r * s, Words(shape.redundant()));
+        2 * (SAMPLES * n).f64s()
+            + n.u16s()
             // stats
-            + 3 * words_f64(n)
-            + words_f64(n.saturating_mul(n))
-            + words_u16(n)
+            + 3 * n.f64s()
+            + (n * n).f64s()
+            + n.u16s()
             // lpt
-            + 2 * words_u16(n)
-            + 2 * words_u16(r + 1)
-            + words_f64(r + 1)
-            + 4 * words_f64(r)
-            + words_f64(r.div_ceil(BLOCK))
-            + 2 * words_u16(r)
+            + 2 * n.u16s()
+            + 2 * (r + 1).u16s()
+            + (r + 1).f64s()
+            + 4 * r.f64s()
+            + (r.div_ceil(BLOCK)).f64s()
+            + 2 * r.u16s()
             // tree
-            + words_u16(n)
-            + words_u16(n)
-            + words_f64(n)
-            + words_u16(n)
-            + 2 * (words_u16(a) + words_f64(a))
-            + 3 * words_u16(n)
-            + 2 * words_u16(p)
+            + n.u16s()
+            + n.u16s()
+            + n.f64s()
+            + n.u16s()
+            + 2 * (a.u16s() + a.f64s())
+            + 3 * n.u16s()
+            + 2 * p.u16s()
             // redeploy
-            + 2 * words_u32(n + 1)
-            + words_u16(p)
-            + words_u16(n)
-            + words_f64(r * r)
-            + words_u16(r)
-            + words_u16(2 * s)
+            + 2 * (n + 1).u32s()
+            + p.u16s()
+            + n.u16s()
+            + (r * r).f64s()
+            + r.u16s()
+            + (2 * s).u16s()
             + Hungarian::words(r)
     }
 
@@ -855,11 +865,21 @@ impl Policy for FlashLb {
     }
 
     fn scratch_len(&self, shape: &Shape) -> usize {
-        Work::words(shape)
+        Work::words(shape).get()
     }
 
     fn state_len(&self, shape: &Shape) -> usize {
-        HEADER + shape.layers() * layer_state_words(shape)
+        state_words(shape).get()
+    }
+
+    fn check_shape(&self, shape: &Shape) -> Result<(), Error> {
+        if shape.ranks() >= usize::from(u16::MAX) {
+            return Err(Error::Topology {
+                what: "FlashLB supports fewer than 65535 ranks",
+                value: shape.ranks(),
+            });
+        }
+        Ok(())
     }
 
     fn place(
@@ -997,7 +1017,7 @@ mod tests {
             Shape::new(3, 37, 7, 9).unwrap(),
             Shape::new(1, 8, 8, 1).unwrap(),
         ] {
-            let mut buf = vec![0u64; Work::words(&shape)];
+            let mut buf = vec![0u64; Work::words(&shape).get()];
             let mut arena = Arena::new(&mut buf);
             Work::take(&mut arena, &shape).unwrap();
             assert_eq!(arena.remaining(), 0);

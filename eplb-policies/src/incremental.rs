@@ -76,7 +76,7 @@ const PAST: usize = 8;
 /// Rows of the per-window spread: the windows, then the past cycles.
 const ROWS: usize = MAX_WINDOWS + PAST;
 
-use crate::arena::{Arena, words_f64, words_u16, words_u32};
+use crate::arena::{Arena, Words};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Tuning of [`Incremental`].
@@ -295,20 +295,25 @@ impl<'a> Work<'a> {
         })
     }
 
-    fn words(shape: &Shape) -> usize {
-        let (n, r) = (shape.experts(), shape.ranks());
-        7 * words_f64(n)
-            + words_f64(ROWS * n)
-            + 9 * words_f64(r)
-            + 13 * words_f64(r * shape.slots_per_rank())
-            + words_u32(r * shape.slots_per_rank() + 1)
-            + words_f64(r)
-            + words_f64(r * ROWS)
-            + n * mask_words(shape)
-            + words_u16(n)
-            + words_u16(2 * r + 4)
-            + words_u16(r)
-            + words_u16(2 * shape.slots_per_rank())
+    /// Scratch words of one call (checked: saturates, see [`Words`]).
+    fn words(shape: &Shape) -> Words {
+        let (n, r, s) = (
+            Words(shape.experts()),
+            Words(shape.ranks()),
+            Words(shape.slots_per_rank()),
+        );
+        7 * n.f64s()
+            + (ROWS * n).f64s()
+            + 9 * r.f64s()
+            + 13 * (r * s).f64s()
+            + (r * s + 1).u32s()
+            + r.f64s()
+            + (ROWS * r).f64s()
+            + n * r.div_ceil(64)
+            + n.u16s()
+            + (2 * r + 4).u16s()
+            + r.u16s()
+            + (2 * s).u16s()
     }
 }
 
@@ -318,11 +323,13 @@ impl Policy for Incremental {
     }
 
     fn scratch_len(&self, shape: &Shape) -> usize {
-        Work::words(shape)
+        Work::words(shape).get()
     }
 
     fn state_len(&self, shape: &Shape) -> usize {
-        2 + shape.loads_len() + shape.layers() + PAST * shape.loads_len() + shape.layers()
+        // Checked: saturates, see [`Words`].
+        let loads = Words(shape.layers()) * Words(shape.experts());
+        (loads + 2 + shape.layers() + PAST * loads + shape.layers()).get()
     }
 
     fn place(
@@ -1825,7 +1832,7 @@ mod tests {
     #[test]
     fn closed_form_variance_matches_the_direct_sum() {
         let shape = Shape::new(1, 6, 3, 3).unwrap();
-        let mut scratch = vec![0u64; Work::words(&shape)];
+        let mut scratch = vec![0u64; Work::words(&shape).get()];
         let mut arena = Arena::new(&mut scratch);
         let mut w = Work::carve(&mut arena, &shape).unwrap();
         w.t = 7;

@@ -49,9 +49,10 @@ pub mod swift;
 mod test_util;
 
 pub use any::AnyPolicy;
-pub use arena::{Arena, words_f64, words_u16, words_u32};
+pub use arena::{Arena, Words, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use kind::PolicyKind;
 pub use policy::{
-    Input, LayerReport, Output, Policy, Samples, Summary, check_out_len, rebalance, scratch_len,
+    BufferLens, Input, LayerReport, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output,
+    Policy, Samples, Summary, buffer_lens, check_out_len, check_range, rebalance, scratch_len,
 };

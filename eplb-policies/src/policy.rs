@@ -3,7 +3,7 @@
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Placement, Shape};
 
-use crate::arena::{Arena, words_f64, words_u32};
+use crate::arena::{Arena, Words, words_f64, words_u32};
 use crate::{Error, PolicyKind};
 
 /// Per-window logical loads `[T][L][N]` (FlashLB's samples), oldest first.
@@ -190,6 +190,13 @@ pub trait Policy {
         0
     }
 
+    /// Whether `shape` (its topology: ranks per node, expert groups) suits the policy; checked
+    /// by [`buffer_lens`] before any buffer is allocated, so a caller can refuse the shape up
+    /// front instead of failing every call.
+    fn check_shape(&self, _shape: &Shape) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Whether the policy may put two copies of one expert on one rank (only DeepSeek's, to stay
     /// exact). [`rebalance`] rejects such output from every other policy.
     fn colocates(&self) -> bool {
@@ -227,9 +234,130 @@ fn metrics_words(shape: &Shape) -> usize {
     words_u32(metrics::scratch_len(shape)) + words_f64(shape.ranks())
 }
 
-/// Scratch words [`rebalance`] needs for `policy` on `shape`.
+/// Words of the servable copy of a current placement with co-located copies (see
+/// [`rebalance`]) and its per-expert copy counts.
+fn repair_words(shape: &Shape) -> usize {
+    (Words(shape.placement_len()).u16s() + Words(shape.experts()).u32s()).get()
+}
+
+/// Scratch words [`rebalance`] needs for `policy` on `shape` (`usize::MAX` when the size
+/// overflows; [`buffer_lens`] turns that into an error). For a policy that does not
+/// [`colocate`](Policy::colocates) it includes room for a servable copy of the current
+/// placement.
 pub fn scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
-    policy.scratch_len(shape).max(metrics_words(shape))
+    let own = if policy.colocates() {
+        policy.scratch_len(shape)
+    } else {
+        policy
+            .scratch_len(shape)
+            .saturating_add(repair_words(shape))
+    };
+    own.max(metrics_words(shape))
+}
+
+/// Makes every row of `slots` (one layer `[R][S]`) servable where it can: a second copy of an
+/// expert on a rank is replaced by the expert with the highest load per copy that the rank
+/// does not hold (lowest id on ties). Every expert keeps at least one copy, so the layer stays
+/// structurally valid. A row that already holds every expert keeps its duplicate.
+fn repair_layer(slots: &mut [u16], s: usize, loads: &[f64], copies: &mut [u32]) {
+    copies.fill(0);
+    for &e in slots.iter() {
+        if let Some(c) = copies.get_mut(usize::from(e)) {
+            *c += 1;
+        }
+    }
+    for row in slots.chunks_exact_mut(s.max(1)) {
+        for j in 0..row.len() {
+            let Some(&e) = row.get(j) else { break };
+            let seen_before = row.get(..j).is_some_and(|head| head.contains(&e));
+            if !seen_before {
+                continue;
+            }
+            let mut best: Option<(u16, f64)> = None;
+            for (x, &c) in copies.iter().enumerate() {
+                let Ok(x) = u16::try_from(x) else { break };
+                if row.contains(&x) {
+                    continue;
+                }
+                let per_copy = loads.get(usize::from(x)).copied().unwrap_or(0.0) / f64::from(c + 1);
+                if best.is_none_or(|(_, b)| per_copy > b) {
+                    best = Some((x, per_copy));
+                }
+            }
+            let Some((x, _)) = best else { continue };
+            if let Some(slot) = row.get_mut(j) {
+                *slot = x;
+            }
+            if let Some(c) = copies.get_mut(usize::from(e)) {
+                *c -= 1;
+            }
+            if let Some(c) = copies.get_mut(usize::from(x)) {
+                *c += 1;
+            }
+        }
+    }
+}
+
+/// The most ranks a policy call accepts. At this edge the slowest policy (`incremental`) takes
+/// about 1.5 s per layer on one core (`BENCHMARKS.md`, "Extreme shapes").
+pub const MAX_RANKS: usize = 2048;
+
+/// The most slots per layer (`R * S`) a policy call accepts. At this edge with 16 copies per
+/// expert (`R = 256`, `S = 16`, `N = 256`) `incremental` takes about 3 s per layer; every other
+/// policy stays below 1 s per layer (`BENCHMARKS.md`, "Extreme shapes").
+pub const MAX_SLOTS_PER_LAYER: usize = 4096;
+
+/// The most bytes of scratch plus state a policy may need: 1 GiB.
+pub const MAX_BUFFER_BYTES: usize = 1 << 30;
+
+/// The sizes of the buffers [`rebalance`] needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferLens {
+    /// Scratch words ([`scratch_len`]).
+    pub scratch: usize,
+    /// State words ([`Policy::state_len`]).
+    pub state: usize,
+}
+
+/// Checks `shape` against the supported range ([`MAX_RANKS`], [`MAX_SLOTS_PER_LAYER`]) and
+/// the policy's [`Policy::check_shape`], then the buffer sizes of `policy` against [`MAX_BUFFER_BYTES`], with checked arithmetic, and
+/// returns the sizes; call it before allocating. [`rebalance`] applies the same range check.
+pub fn buffer_lens<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> Result<BufferLens, Error> {
+    check_range(shape)?;
+    policy.check_shape(shape)?;
+    let scratch = scratch_len(policy, shape);
+    let state = policy.state_len(shape);
+    let bytes = scratch
+        .checked_add(state)
+        .and_then(|w| w.checked_mul(8))
+        .unwrap_or(usize::MAX);
+    if bytes > MAX_BUFFER_BYTES {
+        return Err(Error::TooLarge {
+            what: "scratch and state bytes",
+            needed: bytes,
+            limit: MAX_BUFFER_BYTES,
+        });
+    }
+    Ok(BufferLens { scratch, state })
+}
+
+/// The supported range of shapes ([`MAX_RANKS`], [`MAX_SLOTS_PER_LAYER`]).
+pub fn check_range(shape: &Shape) -> Result<(), Error> {
+    if shape.ranks() > MAX_RANKS {
+        return Err(Error::TooLarge {
+            what: "ranks",
+            needed: shape.ranks(),
+            limit: MAX_RANKS,
+        });
+    }
+    if shape.slots_per_layer() > MAX_SLOTS_PER_LAYER {
+        return Err(Error::TooLarge {
+            what: "slots per layer (ranks x slots per rank)",
+            needed: shape.slots_per_layer(),
+            limit: MAX_SLOTS_PER_LAYER,
+        });
+    }
+    Ok(())
 }
 
 /// Runs `policy`, then checks its output and fills the per-layer report.
@@ -261,6 +389,7 @@ pub fn rebalance<P: Policy + ?Sized>(
         }
     }
     check_out_len(&shape, out.placement)?;
+    check_range(&shape)?;
     let needed = scratch_len(policy, &shape);
     if scratch.len() < needed {
         return Err(Error::Scratch {
@@ -277,7 +406,28 @@ pub fn rebalance<P: Policy + ?Sized>(
     }
 
     let current = input.current().as_slice();
-    if let Err(e) = policy.place(input, scratch, state, out.placement) {
+    // A current placement with co-located copies (DeepSeek's, say) is structurally valid: a
+    // policy that never co-locates plans from a servable copy of it, so it returns a servable
+    // placement. Moves and the PAR before are still counted against the real current one.
+    let placed = if !policy.colocates() && input.current().colocated_rows() > 0 {
+        let (head, rest) = scratch.split_at_mut(repair_words(&shape).min(scratch.len()));
+        let mut arena = Arena::new(head);
+        let fixed = arena.u16s(shape.placement_len())?;
+        let copies = arena.u32s(shape.experts())?;
+        fixed.copy_from_slice(current);
+        for (l, layer) in fixed.chunks_exact_mut(shape.slots_per_layer()).enumerate() {
+            repair_layer(layer, shape.slots_per_rank(), input.layer_loads(l), copies);
+        }
+        let fixed = Placement::new(shape, fixed)?;
+        let repaired = Input {
+            current: fixed,
+            ..*input
+        };
+        policy.place(&repaired, rest, state, out.placement)
+    } else {
+        policy.place(input, scratch, state, out.placement)
+    };
+    if let Err(e) = placed {
         out.placement.copy_from_slice(current);
         return Err(e);
     }

@@ -71,7 +71,7 @@
 
 use eplb_core::Shape;
 
-use crate::arena::{Arena, words_f64, words_u16};
+use crate::arena::{Arena, Words};
 use crate::common::keep_slots;
 use crate::{Error, Input, Policy, PolicyKind};
 
@@ -126,10 +126,6 @@ fn put<T>(s: &mut [T], i: usize, v: T) {
     }
 }
 
-const fn words_flags(n: usize) -> usize {
-    n.div_ceil(8)
-}
-
 /// Per-layer working buffers, carved once per call.
 struct Work<'a> {
     /// Home rank of each expert.
@@ -165,21 +161,26 @@ struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    fn words(shape: &Shape) -> usize {
-        let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
+    /// Scratch words of one call (checked: saturates, see [`Words`]).
+    fn words(shape: &Shape) -> Words {
+        let (n, r, s) = (
+            Words(shape.experts()),
+            Words(shape.ranks()),
+            Words(shape.slots_per_rank()),
+        );
         let p = r * s;
-        3 * words_u16(n)
-            + words_flags(n)
-            + words_f64(n)
-            + 2 * words_u16(p)
-            + words_u16(r)
-            + words_f64(r)
-            + words_flags(r * r)
-            + words_flags(r * n)
-            + words_flags(p)
-            + words_u16(r)
-            + words_u16(n)
-            + words_u16(2 * s)
+        3 * n.u16s()
+            + n.flags()
+            + n.f64s()
+            + 2 * p.u16s()
+            + r.u16s()
+            + r.f64s()
+            + (r * r).flags()
+            + (r * n).flags()
+            + p.flags()
+            + r.u16s()
+            + n.u16s()
+            + (2 * s).u16s()
     }
 
     fn take(arena: &mut Arena<'a>, shape: &Shape) -> Result<Self, Error> {
@@ -211,7 +212,7 @@ impl Policy for SwiftBalance {
     }
 
     fn scratch_len(&self, shape: &Shape) -> usize {
-        Work::words(shape)
+        Work::words(shape).get()
     }
 
     fn place(
@@ -602,11 +603,11 @@ mod tests {
     #[test]
     fn scratch_len_matches_carving() {
         let shape = Shape::new(3, 37, 7, 9).unwrap();
-        let mut buf = vec![0u64; Work::words(&shape)];
+        let mut buf = vec![0u64; Work::words(&shape).get()];
         let mut arena = Arena::new(&mut buf);
         Work::take(&mut arena, &shape).unwrap();
         assert_eq!(arena.remaining(), 0);
-        let mut small = vec![0u64; Work::words(&shape) - 1];
+        let mut small = vec![0u64; Work::words(&shape).get() - 1];
         assert!(Work::take(&mut Arena::new(&mut small), &shape).is_err());
     }
 

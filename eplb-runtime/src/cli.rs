@@ -36,6 +36,31 @@ use crate::simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace, simula
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Largest input file read, in bytes (default 1 GiB); inputs must be regular files.
+    #[arg(long, global = true, default_value_t = crate::fsio::DEFAULT_INPUT_LIMIT)]
+    max_input_bytes: u64,
+}
+
+/// What every command writes through: the input size limit and the buffered standard output,
+/// written once at the end by [`run`] (so a closed pipe or a full disk is handled in one place).
+struct Io {
+    limit: u64,
+    out: String,
+}
+
+impl Io {
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
+        crate::fsio::read_bounded(path, self.limit).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// Appends one line to the command's standard output.
+macro_rules! outln {
+    ($io:expr) => { $io.out.push('\n') };
+    ($io:expr, $($arg:tt)*) => {{
+        use core::fmt::Write as _;
+        let _ = writeln!($io.out, $($arg)*);
+    }};
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,7 +95,7 @@ struct PlanArgs {
     #[arg(long)]
     loads: PathBuf,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: u16,
     /// Redundant experts.
     #[arg(long)]
@@ -198,10 +223,10 @@ struct ValidateArgs {
     /// The expert-map JSON.
     map: PathBuf,
     /// Logical experts of the model.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     experts: Option<u16>,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: Option<u16>,
     /// Accept an expert held twice on one device.
     #[arg(long)]
@@ -213,10 +238,10 @@ struct CheckConfigArgs {
     /// `{"eplb_config": {...}}` or the inner object.
     file: PathBuf,
     /// Logical experts of the model (with --ranks: checks the redundancy divides).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     experts: Option<u16>,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: Option<u16>,
     #[command(flatten)]
     deployment: DeploymentArgs,
@@ -249,7 +274,7 @@ struct SimulateArgs {
     #[arg(long)]
     trace: PathBuf,
     /// EP ranks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     ranks: u16,
     /// Redundant experts.
     #[arg(long)]
@@ -333,19 +358,42 @@ where
     let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            if e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // --help and --version go to stdout, through the same checks as any output.
+            return finish(Ok(ExitCode::SUCCESS), e.render().to_string().as_bytes());
         }
     };
-    let result = match cli.command {
-        Command::Plan(a) => plan(&a),
-        Command::Validate(a) => validate(&a),
-        Command::CheckConfig(a) => check_config(&a),
-        Command::Hotness(a) => hotness(&a),
-        Command::Simulate(a) => simulate_cmd(&a),
-        Command::Report(a) => report_cmd(&a, &argv),
+    let mut io = Io {
+        limit: cli.max_input_bytes,
+        out: String::new(),
     };
+    let result = match cli.command {
+        Command::Plan(a) => plan(&a, &mut io),
+        Command::Validate(a) => validate(&a, &mut io),
+        Command::CheckConfig(a) => check_config(&a, &mut io),
+        Command::Hotness(a) => hotness(&a, &mut io),
+        Command::Simulate(a) => simulate_cmd(&a, &mut io),
+        Command::Report(a) => report_cmd(&a, &argv, &mut io),
+    };
+    finish(result, io.out.as_bytes())
+}
+
+/// Writes a command's standard output, then its error if any. A closed pipe (EPIPE) ends the
+/// command quietly with its own status; any other write error is `error: stdout: ...`, exit 1.
+fn finish(result: Result<ExitCode, String>, out: &[u8]) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_all(out).and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("error: stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -353,10 +401,6 @@ where
             ExitCode::FAILURE
         }
     }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The model preset a trace names in its `model` object, and that object's `name`.
@@ -391,19 +435,13 @@ fn layout_shape(heat: &Heat, ranks: u16, redundant: u32, topo: &Topology) -> Res
         .map_err(|e| e.to_string())
 }
 
-fn read_current(path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
+fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
     let opts = ReadOptions::lenient()
         .experts(shape.experts() as u16)
         .ranks(shape.ranks() as u16)
         .layers(shape.layers() as u16);
-    let map = read_map_json(&read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
-    if map.colocated_rows() > 0 {
-        eprintln!(
-            "warning: {}: {} device rows hold an expert twice",
-            path.display(),
-            map.colocated_rows()
-        );
-    }
+    let map =
+        read_map_json(&io.read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
     if map.shape().slots_per_rank() != shape.slots_per_rank() {
         return Err(format!(
             "{}: {} slots per device, but --ranks/--redundant give {}",
@@ -411,6 +449,14 @@ fn read_current(path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
             map.shape().slots_per_rank(),
             shape.slots_per_rank()
         ));
+    }
+    if map.colocated_rows() > 0 {
+        let rows = crate::modes::colocated_row_list(map.placement().as_slice(), &map.shape());
+        eprintln!(
+            "warning: {}: {} device rows hold an expert twice ({rows}); the policy plans from a servable copy",
+            path.display(),
+            map.colocated_rows()
+        );
     }
     Ok(map.into_placement().into_vec())
 }
@@ -421,10 +467,15 @@ fn warn_heat(heat: &Heat, path: &Path) {
     }
 }
 
-fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
+fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
+    if let Some(out) = &a.out {
+        let mut inputs = vec![a.loads.as_path()];
+        inputs.extend(a.current.as_deref());
+        crate::fsio::refuse_overwrite_input(out, &inputs)?;
+    }
     a.cost.resolve()?;
-    let bytes = read(&a.loads)?;
+    let bytes = io.read(&a.loads)?;
     let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
     let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
     if format == HeatFormat::SlotLoads {
@@ -437,7 +488,7 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
     let current = match &a.current {
-        Some(p) => read_current(p, &shape)?,
+        Some(p) => read_current(io, p, &shape)?,
         None => {
             let mut p = vec![0u16; shape.placement_len()];
             Layout::Default
@@ -455,9 +506,18 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
         seed: a.seed,
     };
     let mut policy = policy_for(kind)?;
-    let mut scratch = vec![0u64; eplb_policies::scratch_len(policy.as_ref(), &shape)];
-    let mut state = vec![0u64; policy.state_len(&shape)];
-    let plan = plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)?;
+    // The shape's range, the policy's topology and its buffer sizes, before any allocation.
+    let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape)
+        .map_err(|e| format!("policy {}: {e}", kind.name()))?;
+    let mut scratch = vec![0u64; lens.scratch];
+    let mut state = vec![0u64; lens.state];
+    let plan =
+        plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state).map_err(|e| match &a
+            .current
+        {
+            Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
+            None => format!("policy {}: {e}", kind.name()),
+        })?;
     if plan.summary.colocated_rows > 0 {
         eprintln!(
             "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",
@@ -472,7 +532,8 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
         .collect();
     if let Some(out) = &a.out {
         let p = Placement::new(shape, &plan.placement).map_err(|e| e.to_string())?;
-        std::fs::write(out, to_json(&p)).map_err(|e| format!("{}: {e}", out.display()))?;
+        crate::fsio::write_atomic(out, to_json(&p).as_bytes())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
     }
     let elapsed_us = plan.elapsed.as_secs_f64() * 1e6;
     let cost = move_cost(
@@ -495,10 +556,11 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             "colocated_rows": plan.summary.colocated_rows,
         });
         add_plan_cost(&mut v, &cost, &basis);
-        println!("{v}");
+        outln!(io, "{v}");
     } else {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        println!(
+        outln!(
+            io,
             "policy {}: {} layers, R={} S={} X={}",
             kind.name(),
             shape.layers(),
@@ -506,7 +568,8 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             shape.slots_per_rank(),
             shape.redundant()
         );
-        println!(
+        outln!(
+            io,
             "PAR (even split): before mean={:.4} max={:.4}, after mean={:.4} max={:.4}, lower bound mean={:.4}",
             plan.summary.before.mean,
             plan.summary.before.max,
@@ -514,14 +577,17 @@ fn plan(a: &PlanArgs) -> Result<ExitCode, String> {
             plan.summary.after.max,
             mean(&lower)
         );
-        println!(
+        outln!(
+            io,
             "changed layers: {}, weight fetches: {}, policy time: {:.1} us",
-            plan.summary.changed_layers, plan.summary.moves, elapsed_us
+            plan.summary.changed_layers,
+            plan.summary.moves,
+            elapsed_us
         );
-        println!("{}", basis.describe());
-        println!("{}", plan_cost_line(&cost, &basis));
+        outln!(io, "{}", basis.describe());
+        outln!(io, "{}", plan_cost_line(&cost, &basis));
         if let Some(out) = &a.out {
-            println!("wrote {}", out.display());
+            outln!(io, "wrote {}", out.display());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -550,8 +616,8 @@ fn plan_cost_line(cost: &MoveCost, basis: &CostBasis) -> String {
     )
 }
 
-fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
-    let bytes = read(&a.map)?;
+fn validate(a: &ValidateArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let bytes = io.read(&a.map)?;
     let mut opts = if a.allow_duplicates {
         ReadOptions::lenient()
     } else {
@@ -570,7 +636,8 @@ fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
                 eprintln!("warning: {}: {w}", a.map.display());
             }
             let s = map.shape();
-            println!(
+            outln!(
+                io,
                 "{}: valid: {} layers, {} devices x {} slots, {} experts, {} redundant",
                 a.map.display(),
                 s.layers(),
@@ -593,7 +660,7 @@ fn validate(a: &ValidateArgs) -> Result<ExitCode, String> {
     }
 }
 
-fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
+fn check_config(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> {
     let validator = |p: &Path| -> Result<(), String> {
         let mut opts = ReadOptions::lenient();
         if let Some(n) = a.experts {
@@ -602,7 +669,7 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
         if let Some(r) = a.ranks {
             opts = opts.ranks(r);
         }
-        let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
+        let bytes = crate::fsio::read_bounded(p, io.limit).map_err(|e| e.to_string())?;
         read_map_json(&bytes, &opts)
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -633,23 +700,23 @@ fn check_config(a: &CheckConfigArgs) -> Result<ExitCode, String> {
     for w in cfg.warnings() {
         eprintln!("warning: {w}");
     }
-    println!("{}: valid", a.file.display());
-    println!("{}", cfg.summary());
+    outln!(io, "{}: valid", a.file.display());
+    outln!(io, "{}", cfg.summary());
     if let Some(d) = cfg.deployment_facts() {
-        println!("deployment facts: {}", d.summary());
+        outln!(io, "deployment facts: {}", d.summary());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
-    let map = read_map_json(&read(&a.map)?, &ReadOptions::lenient())
+fn hotness(a: &HotnessArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let map = read_map_json(&io.read(&a.map)?, &ReadOptions::lenient())
         .map_err(|e| format!("{}: {e}", a.map.display()))?;
     for w in map.warnings() {
         eprintln!("warning: {}: {w}", a.map.display());
     }
     let shape = map.shape();
     let placement = map.placement().view().map_err(|e| e.to_string())?;
-    let heat = load_heat(&read(&a.loads)?, Some(&placement))
+    let heat = load_heat(&io.read(&a.loads)?, Some(&placement))
         .map_err(|e| format!("{}: {e}", a.loads.display()))?;
     warn_heat(&heat, &a.loads);
     if heat.layers() != shape.layers() || heat.experts() > shape.experts() {
@@ -693,17 +760,21 @@ fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
         &mut routed,
     )
     .map_err(|e| e.to_string())?;
-    println!(
+    outln!(
+        io,
         "[Expert Hotness] current: mean={:.3} max={:.3}",
-        h_even.mean, h_even.max
+        h_even.mean,
+        h_even.max
     );
-    println!(
+    outln!(
+        io,
         "under log2phy routing: mean={:.3} max={:.3}",
-        h_routed.mean, h_routed.max
+        h_routed.mean,
+        h_routed.max
     );
-    println!("layer  PAR(even)  PAR(log2phy)");
+    outln!(io, "layer  PAR(even)  PAR(log2phy)");
     for (l, (e, r)) in even.iter().zip(&routed).enumerate() {
-        println!("{l:>5}  {e:>9.4}  {r:>12.4}");
+        outln!(io, "{l:>5}  {e:>9.4}  {r:>12.4}");
     }
     if let Some(out) = &a.svg {
         let title = format!(
@@ -714,7 +785,7 @@ fn hotness(a: &HotnessArgs) -> Result<ExitCode, String> {
         let svg = crate::report::hotness_svg(&placement, &loads, Routing::Log2Phy, &title)?;
         crate::fsio::write_atomic(out, svg.as_bytes())
             .map_err(|e| format!("{}: {e}", out.display()))?;
-        println!("wrote {}", out.display());
+        outln!(io, "wrote {}", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -729,7 +800,7 @@ fn parse_initial(s: &str) -> Result<Initial, String> {
         .ok_or_else(|| format!("--initial {s}: expected `default` or `random:SEED`"))
 }
 
-fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
+fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let policy = if a.policy == "static" {
         SimPolicy::Static
     } else {
@@ -737,7 +808,10 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     };
     let initial = parse_initial(&a.initial)?;
     a.cost.resolve()?;
-    let bytes = read(&a.trace)?;
+    if let Some(log) = &a.placements_log {
+        crate::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])?;
+    }
+    let bytes = io.read(&a.trace)?;
     let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
     let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     warn_heat(&heat, &a.trace);
@@ -798,30 +872,40 @@ fn simulate_cmd(a: &SimulateArgs) -> Result<ExitCode, String> {
     if a.json {
         let mut v = sim_json(&r, policy.name(), cfg.routing);
         add_sim_cost(&mut v, &costs, &basis);
-        println!("{v}");
+        outln!(io, "{v}");
     } else {
-        print_sim(&r, policy.name(), cfg.routing);
-        println!("{}", basis.describe());
-        println!("{}", sim_cost_line(&costs, &basis));
+        print_sim(io, &r, policy.name(), cfg.routing);
+        outln!(io, "{}", basis.describe());
+        outln!(io, "{}", sim_cost_line(&costs, &basis));
+    }
+    // A failed plan keeps the old placement: say so, and never pass a run whose every plan
+    // failed off as the policy's result.
+    if r.plan_failures > 0 {
+        let why = r.first_plan_failure.as_deref().unwrap_or("unknown");
+        if r.plan_failures >= r.plans {
+            return Err(format!(
+                "every plan failed ({} of {}), the numbers are the initial placement's: {why}",
+                r.plan_failures, r.plans
+            ));
+        }
+        eprintln!(
+            "warning: {} of {} plans failed (the placement stayed as it was for them): {why}",
+            r.plan_failures, r.plans
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, String> {
+fn report_cmd(
+    a: &ReportArgs,
+    argv: &[std::ffi::OsString],
+    io: &mut Io,
+) -> Result<ExitCode, String> {
     use crate::report::{PolicyList, ReportJob, shell_quote};
     let policies = PolicyList::parse(&a.policies)?;
     let initial = parse_initial(&a.initial)?;
     a.cost.resolve()?;
-    let same = match (a.out.canonicalize(), a.trace.canonicalize()) {
-        (Ok(o), Ok(t)) => o == t,
-        _ => a.out == a.trace,
-    };
-    if same {
-        return Err(format!(
-            "--out {}: the output would overwrite the trace",
-            a.out.display()
-        ));
-    }
+    crate::fsio::refuse_overwrite_input(&a.out, &[a.trace.as_path()])?;
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
     {
@@ -831,7 +915,7 @@ fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, S
             dir.display()
         ));
     }
-    let bytes = read(&a.trace)?;
+    let bytes = io.read(&a.trace)?;
     let (preset, model_name) = trace_model(&bytes);
     let basis = a.cost.resolve_for_trace(preset)?;
     let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
@@ -883,7 +967,7 @@ fn report_cmd(a: &ReportArgs, argv: &[std::ffi::OsString]) -> Result<ExitCode, S
     let html = report.html()?;
     crate::fsio::write_atomic(&a.out, html.as_bytes())
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
-    println!("wrote {}", a.out.display());
+    outln!(io, "wrote {}", a.out.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -959,12 +1043,14 @@ pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> serde_json::Va
         "other_routing_mean_par": r.other_routing_mean_par,
         "lower_bound_mean_par": r.lower_bound_mean_par,
         "failed_layers": r.failed_layers,
+        "plan_failures": r.plan_failures,
     })
 }
 
-fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
+fn print_sim(io: &mut Io, r: &SimResult, policy: &str, routing: Routing) {
     let s = r.shape;
-    println!(
+    outln!(
+        io,
         "policy {policy}: L={} N={} R={} S={} X={}, routing {}, {} cycles",
         s.layers(),
         s.experts(),
@@ -974,7 +1060,8 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         routing_name(routing),
         r.cycles
     );
-    println!(
+    outln!(
+        io,
         "PAR: mean {:.4}  p99 {:.4}  max {:.3}  | from first activation: mean {:.4}  p99 {:.4}",
         r.mean_par,
         r.p99_par,
@@ -982,7 +1069,8 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         r.mean_par_from_first_activation,
         r.p99_par_from_first_activation
     );
-    println!(
+    outln!(
+        io,
         "changes {}  moves {} ({:.1} per change, {:.1}% of slots)  slot writes {}  same-rank duplicate rows max {}",
         r.changes,
         r.moves_total,
@@ -991,9 +1079,12 @@ fn print_sim(r: &SimResult, policy: &str, routing: Routing) {
         r.slot_writes_total,
         r.same_rank_duplicate_rows_max
     );
-    println!(
+    outln!(
+        io,
         "policy time per cycle: mean {:.2} ms, max {:.2} ms; lower bound mean PAR {:.4}",
-        r.policy_time_ms_mean, r.policy_time_ms_max, r.lower_bound_mean_par
+        r.policy_time_ms_mean,
+        r.policy_time_ms_max,
+        r.lower_bound_mean_par
     );
 }
 
@@ -1046,5 +1137,5 @@ fn write_placements_log(
         doc["case"] = json!(c);
     }
     let text = serde_json::to_string(&doc).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+    crate::fsio::write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
 }

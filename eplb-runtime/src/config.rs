@@ -11,7 +11,7 @@
 //! | --- | --- | --- |
 //! | `dynamic_eplb` | `false` | boolean; forced to `true` by `expert_map_record_path` |
 //! | `expert_map_path` | `null` | path ending with `.json`, which exists, is readable and (with a validator) validates |
-//! | `expert_map_record_path` | `null` | path ending with `.json`; its parent directory is created |
+//! | `expert_map_record_path` | `null` | path ending with `.json` in an existing directory |
 //! | `expert_heat_collection_interval` | 600 | integer `1..=u32::MAX` (`H`) |
 //! | `algorithm_execution_interval` | 50 | integer `1..=u32::MAX` (`A`) |
 //! | `num_redundant_experts` | 0 | integer `0..=u32::MAX` (`X`, used only when dynamic) |
@@ -58,9 +58,9 @@
 //!   `dynamic_eplb`).
 //! - Intervals below 1 are errors (vLLM-Ascend accepts 0, which hangs the cycle).
 //! - The env guard is a returned error, not an `assert` that `python -O` skips.
-//! - A bare record file name works (vLLM-Ascend calls `os.makedirs("")`, which fails); the
-//!   parent directory is created only when the rest of the config is valid, so an invalid
-//!   config has no side effect.
+//! - A bare record file name works (vLLM-Ascend calls `os.makedirs("")`, which fails). The
+//!   parent directory must exist (vLLM-Ascend creates it): validation has no side effect, and
+//!   a mistyped directory is an error at start-up.
 //! - `eplb_policy_type` also takes 4 (`incremental`) and names, including `deepseek`, and the
 //!   numbers as strings (`"2"`); `eplb_policy_seed` is an extension key.
 //! - Top-level keys other than `eplb_config` and `deployment` are errors.
@@ -213,11 +213,7 @@ impl EplbConfig {
         env: &dyn Env,
         map_validator: Option<&MapValidator<'_>>,
     ) -> Result<Self, ConfigErrors> {
-        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
-            line: e.line(),
-            column: e.column(),
-            message: json_message(&e),
-        })?;
+        let value = parse_json(text)?;
         Self::from_value_with(&value, env, map_validator)
     }
 
@@ -228,10 +224,11 @@ impl EplbConfig {
         env: &dyn Env,
         map_validator: Option<&MapValidator<'_>>,
     ) -> Result<Self, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+        let text = crate::fsio::read_bounded_to_string(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+            .map_err(|e| ConfigError::Io {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
         Self::from_json_str_with(&text, env, map_validator)
     }
 
@@ -242,7 +239,7 @@ impl EplbConfig {
 
     /// Validates a parsed JSON value, checking `expert_map_path` with `map_validator`.
     ///
-    /// On success, and only then, creates the parent directory of `expert_map_record_path`.
+    /// The parent directory of `expert_map_record_path` must exist; nothing is created.
     pub fn from_value_with(
         value: &Value,
         env: &dyn Env,
@@ -286,15 +283,12 @@ impl EplbConfig {
         map_validator: Option<&MapValidator<'_>>,
         overrides: &Deployment,
     ) -> Result<Self, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| ConfigError::Json {
-            line: e.line(),
-            column: e.column(),
-            message: json_message(&e),
-        })?;
+        let text = crate::fsio::read_bounded_to_string(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+            .map_err(|e| ConfigError::Io {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        let value = parse_json(&text)?;
         Self::from_value_with_deployment(&value, env, map_validator, overrides)
     }
 
@@ -511,6 +505,28 @@ fn path_or_none(p: Option<&Path>) -> String {
     }
 }
 
+/// Parses a config document strictly: a leading UTF-8 byte order mark is skipped, serde's
+/// reason is kept, and a key given twice in one object is an error (which one would count is a
+/// guess: `"dynamic_eplb": true, "dynamic_eplb": false`).
+fn parse_json(text: &str) -> Result<Value, ConfigError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+        line: e.line(),
+        column: e.column(),
+        message: json_message(&e),
+    })?;
+    if let Some(eplb_map::Error::DuplicateKey { line, column, key }) =
+        eplb_map::json::duplicate_key(text.as_bytes())
+    {
+        return Err(ConfigError::Json {
+            line,
+            column,
+            message: format!("duplicate key {key}"),
+        });
+    }
+    Ok(value)
+}
+
 /// serde_json's message without its trailing " at line L column C".
 fn json_message(e: &serde_json::Error) -> String {
     let full = e.to_string();
@@ -705,7 +721,7 @@ impl Parser {
         }
 
         if self.errs.is_empty() {
-            self.create_record_dir();
+            self.check_record_dir();
         }
     }
 
@@ -880,22 +896,25 @@ impl Parser {
         }
     }
 
-    /// Creates the record path's parent directory (nothing for a bare file name).
-    fn create_record_dir(&mut self) {
+    /// Checks that the record path's parent directory exists (nothing to check for a bare file
+    /// name): a missing directory is an error at start-up, not a failed write at the first
+    /// plan, and nothing is created.
+    fn check_record_dir(&mut self) {
         let Some(path) = self.cfg.expert_map_record_path.as_deref() else {
             return;
         };
         let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
             return;
         };
-        if let Err(e) = std::fs::create_dir_all(parent) {
-            self.errs.push(ConfigError::RecordPath {
-                path: path.to_owned(),
-                message: format!(
-                    "cannot create directory {:?}: {e}",
-                    parent.display().to_string()
-                ),
-            });
-        }
+        let problem = match std::fs::metadata(parent) {
+            Ok(m) if m.is_dir() => return,
+            Ok(_) => "is not a directory".to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        self.errs.push(ConfigError::RecordPath {
+            path: path.to_owned(),
+            message: format!("directory {:?} {problem}", parent.display().to_string()),
+        });
     }
 }

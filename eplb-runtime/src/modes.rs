@@ -65,21 +65,50 @@ pub fn startup(cfg: &EplbConfig, model: &ModelInfo) -> Result<(Shape, Vec<u16>),
 
 /// Reads a static expert map for `model`.
 pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = crate::fsio::read_bounded(path, crate::fsio::DEFAULT_INPUT_LIMIT)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let opts = ReadOptions::lenient()
         .experts(model.experts)
         .ranks(model.ranks)
         .layers(model.layers);
     let map = read_map_json(&bytes, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shape = map.shape();
     if map.colocated_rows() > 0 {
         log::warn!(
-            "eplb: {}: {} device rows hold an expert twice; the second copy gets no tokens",
+            "eplb: {}: {} device rows hold an expert twice ({}); the second copy gets no tokens",
             path.display(),
-            map.colocated_rows()
+            map.colocated_rows(),
+            colocated_row_list(map.placement().as_slice(), &shape)
         );
     }
-    let shape = map.shape();
     Ok((shape, map.into_placement().into_vec()))
+}
+
+/// The rows `(layer, device)` of `placement` (`[L][R][S]` of `shape`) that hold an expert
+/// twice, for a warning: `layer 3 device 5 (expert 37)`, the first 8 and a count of the rest.
+pub fn colocated_row_list(placement: &[u16], shape: &Shape) -> String {
+    const SHOWN: usize = 8;
+    let (s, r) = (shape.slots_per_rank().max(1), shape.ranks().max(1));
+    let mut rows = Vec::new();
+    let mut more = 0usize;
+    for (i, row) in placement.chunks_exact(s).enumerate() {
+        let twice = row
+            .iter()
+            .enumerate()
+            .find(|&(j, e)| row.get(..j).is_some_and(|h| h.contains(e)));
+        if let Some((_, e)) = twice {
+            if rows.len() < SHOWN {
+                rows.push(format!("layer {} device {} (expert {e})", i / r, i % r));
+            } else {
+                more += 1;
+            }
+        }
+    }
+    let mut text = rows.join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
 }
 
 /// The controller settings a config implies (dynamic or record modes).
@@ -106,17 +135,14 @@ pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<Controll
 }
 
 /// The record-mode sink of rank 0: each plan is written to `path` as vLLM-Ascend's expert-map
-/// JSON, atomically (a temporary file renamed over the old one), so a reader never sees half a
-/// map.
+/// JSON with [`crate::fsio::write_atomic`] (a temporary file in the same directory, fsynced and
+/// renamed over the old one), so a reader never sees half a map.
 pub fn record_sink(path: PathBuf) -> RecordSink {
     Box::new(move |shape: &Shape, placement: &[u16]| {
         let p = Placement::new(*shape, placement).map_err(|e| e.to_string())?;
         let text = to_json(&p);
-        let mut tmp = path.clone().into_os_string();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+        crate::fsio::write_atomic(&path, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))
     })
 }
 

@@ -530,10 +530,19 @@ pub struct Link {
 pub struct LinkError {
     /// The text given.
     pub got: String,
+    /// A rate was given, but it is so small that a transfer would take forever.
+    pub too_slow: bool,
 }
 
 impl fmt::Display for LinkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.too_slow {
+            return write!(
+                f,
+                "link {:?} is too slow: a transfer time would be infinite; give a rate of at least {MIN_GBPS:e} Gbit/s",
+                self.got
+            );
+        }
         write!(
             f,
             "unknown link {:?}; expected 10gbps, hccs, roce or <N>gbps with N > 0",
@@ -541,6 +550,9 @@ impl fmt::Display for LinkError {
         )
     }
 }
+
+/// The slowest link rate accepted (Gbit/s): at it, `u64::MAX` bytes take a finite time.
+pub const MIN_GBPS: f64 = 1e-9;
 
 impl core::error::Error for LinkError {}
 
@@ -571,9 +583,9 @@ impl Link {
         }
     }
 
-    /// `gbit` Gbit/s; `None` unless positive and finite.
+    /// `gbit` Gbit/s; `None` unless finite and at least [`MIN_GBPS`].
     pub fn gbps(gbit: f64) -> Option<Self> {
-        (gbit.is_finite() && gbit > 0.0).then(|| Self {
+        (gbit.is_finite() && gbit >= MIN_GBPS).then(|| Self {
             name: format!("{gbit}gbps"),
             bytes_per_s: gbit * 1e9 / 8.0,
         })
@@ -611,13 +623,22 @@ impl FromStr for Link {
     /// `10gbps` (the default), `hccs`, `roce`, or `<N>gbps` (`25gbps`, `2.5gbps`); any case.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim().to_ascii_lowercase();
-        let err = || LinkError { got: s.to_owned() };
+        let err = || LinkError {
+            got: s.to_owned(),
+            too_slow: false,
+        };
         match t.as_str() {
             "hccs" => Ok(Link::hccs()),
             "roce" => Ok(Link::roce()),
             _ => {
                 let n = t.strip_suffix("gbps").ok_or_else(err)?;
                 let gbit: f64 = n.trim().parse().map_err(|_| err())?;
+                if gbit > 0.0 && gbit < MIN_GBPS {
+                    return Err(LinkError {
+                        got: s.to_owned(),
+                        too_slow: true,
+                    });
+                }
                 let mut link = Link::gbps(gbit).ok_or_else(err)?;
                 link.name = t;
                 Ok(link)

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use eplb_core::{Placement, Shape};
-use eplb_policies::{Input, Output, Policy, Samples, Summary, rebalance, scratch_len};
+use eplb_policies::{Input, Output, Policy, Samples, Summary, buffer_lens, rebalance};
 
 /// What the planner is asked for one cycle.
 #[derive(Debug, Clone)]
@@ -62,6 +62,7 @@ struct Shared {
     submitted: BTreeMap<u64, u64>,
     results: BTreeMap<u64, Arc<Outcome>>,
     failures: u64,
+    first_failure: Option<String>,
 }
 
 /// Statistics of a planner.
@@ -153,23 +154,31 @@ impl Planner {
     /// Blocks until the outcome of `cycle` is ready (simulated time only; a serving thread polls
     /// [`Planner::try_result`]). Gives up after `timeout`.
     pub fn wait_result(&self, cycle: u64, timeout: Duration) -> Option<Arc<Outcome>> {
-        let deadline = Instant::now() + timeout;
+        // `None`: the deadline is past what `Instant` can hold, so wait without one.
+        let deadline = Instant::now().checked_add(timeout);
         let mut sh = self.lock();
         loop {
             if let Some(r) = sh.results.get(&cycle) {
                 return Some(Arc::clone(r));
             }
             let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
+            let left = match deadline {
+                Some(d) if now >= d => return None,
+                Some(d) => d - now,
+                None => timeout,
+            };
             sh = self
                 .shared
                 .1
-                .wait_timeout(sh, deadline - now)
+                .wait_timeout(sh, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+
+    /// The first policy failure (error or panic) of this planner, with its cycle.
+    pub fn first_failure(&self) -> Option<String> {
+        self.lock().first_failure.clone()
     }
 
     /// Plans computed and failures so far.
@@ -214,11 +223,19 @@ fn run(
     rx: Receiver<PlanRequest>,
     shared: Arc<(Mutex<Shared>, Condvar)>,
 ) {
-    let mut scratch = vec![0u64; scratch_len(policy.as_ref(), &shape)];
-    let mut state = vec![0u64; policy.state_len(&shape)];
+    // A shape the policy cannot serve (or whose buffers are over the limit) allocates nothing;
+    // every request is answered with the reason.
+    let lens = buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string());
+    let (mut scratch, mut state) = match &lens {
+        Ok(l) => (vec![0u64; l.scratch], vec![0u64; l.state]),
+        Err(_) => (Vec::new(), Vec::new()),
+    };
     while let Ok(req) = rx.recv() {
         let cycle = req.cycle;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
+            if let Err(e) = &lens {
+                return Err(e.clone());
+            }
             plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)
         }))
         .unwrap_or_else(|panic| {
@@ -236,8 +253,11 @@ fn run(
         }
         let (lock, cv) = &*shared;
         let mut sh = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if outcome.is_err() {
+        if let Err(e) = &outcome {
             sh.failures += 1;
+            if sh.first_failure.is_none() {
+                sh.first_failure = Some(format!("cycle {cycle}: {e}"));
+            }
         }
         sh.results.insert(cycle, Arc::new(outcome));
         cv.notify_all();

@@ -22,6 +22,9 @@ use crate::transport::host::{HostTransport, HostWorld};
 use eplb_policies::PolicyKind;
 
 /// A trace in memory: `counts[w][l][e]`.
+///
+/// A window's count must fit the controllers' per-iteration `u32` counters: a count above
+/// `u32::MAX` is refused by [`simulate`] (never truncated or saturated).
 #[derive(Debug, Clone)]
 pub struct SimTrace {
     /// Windows `T`.
@@ -139,6 +142,12 @@ pub struct SimResult {
     pub policy_time_ms_max: f64,
     /// Layers whose exchange failed.
     pub failed_layers: u64,
+    /// Plans taken (cycles that reached their activation).
+    pub plans: u64,
+    /// Plans whose policy call failed (the placement stayed as it was for them).
+    pub plan_failures: u64,
+    /// The first policy failure, with its cycle.
+    pub first_plan_failure: Option<String>,
     /// The placement log.
     pub log: Vec<LogEntry>,
     /// `PAR[w][l]` under the routing model, `[T][L]` (the numbers behind the PAR metrics).
@@ -313,6 +322,21 @@ pub fn simulate_with(
             )
         })
         .map_err(|e| e.to_string())?;
+    // Validate up front as `eplb plan` does: the shape's range, the policy's topology, its
+    // buffer sizes.
+    eplb_policies::buffer_lens(policy.as_ref(), &shape)
+        .map_err(|e| format!("policy {}: {e}", cfg.policy.name()))?;
+    // Counts reach the controllers as per-iteration u32 values: refuse what does not fit.
+    if let Some(i) = trace.counts.iter().position(|&c| c > u64::from(u32::MAX)) {
+        let (w, rest) = (i / (l * n), i % (l * n));
+        return Err(format!(
+            "trace window {w}, layer {}, expert {}: count {} does not fit a per-iteration u32 counter (at most {})",
+            rest / n,
+            rest % n,
+            trace.counts.get(i).copied().unwrap_or(0),
+            u32::MAX
+        ));
+    }
     let initial = initial_placement(&shape, cfg.initial)?;
     let r = shape.ranks();
     let (h, a) = (cfg.heat_interval as usize, cfg.algo_interval as usize);
@@ -336,6 +360,8 @@ pub fn simulate_with(
         placement: initial.clone(),
         plan_time: None,
         failed: 0,
+        plans: 0,
+        plan_failures: 0,
         error: None,
     }));
     let start = Arc::new(Barrier::new(r + 1));
@@ -441,13 +467,14 @@ pub fn simulate_with(
         d.stop = true;
     }
     start.wait();
-    let mut failed_layers = 0;
+    let (mut failed_layers, mut plans, mut plan_failures) = (0, 0, 0);
     for th in threads {
         th.join().map_err(|_| "a rank thread panicked")?;
     }
     if let Ok(d) = data.lock() {
-        failed_layers = d.failed;
+        (failed_layers, plans, plan_failures) = (d.failed, d.plans, d.plan_failures);
     }
+    let first_plan_failure = planner.first_failure();
     if let Some(e) = failure {
         return Err(e);
     }
@@ -504,6 +531,9 @@ pub fn simulate_with(
         },
         policy_time_ms_max: times.iter().copied().fold(0.0, f64::max) * 1e3,
         failed_layers,
+        plans,
+        plan_failures,
+        first_plan_failure,
         log,
         par,
         lower_bound: lb,
@@ -520,6 +550,9 @@ struct WindowData {
     /// Set when a plan was taken after this window: the policy's wall time.
     plan_time: Option<f64>,
     failed: u64,
+    /// Rank 0's plans taken and plan failures so far.
+    plans: u64,
+    plan_failures: u64,
     error: Option<String>,
 }
 
@@ -569,6 +602,8 @@ fn rank_loop(
                 d.placement.copy_from_slice(ctrl.placement());
                 d.plan_time = plan_time;
                 d.failed = ctrl.stats().layers_failed;
+                d.plans = ctrl.stats().plans_taken;
+                d.plan_failures = ctrl.stats().plan_failures;
                 if error.is_some() {
                     d.error = error;
                 }

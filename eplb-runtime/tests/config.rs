@@ -412,7 +412,7 @@ fn malformed_configs_name_key_and_value() {
             "{\"expert_map_record_path\": \"{TMP}/afile/sub/rec.json\"}",
             &GUARD,
             vec![tmp.msg(
-                "eplb_config.expert_map_record_path: \"{TMP}/afile/sub/rec.json\": cannot create directory \"{TMP}/afile/sub\": *",
+                "eplb_config.expert_map_record_path: \"{TMP}/afile/sub/rec.json\": directory \"{TMP}/afile/sub\" *",
             )],
         ),
         // Env guard.
@@ -600,11 +600,19 @@ fn env_guard_values() {
 }
 
 #[test]
-fn record_path_creates_its_parent() {
+fn record_path_needs_an_existing_directory() {
     let tmp = TempDir::new("rec");
     let text = tmp.json("{\"expert_map_record_path\": \"{TMP}/a/b/map.json\"}");
+    let e = parse(&text, &[(EXPERT_MAP_RECORD, "true")]).unwrap_err();
+    assert_eq!(
+        e.messages(),
+        vec![tmp.msg(
+            "eplb_config.expert_map_record_path: \"{TMP}/a/b/map.json\": directory \"{TMP}/a/b\" does not exist"
+        )]
+    );
+    assert!(!tmp.path().join("a").exists());
+    std::fs::create_dir_all(tmp.path().join("a/b")).unwrap();
     let cfg = parse(&text, &[(EXPERT_MAP_RECORD, "true")]).unwrap();
-    assert!(tmp.path().join("a/b").is_dir());
     assert!(!tmp.path().join("a/b/map.json").exists());
     assert_eq!(cfg.mode(), Mode::Record);
     assert!(cfg.dynamic());
@@ -616,7 +624,6 @@ fn record_path_creates_its_parent() {
         cfg.summary()
             .contains("\ndynamic_eplb: true (forced by expert_map_record_path)\n")
     );
-    // An existing parent is fine too.
     assert!(parse(&text, &GUARD).is_ok());
 }
 

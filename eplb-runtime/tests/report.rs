@@ -513,7 +513,11 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
     // The output may not overwrite the trace, and a missing directory is named.
     let o = report(&trace, Path::new(&trace), &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("overwrite the trace"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the output is the input file"),
+        "{}",
+        stderr(&o)
+    );
     let o = report(&trace, &dir.join("no").join("r.html"), &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(

@@ -1,4 +1,7 @@
-//! `cargo xtask fuzz [--seconds N] [--target NAME]...`: runs eplb-map's cargo-fuzz targets.
+//! `cargo xtask fuzz [--seconds N] [--target NAME]...`: runs the cargo-fuzz targets of
+//! `eplb-map/fuzz`: the decoders (`map_json`, `blob`, `trace`), and what users feed the tool
+//! beyond them: the checked policy call (`rebalance`), the config reader (`config`) and the
+//! trace-to-simulate path (`simulate`).
 //!
 //! Each target runs for `N` seconds (default 60) with the installed `nightly` toolchain
 //! (`cargo +nightly fuzz run`), from `eplb-map/fuzz` (a separate crate, not a workspace member).
@@ -13,7 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The fuzz targets, in the order they run.
-pub const TARGETS: [&str; 3] = ["map_json", "blob", "trace"];
+pub const TARGETS: [&str; 6] = [
+    "map_json",
+    "blob",
+    "trace",
+    "rebalance",
+    "config",
+    "simulate",
+];
 
 /// Seconds per target when `--seconds` is not given.
 pub const DEFAULT_SECONDS: u64 = 60;
@@ -21,7 +31,7 @@ pub const DEFAULT_SECONDS: u64 = 60;
 /// Seconds one input may take before libFuzzer reports it as a hang.
 const INPUT_TIMEOUT_SECONDS: u64 = 10;
 
-const USAGE: &str = "usage: cargo xtask fuzz [--seconds N] [--target map_json|blob|trace]...";
+const USAGE: &str = "usage: cargo xtask fuzz [--seconds N] [--target map_json|blob|trace|rebalance|config|simulate]...";
 
 /// Runs the fuzz targets; `args` are the arguments after `fuzz`.
 pub fn run(args: &[String]) -> Result<(), String> {

@@ -224,6 +224,7 @@ impl Sink {
 }
 
 fn run(bytes: &[u8], opts: &ReadOptions, sink: &mut Sink) -> Option<MapFile> {
+    let bytes = crate::json::skip_bom(bytes);
     let value: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
@@ -231,6 +232,10 @@ fn run(bytes: &[u8], opts: &ReadOptions, sink: &mut Sink) -> Option<MapFile> {
             return None;
         }
     };
+    if let Some(e) = crate::json::duplicate_key(bytes) {
+        let _ = sink.push(e);
+        return None;
+    }
     walk(&value, opts, sink).ok().flatten()
 }
 

@@ -8,7 +8,7 @@
 //! the lowest column index, so the result is deterministic.
 
 use crate::Error;
-use crate::arena::{Arena, words_f64, words_u16};
+use crate::arena::{Arena, Words};
 
 /// Scratch of [`assign`] for `n x n`.
 pub(super) struct Hungarian<'a> {
@@ -23,8 +23,9 @@ pub(super) struct Hungarian<'a> {
 
 impl<'a> Hungarian<'a> {
     /// Words needed for `n x n`.
-    pub(super) const fn words(n: usize) -> usize {
-        3 * words_f64(n + 1) + 2 * words_u16(n + 1) + (n + 1).div_ceil(8)
+    /// Scratch words for `n` (checked: saturates, see [`Words`]).
+    pub(super) fn words(n: Words) -> Words {
+        3 * (n + 1).f64s() + 2 * (n + 1).u16s() + (n + 1).flags()
     }
 
     pub(super) fn take(arena: &mut Arena<'a>, n: usize) -> Result<Self, Error> {
@@ -185,7 +186,7 @@ mod tests {
                         ((x >> 33) % 6) as f64
                     })
                     .collect();
-                let mut buf = vec![0u64; Hungarian::words(n)];
+                let mut buf = vec![0u64; Hungarian::words(Words(n)).get()];
                 let mut arena = Arena::new(&mut buf);
                 let mut h = Hungarian::take(&mut arena, n).unwrap();
                 assert_eq!(arena.remaining(), 0);

@@ -239,14 +239,13 @@ impl HostTransport {
             .parts
             .insert(self.rank, local.to_vec());
         world.cv.notify_all();
-        let deadline = Instant::now() + world.timeout;
+        let deadline = Deadline::after(world.timeout);
         loop {
             let arrived = st.rounds.get(&seq).map_or(0, |r| r.parts.len());
             if arrived == world.ranks {
                 break;
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = deadline.left() else {
                 // Withdraw, so that no rank can complete this round without us: a collective
                 // fails on every rank or on none.
                 if let Some(round) = st.rounds.get_mut(&seq) {
@@ -258,10 +257,10 @@ impl HostTransport {
                 return Err(TransportError::Timeout {
                     what: format!("rank {}: collective #{seq}", self.rank),
                 });
-            }
+            };
             st = world
                 .cv
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(st, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -386,7 +385,7 @@ impl Transport for HostTransport {
                 ),
             });
         }
-        let deadline = Instant::now() + world.timeout;
+        let deadline = Deadline::after(world.timeout);
         let mut st = world.lock();
         for op in &plan.recvs {
             let key = (usize::from(op.peer), self.rank);
@@ -397,18 +396,17 @@ impl Transport for HostTransport {
                     }
                     break m;
                 }
-                let now = Instant::now();
-                if now >= deadline {
+                let Some(left) = deadline.left() else {
                     return Err(TransportError::Timeout {
                         what: format!(
                             "rank {}: layer {} receive of expert {} from rank {}",
                             self.rank, plan.layer, op.expert, op.peer
                         ),
                     });
-                }
+                };
                 st = world
                     .cv
-                    .wait_timeout(st, deadline - now)
+                    .wait_timeout(st, left)
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             };
@@ -475,6 +473,34 @@ impl Transport for HostTransport {
             if let Some(q) = st.mail.get_mut(&(usize::from(op.peer), self.rank)) {
                 q.retain(|m| m.layer != plan.layer);
             }
+        }
+    }
+}
+
+/// A point in time `timeout` from now; a timeout too long for [`Instant`] (such as
+/// `Duration::MAX`) never expires instead of overflowing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// `timeout` from now.
+    pub(crate) fn after(timeout: Duration) -> Self {
+        Self {
+            at: Instant::now().checked_add(timeout),
+            timeout,
+        }
+    }
+
+    /// The time left, or `None` once the deadline has passed.
+    pub(crate) fn left(&self) -> Option<Duration> {
+        match self.at {
+            None => Some(self.timeout),
+            Some(at) => at
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero()),
         }
     }
 }

@@ -1,0 +1,166 @@
+//! Issue 17 at the library level: durations from the caller never panic (class 9).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eplb_core::{Layout, Shape};
+use eplb_policies::PolicyKind;
+use eplb_runtime::planner::{PlanRequest, Planner};
+use eplb_runtime::policies::policy_for;
+use eplb_runtime::transport::Transport;
+use eplb_runtime::transport::host::{HostTransport, HostWorld};
+
+#[test]
+fn a_host_world_with_duration_max_runs_collectives() {
+    let world = HostWorld::new(2, Duration::MAX);
+    let threads: Vec<_> = (0..2)
+        .map(|rank| {
+            let world = Arc::clone(&world);
+            std::thread::spawn(move || {
+                let mut t = HostTransport::new(world, rank, &[vec![0u16, 1]], 8);
+                let mut out = vec![0u64; 2];
+                t.all_gather(&[rank as u64 + 7], &mut out).unwrap();
+                (out, t.all_agree(true).unwrap())
+            })
+        })
+        .collect();
+    for th in threads {
+        assert_eq!(th.join().unwrap(), (vec![7, 8], true));
+    }
+}
+
+#[test]
+fn the_planner_waits_with_duration_max() {
+    let shape = Shape::new(1, 4, 2, 2).unwrap();
+    let planner = Planner::spawn(policy_for(PolicyKind::Default).unwrap(), shape);
+    let mut current = vec![0u16; shape.placement_len()];
+    Layout::Default.fill(&shape, &mut current).unwrap();
+    planner.submit(PlanRequest {
+        cycle: 1,
+        current,
+        loads: vec![4.0, 3.0, 2.0, 1.0],
+        samples: None,
+        seed: 0,
+    });
+    let got = planner.wait_result(1, Duration::MAX).expect("a result");
+    assert!(got.is_ok(), "{got:?}");
+    // A cycle never submitted: a zero wait returns at once.
+    assert!(planner.wait_result(9, Duration::ZERO).is_none());
+}
+
+mod common;
+
+use eplb_core::Placement;
+use eplb_policies::{Error, Input, Policy};
+use eplb_runtime::planner::plan_once;
+use eplb_runtime::simulate::{SimPolicy, simulate_with};
+
+/// Loads `[L][N]` summed over a trace's windows.
+fn summed(rel: &str) -> (usize, usize, Vec<f64>) {
+    let bytes = std::fs::read(common::shared(rel)).unwrap();
+    let heat = eplb_map::heat::load_heat(&bytes, None).unwrap();
+    (heat.layers(), heat.experts(), heat.summed())
+}
+
+#[test]
+fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
+    let (l, n, loads) = summed("data/traces/sglang_dsv3_decode_in1000out1000.json");
+    let shape = Shape::from_redundant(l as u16, n as u16, 64, 64)
+        .unwrap()
+        .topology(8, 8)
+        .unwrap();
+    let mut initial = vec![0u16; shape.placement_len()];
+    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let req = |current: Vec<u16>| PlanRequest {
+        cycle: 1,
+        current,
+        loads: loads.clone(),
+        samples: None,
+        seed: 3,
+    };
+    // The static start: DeepSeek's map, with co-located copies.
+    let mut ds = policy_for(PolicyKind::DeepSeek).unwrap();
+    let lens = eplb_policies::buffer_lens(ds.as_ref(), &shape).unwrap();
+    let (mut scratch, mut state) = (vec![0u64; lens.scratch], vec![0u64; lens.state]);
+    let start = plan_once(ds.as_mut(), &shape, &req(initial), &mut scratch, &mut state)
+        .unwrap()
+        .placement;
+    assert!(Placement::new(shape, &start).unwrap().colocated_rows() > 0);
+    // Then a dynamic cycle through the planner thread, as the controller runs it.
+    for kind in PolicyKind::ALL {
+        let planner = Planner::spawn(policy_for(kind).unwrap(), shape);
+        planner.submit(req(start.clone()));
+        let got = planner.wait_result(1, Duration::from_secs(120)).unwrap();
+        let plan = got
+            .as_ref()
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        if kind != PolicyKind::DeepSeek {
+            assert_eq!(plan.summary.colocated_rows, 0, "{kind:?}");
+            Placement::new(shape, &plan.placement)
+                .unwrap()
+                .check_servable()
+                .unwrap();
+        }
+    }
+}
+
+/// The default policy, failing on the calls whose number `fails` says.
+struct Flaky {
+    inner: eplb_policies::AnyPolicy,
+    calls: u32,
+    fails: fn(u32) -> bool,
+}
+
+impl Policy for Flaky {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Default
+    }
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        self.inner.scratch_len(shape)
+    }
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), Error> {
+        self.calls += 1;
+        if (self.fails)(self.calls) {
+            return Err(Error::NoPlacement {
+                layer: 0,
+                why: "injected failure",
+            });
+        }
+        self.inner.place(input, scratch, state, out)
+    }
+}
+
+#[test]
+fn simulate_counts_the_plans_that_failed() {
+    let trace = common::trace("data/traces/mixtral8x7b_gsm8k_decode.json");
+    let mut cfg = common::anchor_cfg(4, 4, SimPolicy::Policy(PolicyKind::Default));
+    cfg.heat_interval = 2;
+    let odd: fn(u32) -> bool = |c| c % 2 == 0;
+    let all: fn(u32) -> bool = |_| true;
+    for (fails, every) in [(odd, false), (all, true)] {
+        let flaky = Flaky {
+            inner: eplb_policies::AnyPolicy::new(PolicyKind::Default),
+            calls: 0,
+            fails,
+        };
+        let r = simulate_with(&trace, &cfg, Box::new(flaky), &mut |_, _| {}).unwrap();
+        assert!(r.plans >= 2, "{}", r.plans);
+        if every {
+            assert_eq!(r.plan_failures, r.plans);
+            assert_eq!(r.changes, 0);
+        } else {
+            assert_eq!(r.plan_failures, r.plans / 2);
+        }
+        let why = r.first_plan_failure.clone().unwrap();
+        assert!(why.contains("injected failure"), "{why}");
+        let v = eplb_runtime::cli::sim_json(&r, "default", cfg.routing);
+        assert_eq!(v["plan_failures"], r.plan_failures);
+    }
+}
