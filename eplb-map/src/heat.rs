@@ -22,8 +22,8 @@ use core::fmt;
 use std::string::String;
 use std::vec::Vec;
 
+use crate::json::{Node, num_u64};
 use eplb_core::Placement;
-use serde_json::{Map, Value};
 
 use crate::{Axis, Error, Position, ShortText};
 
@@ -281,13 +281,13 @@ impl Heat {
 /// Which of the heat formats `bytes` holds (used by `eplb plan --loads FILE`). Parses the whole
 /// document; contents are not checked.
 pub fn sniff(bytes: &[u8]) -> Result<HeatFormat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     detect(&v)
 }
 
-fn detect(v: &Value) -> Result<HeatFormat, Error> {
+fn detect(v: &Node) -> Result<HeatFormat, Error> {
     match v {
-        Value::Object(o) => {
+        o @ Node::Obj(_) => {
             if let Some(tag) = o.get("format") {
                 return match tag.as_str() {
                     Some(TRACE_FORMAT) => Ok(HeatFormat::Trace),
@@ -301,10 +301,10 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
                     }),
                 };
             }
-            if o.contains_key("logical_count") {
+            if o.get("logical_count").is_some() {
                 return Ok(HeatFormat::Sglang);
             }
-            if o.contains_key("counts") {
+            if o.get("counts").is_some() {
                 return Err(Error::MissingKey {
                     at: Position::root(),
                     key: "format",
@@ -314,7 +314,7 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
                 found: "an object without \"format\" or \"logical_count\"",
             })
         }
-        Value::Array(_) => match depth(v) {
+        Node::Arr(_) | Node::Nums(_) => match depth(v) {
             2 => Ok(HeatFormat::Plain),
             3 | 4 => Ok(HeatFormat::SlotLoads),
             0 | 1 => Err(Error::UnknownFormat {
@@ -331,13 +331,22 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
 }
 
 /// Nesting depth along first elements (`[[1]]` is 2; an empty array counts as one level).
-fn depth(mut v: &Value) -> usize {
+fn depth(mut v: &Node) -> usize {
     let mut d = 0;
-    while let Value::Array(a) = v {
-        d += 1;
-        match a.first() {
-            Some(x) => v = x,
-            None => break,
+    loop {
+        match v {
+            Node::Arr(a) => {
+                d += 1;
+                match a.first() {
+                    Some(x) => v = x,
+                    None => break,
+                }
+            }
+            Node::Nums(_) => {
+                d += 1;
+                break;
+            }
+            _ => break,
         }
     }
     d
@@ -346,7 +355,7 @@ fn depth(mut v: &Value) -> usize {
 /// Reads heat in any of the formats ([`sniff`]). Per-slot loads need `placement` (the one
 /// they were measured on); the other formats ignore it.
 pub fn load_heat(bytes: &[u8], placement: Option<&Placement<'_>>) -> Result<Heat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     let format = detect(&v)?;
     from_value(&v, format, placement)
 }
@@ -357,12 +366,12 @@ pub fn load_heat_as(
     format: HeatFormat,
     placement: Option<&Placement<'_>>,
 ) -> Result<Heat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     from_value(&v, format, placement)
 }
 
 fn from_value(
-    v: &Value,
+    v: &Node,
     format: HeatFormat,
     placement: Option<&Placement<'_>>,
 ) -> Result<Heat, Error> {
@@ -381,12 +390,15 @@ fn from_value(
     }
 }
 
-fn object(v: &Value) -> Result<&Map<String, Value>, Error> {
-    v.as_object().ok_or(Error::WrongType {
-        at: Position::root(),
-        key: "document",
-        expected: "an object",
-    })
+fn object(v: &Node) -> Result<&Node, Error> {
+    match v {
+        Node::Obj(_) => Ok(v),
+        _ => Err(Error::WrongType {
+            at: Position::root(),
+            key: "document",
+            expected: "an object",
+        }),
+    }
 }
 
 fn dim(dims: &[usize], i: usize) -> usize {
@@ -400,24 +412,33 @@ struct NumArray {
 
 /// A rectangular numeric array of exactly `axes.len()` dimensions, flattened row-major.
 fn numeric_array(
-    v: &Value,
+    v: &Node,
     axes: &[Axis],
     name: &'static str,
     integer: bool,
 ) -> Result<NumArray, Error> {
     let mut dims = Vec::with_capacity(axes.len());
-    let mut cur = v;
+    // `None`: the walk reached the numbers of an array of numbers.
+    let mut cur = Some(v);
     let mut at = Position::root();
     for (k, axis) in axes.iter().enumerate() {
         match cur {
-            Value::Array(a) => match a.first() {
+            Some(Node::Arr(a)) => match a.first() {
                 Some(first) => {
                     dims.push(a.len());
-                    cur = first;
+                    cur = Some(first);
                     at = at.with(*axis, 0);
                 }
                 None => return Err(Error::Empty { at, what: name }),
             },
+            Some(Node::Nums(a)) => {
+                if a.is_empty() {
+                    return Err(Error::Empty { at, what: name });
+                }
+                dims.push(a.len());
+                cur = None;
+                at = at.with(*axis, 0);
+            }
             _ if k == 0 => {
                 return Err(Error::WrongType {
                     at,
@@ -442,7 +463,7 @@ fn numeric_array(
 }
 
 fn walk_array(
-    v: &Value,
+    v: &Node,
     depth: usize,
     at: Position,
     dims: &[usize],
@@ -454,24 +475,43 @@ fn walk_array(
         out.push(leaf(v, at, integer)?);
         return Ok(());
     };
-    let Value::Array(a) = v else {
-        return Err(match v {
-            Value::Null => Error::MissingCount { at },
-            _ => Error::Dimensions {
+    let len = match v {
+        Node::Arr(a) => a.len(),
+        Node::Nums(a) => a.len(),
+        Node::Null => return Err(Error::MissingCount { at }),
+        _ => {
+            return Err(Error::Dimensions {
                 at,
                 expected: axes.len(),
-            },
-        });
+            });
+        }
     };
-    if a.len() != want {
+    if len != want {
         return Err(Error::RaggedArray {
             at,
             expected: want,
-            got: a.len(),
+            got: len,
         });
     }
-    for (i, x) in a.iter().enumerate() {
-        walk_array(x, depth + 1, at.with(*axis, i), dims, axes, integer, out)?;
+    match v {
+        Node::Arr(a) => {
+            for (i, x) in a.iter().enumerate() {
+                walk_array(x, depth + 1, at.with(*axis, i), dims, axes, integer, out)?;
+            }
+        }
+        Node::Nums(a) => {
+            if dims.get(depth + 1).is_some() {
+                // A number where an array was expected.
+                return Err(Error::Dimensions {
+                    at: at.with(*axis, 0),
+                    expected: axes.len(),
+                });
+            }
+            for (i, &f) in a.iter().enumerate() {
+                out.push(check_real(f, at.with(*axis, i), integer)?);
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -493,25 +533,15 @@ fn check_real(f: f64, at: Position, integer: bool) -> Result<f64, Error> {
     Ok(f + 0.0)
 }
 
-fn leaf(v: &Value, at: Position, integer: bool) -> Result<f64, Error> {
+fn leaf(v: &Node, at: Position, integer: bool) -> Result<f64, Error> {
     match v {
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                if u > 1 << 53 {
-                    return Err(Error::CountTooLarge { at });
-                }
-                Ok(u as f64)
-            } else if n.as_i64().is_some() {
-                Err(Error::NegativeCount { at })
-            } else {
-                check_real(n.as_f64().unwrap_or(f64::NAN), at, integer)
-            }
-        }
-        Value::Null => Err(Error::MissingCount { at }),
-        Value::String(s) if matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity") => {
+        // Stored as judged (`Node`): a too-large integer is above 2^53, a negative one -1.
+        Node::Num(f) => check_real(*f, at, integer),
+        Node::Null => Err(Error::MissingCount { at }),
+        Node::Str(s) if matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity") => {
             Err(Error::NonFiniteCount { at })
         }
-        Value::Array(_) => Err(Error::Dimensions {
+        Node::Arr(_) | Node::Nums(_) => Err(Error::Dimensions {
             at,
             expected: at.axes().count(),
         }),
@@ -519,7 +549,7 @@ fn leaf(v: &Value, at: Position, integer: bool) -> Result<f64, Error> {
     }
 }
 
-fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
+fn trace(obj: &Node) -> Result<Heat, Error> {
     let root = Position::root();
     match obj.get("format") {
         None => {
@@ -528,8 +558,8 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
                 key: "format",
             });
         }
-        Some(Value::String(s)) if s == TRACE_FORMAT => {}
-        Some(Value::String(s)) => {
+        Some(Node::Str(s)) if s == TRACE_FORMAT => {}
+        Some(Node::Str(s)) => {
             return Err(Error::FormatTag {
                 found: ShortText::new(s),
             });
@@ -556,7 +586,7 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
     let mut heat = Heat::build(HeatFormat::Trace, w, l, n, a.values);
     let mut warnings = Vec::new();
 
-    heat.name = obj.get("name").and_then(Value::as_str).map(String::from);
+    heat.name = obj.get("name").and_then(Node::as_str).map(String::from);
     if let Some(v) = obj.get("num_windows")
         && v.as_u64() != Some(w as u64)
     {
@@ -628,15 +658,15 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
     Ok(heat)
 }
 
-fn u64_list(v: &Value, len: usize) -> Option<Vec<u64>> {
-    let a = v.as_array()?;
-    if a.len() != len {
-        return None;
+fn u64_list(v: &Node, len: usize) -> Option<Vec<u64>> {
+    match v {
+        Node::Nums(a) if a.len() == len => a.iter().map(|&f| num_u64(f)).collect(),
+        Node::Arr(a) if a.len() == len => a.iter().map(Node::as_u64).collect(),
+        _ => None,
     }
-    a.iter().map(Value::as_u64).collect()
 }
 
-fn sglang(obj: &Map<String, Value>) -> Result<Heat, Error> {
+fn sglang(obj: &Node) -> Result<Heat, Error> {
     let root = Position::root();
     let lc = obj.get("logical_count").ok_or(Error::MissingKey {
         at: root,
@@ -690,7 +720,7 @@ fn sglang(obj: &Map<String, Value>) -> Result<Heat, Error> {
     Ok(heat)
 }
 
-fn slot_loads(v: &Value, placement: &Placement<'_>) -> Result<Heat, Error> {
+fn slot_loads(v: &Node, placement: &Placement<'_>) -> Result<Heat, Error> {
     let shape = placement.shape();
     let four = depth(v) >= 4;
     let a = if four {

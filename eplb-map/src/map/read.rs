@@ -225,6 +225,10 @@ impl Sink {
 
 fn run(bytes: &[u8], opts: &ReadOptions, sink: &mut Sink) -> Option<MapFile> {
     let bytes = crate::json::skip_bom(bytes);
+    if let Err(e) = crate::json::check_array_lengths(bytes, crate::json::MAX_ARRAY_LEN) {
+        let _ = sink.push(e);
+        return None;
+    }
     let value: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
