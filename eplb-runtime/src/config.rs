@@ -768,6 +768,12 @@ impl Parser {
                 self.errs.push(unreadable("is a directory".to_owned()));
                 return false;
             }
+            // Opening a FIFO would wait for a writer; a device may never end.
+            Ok(m) if !m.is_file() => {
+                self.errs
+                    .push(unreadable("not a regular file (a FIFO, a device or a socket)".to_owned()));
+                return false;
+            }
             Ok(_) => {}
         }
         if let Err(e) = std::fs::File::open(path) {

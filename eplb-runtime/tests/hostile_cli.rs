@@ -653,3 +653,28 @@ fn degenerate_options_get_their_own_message() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_config_naming_a_fifo_or_a_device_as_its_map_is_refused_at_once() {
+    let dir = tmp("cfgfifo");
+    let fifo = dir.join("map.json");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let zero = dir.join("zero.json");
+    let _ = std::fs::remove_file(&zero);
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for map in [fifo.to_str().unwrap(), zero.to_str().unwrap()] {
+        let cfg = dir.join("cfg.json");
+        std::fs::write(
+            &cfg,
+            format!("{{\"eplb_config\": {{\"expert_map_path\": {map:?}}}}}"),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let o = eplb(&["check-config", cfg.to_str().unwrap()]);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
