@@ -770,8 +770,9 @@ impl Parser {
             }
             // Opening a FIFO would wait for a writer; a device may never end.
             Ok(m) if !m.is_file() => {
-                self.errs
-                    .push(unreadable("not a regular file (a FIFO, a device or a socket)".to_owned()));
+                self.errs.push(unreadable(
+                    "not a regular file (a FIFO, a device or a socket)".to_owned(),
+                ));
                 return false;
             }
             Ok(_) => {}

@@ -659,7 +659,13 @@ fn a_config_naming_a_fifo_or_a_device_as_its_map_is_refused_at_once() {
     let dir = tmp("cfgfifo");
     let fifo = dir.join("map.json");
     let _ = std::fs::remove_file(&fifo);
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
     let zero = dir.join("zero.json");
     let _ = std::fs::remove_file(&zero);
     std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
