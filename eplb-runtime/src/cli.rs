@@ -11,7 +11,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Layout, Placement, Shape};
-use eplb_map::heat::{Heat, HeatFormat, load_heat, sniff};
+use eplb_map::heat::{Heat, load_heat};
 use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
 use eplb_policies::PolicyKind;
 use serde_json::json;
@@ -409,14 +409,14 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     }
     let basis = a.cost.resolve()?;
     let bytes = io.read(&a.loads)?;
-    let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
-    if format == HeatFormat::SlotLoads {
-        return Err(format!(
+    // One parse: per-slot loads are the one format that needs a placement.
+    let heat = load_heat(&bytes, None).map_err(|e| match e {
+        eplb_map::Error::NeedsPlacement => format!(
             "{}: per-slot loads need a placement; use `eplb hotness` or convert to [L][N]",
             a.loads.display()
-        ));
-    }
-    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.loads.display()))?;
+        ),
+        e => format!("{}: {e}", a.loads.display()),
+    })?;
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
     let current = match &a.current {
