@@ -7,6 +7,12 @@
 //! | [plain array](HeatFormat::Plain) | `[L][N]` | `>= 0`, may be fractional |
 //! | [vLLM-Ascend slot loads](HeatFormat::SlotLoads) | `[L][R][S]` (or `[W][L][R][S]`) | `>= 0`; folded through a placement |
 //!
+//! **Parsing:** arrays are counted while scanning the bytes, and an array of more than 65535
+//! elements is refused before anything is built (every dimension is a `u16`); the document is
+//! then built compactly (an array of numbers as one `Vec<f64>`), so memory stays a small
+//! multiple of the file (about 4x for the parse at one digit a number). A leading UTF-8 byte
+//! order mark is skipped; JSON errors keep serde's reason.
+//!
 //! **Storage:** every format becomes windows x layers x experts of `f64` ([`Heat::as_slice`]).
 //! Integer counts are exact: an integer above 2^53 is an error, so every count, and every sum of
 //! up to 1024 windows of counts below 2^43, is an exact `f64`. [`Heat::is_integral`] says whether
