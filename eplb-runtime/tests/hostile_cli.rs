@@ -684,3 +684,27 @@ fn a_config_naming_a_fifo_or_a_device_as_its_map_is_refused_at_once() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_closed_stderr_never_panics() {
+    let dir = tmp("stderr");
+    let loads = loads_file(&dir);
+    let l = loads.to_str().unwrap();
+    // An error, and a warning followed by output, with both streams closed early.
+    for (args, code) in [
+        (plan_args("/dev/zero", "2", "0", "default"), 1),
+        (plan_args(l, "2", "0", "default"), 0),
+    ] {
+        let mut child = bin()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
