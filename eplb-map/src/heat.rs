@@ -9,8 +9,9 @@
 //!
 //! **Parsing:** arrays are counted while scanning the bytes, and an array of more than 65535
 //! elements is refused before anything is built (every dimension is a `u16`); the document is
-//! then built compactly (an array of numbers as one `Vec<f64>`), so memory stays a small
-//! multiple of the file (about 4x for the parse at one digit a number). A leading UTF-8 byte
+//! then built compactly (an array of non-negative integers as one `Vec<u64>`, other numbers as
+//! `serde_json::Number`s), so memory stays a small multiple of the file (about 4x for the parse
+//! at one digit a number). A leading UTF-8 byte
 //! order mark is skipped; JSON errors keep serde's reason.
 //!
 //! **Storage:** every format becomes windows x layers x experts of `f64` ([`Heat::as_slice`]).
@@ -28,7 +29,9 @@ use core::fmt;
 use std::string::String;
 use std::vec::Vec;
 
-use crate::json::{Node, num_u64};
+use serde_json::Number;
+
+use crate::json::Node;
 use eplb_core::Placement;
 
 use crate::{Axis, Error, Position, ShortText};
@@ -320,7 +323,7 @@ fn detect(v: &Node) -> Result<HeatFormat, Error> {
                 found: "an object without \"format\" or \"logical_count\"",
             })
         }
-        Node::Arr(_) | Node::Nums(_) => match depth(v) {
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => match depth(v) {
             2 => Ok(HeatFormat::Plain),
             3 | 4 => Ok(HeatFormat::SlotLoads),
             0 | 1 => Err(Error::UnknownFormat {
@@ -348,7 +351,7 @@ fn depth(mut v: &Node) -> usize {
                     None => break,
                 }
             }
-            Node::Nums(_) => {
+            Node::Ints(_) | Node::Nums(_) => {
                 d += 1;
                 break;
             }
@@ -437,11 +440,12 @@ fn numeric_array(
                 }
                 None => return Err(Error::Empty { at, what: name }),
             },
-            Some(Node::Nums(a)) => {
-                if a.is_empty() {
+            Some(n @ (Node::Ints(_) | Node::Nums(_))) => {
+                let len = n.array_len().unwrap_or(0);
+                if len == 0 {
                     return Err(Error::Empty { at, what: name });
                 }
-                dims.push(a.len());
+                dims.push(len);
                 cur = None;
                 at = at.with(*axis, 0);
             }
@@ -482,8 +486,7 @@ fn walk_array(
         return Ok(());
     };
     let len = match v {
-        Node::Arr(a) => a.len(),
-        Node::Nums(a) => a.len(),
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => v.array_len().unwrap_or(0),
         Node::Null => return Err(Error::MissingCount { at }),
         _ => {
             return Err(Error::Dimensions {
@@ -505,16 +508,21 @@ fn walk_array(
                 walk_array(x, depth + 1, at.with(*axis, i), dims, axes, integer, out)?;
             }
         }
-        Node::Nums(a) => {
-            if dims.get(depth + 1).is_some() {
-                // A number where an array was expected.
-                return Err(Error::Dimensions {
-                    at: at.with(*axis, 0),
-                    expected: axes.len(),
-                });
+        Node::Ints(_) | Node::Nums(_) if dims.get(depth + 1).is_some() => {
+            // A number where an array was expected.
+            return Err(Error::Dimensions {
+                at: at.with(*axis, 0),
+                expected: axes.len(),
+            });
+        }
+        Node::Ints(a) => {
+            for (i, &u) in a.iter().enumerate() {
+                out.push(int_leaf(u, at.with(*axis, i))?);
             }
-            for (i, &f) in a.iter().enumerate() {
-                out.push(check_real(f, at.with(*axis, i), integer)?);
+        }
+        Node::Nums(a) => {
+            for (i, n) in a.iter().enumerate() {
+                out.push(number_leaf(n, at.with(*axis, i), integer)?);
             }
         }
         _ => {}
@@ -539,15 +547,31 @@ fn check_real(f: f64, at: Position, integer: bool) -> Result<f64, Error> {
     Ok(f + 0.0)
 }
 
+fn int_leaf(u: u64, at: Position) -> Result<f64, Error> {
+    if u > 1 << 53 {
+        return Err(Error::CountTooLarge { at });
+    }
+    Ok(u as f64)
+}
+
+fn number_leaf(n: &Number, at: Position, integer: bool) -> Result<f64, Error> {
+    if let Some(u) = n.as_u64() {
+        int_leaf(u, at)
+    } else if n.as_i64().is_some() {
+        Err(Error::NegativeCount { at })
+    } else {
+        check_real(n.as_f64().unwrap_or(f64::NAN), at, integer)
+    }
+}
+
 fn leaf(v: &Node, at: Position, integer: bool) -> Result<f64, Error> {
     match v {
-        // Stored as judged (`Node`): a too-large integer is above 2^53, a negative one -1.
-        Node::Num(f) => check_real(*f, at, integer),
+        Node::Number(n) => number_leaf(n, at, integer),
         Node::Null => Err(Error::MissingCount { at }),
         Node::Str(s) if matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity") => {
             Err(Error::NonFiniteCount { at })
         }
-        Node::Arr(_) | Node::Nums(_) => Err(Error::Dimensions {
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => Err(Error::Dimensions {
             at,
             expected: at.axes().count(),
         }),
@@ -665,11 +689,10 @@ fn trace(obj: &Node) -> Result<Heat, Error> {
 }
 
 fn u64_list(v: &Node, len: usize) -> Option<Vec<u64>> {
-    match v {
-        Node::Nums(a) if a.len() == len => a.iter().map(|&f| num_u64(f)).collect(),
-        Node::Arr(a) if a.len() == len => a.iter().map(Node::as_u64).collect(),
-        _ => None,
+    if v.array_len()? != len {
+        return None;
     }
+    (0..len).map(|i| v.u64_at(i).flatten()).collect()
 }
 
 fn sglang(obj: &Node) -> Result<Heat, Error> {

@@ -3,6 +3,8 @@
 use std::string::ToString;
 use std::vec::Vec;
 
+use serde_json::Number;
+
 use crate::Error;
 
 /// serde_json's reasons (its `ErrorCode` messages), so that [`Error::Json`] keeps the reason
@@ -230,28 +232,25 @@ pub(crate) fn parse_lenient_numbers<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// A JSON document in the compact form of the heat readers: an array of numbers is one
-/// `Vec<f64>` (8 bytes a number, against about 32 for a `serde_json::Value`), so a heat file's
-/// document takes a small multiple of its size.
-///
-/// Numbers are stored as the heat readers judge them: a non-negative integer up to 2^53 exactly,
-/// a larger one as 2^54 (too large), a negative integer as -1 (negative), a float as itself.
+/// A JSON document in the compact form of the readers: an array of non-negative integers is
+/// one `Vec<u64>` (8 bytes a number, against about 32 for a `serde_json::Value`), an array of
+/// other numbers one `Vec<Number>` (16 bytes), so a document takes a small multiple of its
+/// file. Numbers keep their JSON kind (`1` is an integer, `1.0` a float), as in `serde_json`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Node {
     Null,
     Bool(bool),
-    Num(f64),
+    Number(Number),
     Str(std::string::String),
-    /// An array holding something other than numbers.
+    /// An array holding something other than numbers (or nothing but arrays, objects, ...).
     Arr(Vec<Node>),
-    /// An array of numbers only (empty arrays too).
-    Nums(Vec<f64>),
+    /// An array of non-negative integers only (empty arrays too).
+    Ints(Vec<u64>),
+    /// An array of numbers only, some of them not non-negative integers.
+    Nums(Vec<Number>),
     /// Keys in document order; a repeated key's last value counts (as in `serde_json`).
     Obj(Vec<(std::string::String, Node)>),
 }
-
-/// 2^53: the largest integer held exactly.
-const EXACT: u64 = 1 << 53;
 
 impl Node {
     /// The value of `key` of an object.
@@ -268,18 +267,32 @@ impl Node {
             _ => None,
         }
     }
-    /// A non-negative integer up to 2^53.
+    /// A non-negative integer (as `serde_json::Value::as_u64`).
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
-            Node::Num(f) => num_u64(*f),
+            Node::Number(n) => n.as_u64(),
             _ => None,
         }
     }
-}
-
-/// A stored number as a non-negative integer up to 2^53.
-pub(crate) fn num_u64(f: f64) -> Option<u64> {
-    (f >= 0.0 && f.fract() == 0.0 && f <= EXACT as f64).then_some(f as u64)
+    /// The length of an array.
+    pub(crate) fn array_len(&self) -> Option<usize> {
+        match self {
+            Node::Arr(a) => Some(a.len()),
+            Node::Ints(a) => Some(a.len()),
+            Node::Nums(a) => Some(a.len()),
+            _ => None,
+        }
+    }
+    /// Element `i` of an array of numbers as a non-negative integer: `Some(None)` for another
+    /// element, `None` when this is no such array or `i` is out of range.
+    pub(crate) fn u64_at(&self, i: usize) -> Option<Option<u64>> {
+        match self {
+            Node::Ints(a) => a.get(i).map(|&u| Some(u)),
+            Node::Nums(a) => a.get(i).map(Number::as_u64),
+            Node::Arr(a) => a.get(i).map(Node::as_u64),
+            _ => None,
+        }
+    }
 }
 
 impl<'de> serde::de::Deserialize<'de> for Node {
@@ -300,17 +313,14 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
         Ok(Node::Bool(b))
     }
     fn visit_i64<E>(self, i: i64) -> Result<Node, E> {
-        Ok(Node::Num(if i < 0 { -1.0 } else { i as f64 }))
+        Ok(Node::Number(Number::from(i)))
     }
     fn visit_u64<E>(self, u: u64) -> Result<Node, E> {
-        Ok(Node::Num(if u > EXACT {
-            (EXACT * 2) as f64
-        } else {
-            u as f64
-        }))
+        Ok(Node::Number(Number::from(u)))
     }
     fn visit_f64<E>(self, f: f64) -> Result<Node, E> {
-        Ok(Node::Num(f))
+        // serde_json hands only finite floats here.
+        Ok(Number::from_f64(f).map_or(Node::Null, Node::Number))
     }
     fn visit_str<E>(self, s: &str) -> Result<Node, E> {
         Ok(Node::Str(s.into()))
@@ -325,12 +335,25 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
         Ok(Node::Null)
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
-        let mut nums: Vec<f64> = Vec::new();
+        // As compact as the elements allow: integers, then numbers, then anything.
+        let mut ints: Vec<u64> = Vec::new();
+        let mut nums: Option<Vec<Number>> = None;
         while let Some(x) = seq.next_element::<Node>()? {
-            match x {
-                Node::Num(f) => nums.push(f),
-                other => {
-                    let mut nodes: Vec<Node> = nums.into_iter().map(Node::Num).collect();
+            match (x, &mut nums) {
+                (Node::Number(n), None) => match n.as_u64() {
+                    Some(u) => ints.push(u),
+                    None => {
+                        let mut v: Vec<Number> = ints.drain(..).map(Number::from).collect();
+                        v.push(n);
+                        nums = Some(v);
+                    }
+                },
+                (Node::Number(n), Some(v)) => v.push(n),
+                (other, _) => {
+                    let mut nodes: Vec<Node> = match nums.take() {
+                        Some(v) => v.into_iter().map(Node::Number).collect(),
+                        None => ints.drain(..).map(|u| Node::Number(u.into())).collect(),
+                    };
                     nodes.push(other);
                     while let Some(y) = seq.next_element::<Node>()? {
                         nodes.push(y);
@@ -340,8 +363,16 @@ impl<'de> serde::de::Visitor<'de> for NodeVisitor {
                 }
             }
         }
-        nums.shrink_to_fit();
-        Ok(Node::Nums(nums))
+        Ok(match nums {
+            Some(mut v) => {
+                v.shrink_to_fit();
+                Node::Nums(v)
+            }
+            None => {
+                ints.shrink_to_fit();
+                Node::Ints(ints)
+            }
+        })
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut kv = Vec::new();
