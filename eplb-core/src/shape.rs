@@ -95,7 +95,11 @@ impl Shape {
         if ranks == 0 {
             return Err(Error::ZeroDimension { what: "ranks" });
         }
-        let total = u32::from(experts) + redundant;
+        let total = u32::from(experts)
+            .checked_add(redundant)
+            .ok_or(Error::Overflow {
+                what: "experts + redundant",
+            })?;
         if !total.is_multiple_of(u32::from(ranks)) {
             return Err(Error::RedundancyNotDivisible {
                 experts,
@@ -194,6 +198,16 @@ mod tests {
         assert_eq!(s.placement_len(), 58 * 288);
         let s = Shape::from_redundant(26, 64, 8, 8).unwrap();
         assert_eq!(s.slots_per_rank(), 9);
+    }
+
+    #[test]
+    fn a_redundant_count_near_u32_max_is_an_error_not_an_overflow() {
+        assert_eq!(
+            Shape::from_redundant(1, 8, 4, u32::MAX),
+            Err(Error::Overflow {
+                what: "experts + redundant"
+            })
+        );
     }
 
     #[test]

@@ -220,6 +220,14 @@ pub enum Error {
         /// The kind of failure (`syntax error`, `unexpected end of input`, ...).
         kind: &'static str,
     },
+    /// A JSON array is longer than any dimension of the format may be (checked while scanning,
+    /// before the document is built).
+    ArrayTooLong {
+        /// Byte offset of the array's `[`.
+        offset: usize,
+        /// The most elements an array may hold.
+        limit: usize,
+    },
     /// An object holds the same key twice (strict readers refuse it: which one counts would be
     /// a guess).
     DuplicateKey {
@@ -504,6 +512,10 @@ impl fmt::Display for Error {
             Error::Json { line, column, kind } => {
                 write!(f, "line {line}, column {column}: JSON {kind}")
             }
+            Error::ArrayTooLong { offset, limit } => write!(
+                f,
+                "byte {offset}: an array of more than {limit} elements (more layers, experts, ranks or windows than a u16 index holds)"
+            ),
             Error::DuplicateKey { line, column, key } => {
                 write!(f, "line {line}, column {column}: duplicate key {key}")
             }

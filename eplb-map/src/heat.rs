@@ -7,6 +7,13 @@
 //! | [plain array](HeatFormat::Plain) | `[L][N]` | `>= 0`, may be fractional |
 //! | [vLLM-Ascend slot loads](HeatFormat::SlotLoads) | `[L][R][S]` (or `[W][L][R][S]`) | `>= 0`; folded through a placement |
 //!
+//! **Parsing:** arrays are counted while scanning the bytes, and an array of more than 65535
+//! elements is refused before anything is built (every dimension is a `u16`); the document is
+//! then built compactly (an array of non-negative integers as one `Vec<u64>`, other numbers as
+//! `serde_json::Number`s), so memory stays a small multiple of the file (about 4x for the parse
+//! at one digit a number). A leading UTF-8 byte
+//! order mark is skipped; JSON errors keep serde's reason.
+//!
 //! **Storage:** every format becomes windows x layers x experts of `f64` ([`Heat::as_slice`]).
 //! Integer counts are exact: an integer above 2^53 is an error, so every count, and every sum of
 //! up to 1024 windows of counts below 2^43, is an exact `f64`. [`Heat::is_integral`] says whether
@@ -22,8 +29,10 @@ use core::fmt;
 use std::string::String;
 use std::vec::Vec;
 
+use serde_json::Number;
+
+use crate::json::Node;
 use eplb_core::Placement;
-use serde_json::{Map, Value};
 
 use crate::{Axis, Error, Position, ShortText};
 
@@ -281,13 +290,13 @@ impl Heat {
 /// Which of the heat formats `bytes` holds (used by `eplb plan --loads FILE`). Parses the whole
 /// document; contents are not checked.
 pub fn sniff(bytes: &[u8]) -> Result<HeatFormat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     detect(&v)
 }
 
-fn detect(v: &Value) -> Result<HeatFormat, Error> {
+fn detect(v: &Node) -> Result<HeatFormat, Error> {
     match v {
-        Value::Object(o) => {
+        o @ Node::Obj(_) => {
             if let Some(tag) = o.get("format") {
                 return match tag.as_str() {
                     Some(TRACE_FORMAT) => Ok(HeatFormat::Trace),
@@ -301,10 +310,10 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
                     }),
                 };
             }
-            if o.contains_key("logical_count") {
+            if o.get("logical_count").is_some() {
                 return Ok(HeatFormat::Sglang);
             }
-            if o.contains_key("counts") {
+            if o.get("counts").is_some() {
                 return Err(Error::MissingKey {
                     at: Position::root(),
                     key: "format",
@@ -314,7 +323,7 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
                 found: "an object without \"format\" or \"logical_count\"",
             })
         }
-        Value::Array(_) => match depth(v) {
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => match depth(v) {
             2 => Ok(HeatFormat::Plain),
             3 | 4 => Ok(HeatFormat::SlotLoads),
             0 | 1 => Err(Error::UnknownFormat {
@@ -331,13 +340,22 @@ fn detect(v: &Value) -> Result<HeatFormat, Error> {
 }
 
 /// Nesting depth along first elements (`[[1]]` is 2; an empty array counts as one level).
-fn depth(mut v: &Value) -> usize {
+fn depth(mut v: &Node) -> usize {
     let mut d = 0;
-    while let Value::Array(a) = v {
-        d += 1;
-        match a.first() {
-            Some(x) => v = x,
-            None => break,
+    loop {
+        match v {
+            Node::Arr(a) => {
+                d += 1;
+                match a.first() {
+                    Some(x) => v = x,
+                    None => break,
+                }
+            }
+            Node::Ints(_) | Node::Nums(_) => {
+                d += 1;
+                break;
+            }
+            _ => break,
         }
     }
     d
@@ -346,7 +364,7 @@ fn depth(mut v: &Value) -> usize {
 /// Reads heat in any of the formats ([`sniff`]). Per-slot loads need `placement` (the one
 /// they were measured on); the other formats ignore it.
 pub fn load_heat(bytes: &[u8], placement: Option<&Placement<'_>>) -> Result<Heat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     let format = detect(&v)?;
     from_value(&v, format, placement)
 }
@@ -357,12 +375,12 @@ pub fn load_heat_as(
     format: HeatFormat,
     placement: Option<&Placement<'_>>,
 ) -> Result<Heat, Error> {
-    let v = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
     from_value(&v, format, placement)
 }
 
 fn from_value(
-    v: &Value,
+    v: &Node,
     format: HeatFormat,
     placement: Option<&Placement<'_>>,
 ) -> Result<Heat, Error> {
@@ -381,12 +399,15 @@ fn from_value(
     }
 }
 
-fn object(v: &Value) -> Result<&Map<String, Value>, Error> {
-    v.as_object().ok_or(Error::WrongType {
-        at: Position::root(),
-        key: "document",
-        expected: "an object",
-    })
+fn object(v: &Node) -> Result<&Node, Error> {
+    match v {
+        Node::Obj(_) => Ok(v),
+        _ => Err(Error::WrongType {
+            at: Position::root(),
+            key: "document",
+            expected: "an object",
+        }),
+    }
 }
 
 fn dim(dims: &[usize], i: usize) -> usize {
@@ -400,24 +421,34 @@ struct NumArray {
 
 /// A rectangular numeric array of exactly `axes.len()` dimensions, flattened row-major.
 fn numeric_array(
-    v: &Value,
+    v: &Node,
     axes: &[Axis],
     name: &'static str,
     integer: bool,
 ) -> Result<NumArray, Error> {
     let mut dims = Vec::with_capacity(axes.len());
-    let mut cur = v;
+    // `None`: the walk reached the numbers of an array of numbers.
+    let mut cur = Some(v);
     let mut at = Position::root();
     for (k, axis) in axes.iter().enumerate() {
         match cur {
-            Value::Array(a) => match a.first() {
+            Some(Node::Arr(a)) => match a.first() {
                 Some(first) => {
                     dims.push(a.len());
-                    cur = first;
+                    cur = Some(first);
                     at = at.with(*axis, 0);
                 }
                 None => return Err(Error::Empty { at, what: name }),
             },
+            Some(n @ (Node::Ints(_) | Node::Nums(_))) => {
+                let len = n.array_len().unwrap_or(0);
+                if len == 0 {
+                    return Err(Error::Empty { at, what: name });
+                }
+                dims.push(len);
+                cur = None;
+                at = at.with(*axis, 0);
+            }
             _ if k == 0 => {
                 return Err(Error::WrongType {
                     at,
@@ -442,7 +473,7 @@ fn numeric_array(
 }
 
 fn walk_array(
-    v: &Value,
+    v: &Node,
     depth: usize,
     at: Position,
     dims: &[usize],
@@ -454,24 +485,47 @@ fn walk_array(
         out.push(leaf(v, at, integer)?);
         return Ok(());
     };
-    let Value::Array(a) = v else {
-        return Err(match v {
-            Value::Null => Error::MissingCount { at },
-            _ => Error::Dimensions {
+    let len = match v {
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => v.array_len().unwrap_or(0),
+        Node::Null => return Err(Error::MissingCount { at }),
+        _ => {
+            return Err(Error::Dimensions {
                 at,
                 expected: axes.len(),
-            },
-        });
+            });
+        }
     };
-    if a.len() != want {
+    if len != want {
         return Err(Error::RaggedArray {
             at,
             expected: want,
-            got: a.len(),
+            got: len,
         });
     }
-    for (i, x) in a.iter().enumerate() {
-        walk_array(x, depth + 1, at.with(*axis, i), dims, axes, integer, out)?;
+    match v {
+        Node::Arr(a) => {
+            for (i, x) in a.iter().enumerate() {
+                walk_array(x, depth + 1, at.with(*axis, i), dims, axes, integer, out)?;
+            }
+        }
+        Node::Ints(_) | Node::Nums(_) if dims.get(depth + 1).is_some() => {
+            // A number where an array was expected.
+            return Err(Error::Dimensions {
+                at: at.with(*axis, 0),
+                expected: axes.len(),
+            });
+        }
+        Node::Ints(a) => {
+            for (i, &u) in a.iter().enumerate() {
+                out.push(int_leaf(u, at.with(*axis, i))?);
+            }
+        }
+        Node::Nums(a) => {
+            for (i, n) in a.iter().enumerate() {
+                out.push(number_leaf(n, at.with(*axis, i), integer)?);
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -493,25 +547,31 @@ fn check_real(f: f64, at: Position, integer: bool) -> Result<f64, Error> {
     Ok(f + 0.0)
 }
 
-fn leaf(v: &Value, at: Position, integer: bool) -> Result<f64, Error> {
+fn int_leaf(u: u64, at: Position) -> Result<f64, Error> {
+    if u > 1 << 53 {
+        return Err(Error::CountTooLarge { at });
+    }
+    Ok(u as f64)
+}
+
+fn number_leaf(n: &Number, at: Position, integer: bool) -> Result<f64, Error> {
+    if let Some(u) = n.as_u64() {
+        int_leaf(u, at)
+    } else if n.as_i64().is_some() {
+        Err(Error::NegativeCount { at })
+    } else {
+        check_real(n.as_f64().unwrap_or(f64::NAN), at, integer)
+    }
+}
+
+fn leaf(v: &Node, at: Position, integer: bool) -> Result<f64, Error> {
     match v {
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                if u > 1 << 53 {
-                    return Err(Error::CountTooLarge { at });
-                }
-                Ok(u as f64)
-            } else if n.as_i64().is_some() {
-                Err(Error::NegativeCount { at })
-            } else {
-                check_real(n.as_f64().unwrap_or(f64::NAN), at, integer)
-            }
-        }
-        Value::Null => Err(Error::MissingCount { at }),
-        Value::String(s) if matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity") => {
+        Node::Number(n) => number_leaf(n, at, integer),
+        Node::Null => Err(Error::MissingCount { at }),
+        Node::Str(s) if matches!(s.as_str(), "NaN" | "Infinity" | "-Infinity") => {
             Err(Error::NonFiniteCount { at })
         }
-        Value::Array(_) => Err(Error::Dimensions {
+        Node::Arr(_) | Node::Ints(_) | Node::Nums(_) => Err(Error::Dimensions {
             at,
             expected: at.axes().count(),
         }),
@@ -519,7 +579,7 @@ fn leaf(v: &Value, at: Position, integer: bool) -> Result<f64, Error> {
     }
 }
 
-fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
+fn trace(obj: &Node) -> Result<Heat, Error> {
     let root = Position::root();
     match obj.get("format") {
         None => {
@@ -528,8 +588,8 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
                 key: "format",
             });
         }
-        Some(Value::String(s)) if s == TRACE_FORMAT => {}
-        Some(Value::String(s)) => {
+        Some(Node::Str(s)) if s == TRACE_FORMAT => {}
+        Some(Node::Str(s)) => {
             return Err(Error::FormatTag {
                 found: ShortText::new(s),
             });
@@ -556,7 +616,7 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
     let mut heat = Heat::build(HeatFormat::Trace, w, l, n, a.values);
     let mut warnings = Vec::new();
 
-    heat.name = obj.get("name").and_then(Value::as_str).map(String::from);
+    heat.name = obj.get("name").and_then(Node::as_str).map(String::from);
     if let Some(v) = obj.get("num_windows")
         && v.as_u64() != Some(w as u64)
     {
@@ -628,15 +688,14 @@ fn trace(obj: &Map<String, Value>) -> Result<Heat, Error> {
     Ok(heat)
 }
 
-fn u64_list(v: &Value, len: usize) -> Option<Vec<u64>> {
-    let a = v.as_array()?;
-    if a.len() != len {
+fn u64_list(v: &Node, len: usize) -> Option<Vec<u64>> {
+    if v.array_len()? != len {
         return None;
     }
-    a.iter().map(Value::as_u64).collect()
+    (0..len).map(|i| v.u64_at(i).flatten()).collect()
 }
 
-fn sglang(obj: &Map<String, Value>) -> Result<Heat, Error> {
+fn sglang(obj: &Node) -> Result<Heat, Error> {
     let root = Position::root();
     let lc = obj.get("logical_count").ok_or(Error::MissingKey {
         at: root,
@@ -690,7 +749,7 @@ fn sglang(obj: &Map<String, Value>) -> Result<Heat, Error> {
     Ok(heat)
 }
 
-fn slot_loads(v: &Value, placement: &Placement<'_>) -> Result<Heat, Error> {
+fn slot_loads(v: &Node, placement: &Placement<'_>) -> Result<Heat, Error> {
     let shape = placement.shape();
     let four = depth(v) >= 4;
     let a = if four {

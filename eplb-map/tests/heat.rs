@@ -363,6 +363,22 @@ fn a_short_input_cannot_ask_for_a_huge_allocation() {
     text.push_str("0]]");
     text.push_str(&",[]".repeat(200_000));
     text.push_str("]}");
+    // Refused while scanning, before anything is built: no array may be longer than a u16
+    // index reaches.
+    assert_eq!(
+        load_heat(text.as_bytes(), None).unwrap_err(),
+        Error::ArrayTooLong {
+            offset: 40,
+            limit: 65535
+        }
+    );
+    // Within the array limit, the ragged second window is found without trusting the first
+    // row's sizes (60000 experts x 60001 windows would be 3.6e9 values).
+    let mut text = String::from(r#"{"format": "eplb-trace/v1", "counts": [[["#);
+    text.push_str(&"0,".repeat(59_999));
+    text.push_str("0]]");
+    text.push_str(&",[]".repeat(60_000));
+    text.push_str("]}");
     assert_eq!(
         load_heat(text.as_bytes(), None).unwrap_err(),
         Error::RaggedArray {

@@ -320,8 +320,9 @@ pub struct BufferLens {
 }
 
 /// Checks `shape` against the supported range ([`MAX_RANKS`], [`MAX_SLOTS_PER_LAYER`]) and
-/// the policy's [`Policy::check_shape`], then the buffer sizes of `policy` against [`MAX_BUFFER_BYTES`], with checked arithmetic, and
-/// returns the sizes; call it before allocating. [`rebalance`] applies the same range check.
+/// the policy's [`Policy::check_shape`], then the buffer sizes of `policy` against
+/// [`MAX_BUFFER_BYTES`] with checked arithmetic, and returns the sizes; call it before
+/// allocating. [`rebalance`] applies the same range check.
 pub fn buffer_lens<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> Result<BufferLens, Error> {
     check_range(shape)?;
     policy.check_shape(shape)?;

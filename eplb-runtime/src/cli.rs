@@ -11,7 +11,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Layout, Placement, Shape};
-use eplb_map::heat::{Heat, HeatFormat, load_heat, sniff};
+use eplb_map::heat::{Heat, load_heat};
 use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
 use eplb_policies::PolicyKind;
 use serde_json::json;
@@ -52,6 +52,19 @@ impl Io {
     fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
         crate::fsio::read_bounded(path, self.limit).map_err(|e| format!("{}: {e}", path.display()))
     }
+}
+
+/// One line on standard error; a closed or full stderr is ignored (there is nowhere left to
+/// report it), never a panic as `eprintln!` would.
+macro_rules! errln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
 }
 
 /// Appends one line to the command's standard output.
@@ -390,14 +403,14 @@ fn finish(result: Result<ExitCode, String>, out: &[u8]) -> ExitCode {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
         Err(e) => {
-            eprintln!("error: stdout: {e}");
+            errln!("error: stdout: {e}");
             return ExitCode::FAILURE;
         }
     }
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -452,7 +465,7 @@ fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String>
     }
     if map.colocated_rows() > 0 {
         let rows = crate::modes::colocated_row_list(map.placement().as_slice(), &map.shape());
-        eprintln!(
+        errln!(
             "warning: {}: {} device rows hold an expert twice ({rows}); the policy plans from a servable copy",
             path.display(),
             map.colocated_rows()
@@ -463,7 +476,7 @@ fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String>
 
 fn warn_heat(heat: &Heat, path: &Path) {
     for w in heat.warnings() {
-        eprintln!("warning: {}: {w}", path.display());
+        errln!("warning: {}: {w}", path.display());
     }
 }
 
@@ -477,14 +490,14 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     a.cost.resolve()?;
     let bytes = io.read(&a.loads)?;
     let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
-    let format = sniff(&bytes).map_err(|e| format!("{}: {e}", a.loads.display()))?;
-    if format == HeatFormat::SlotLoads {
-        return Err(format!(
+    // One parse: per-slot loads are the one format that needs a placement.
+    let heat = load_heat(&bytes, None).map_err(|e| match e {
+        eplb_map::Error::NeedsPlacement => format!(
             "{}: per-slot loads need a placement; use `eplb hotness` or convert to [L][N]",
             a.loads.display()
-        ));
-    }
-    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.loads.display()))?;
+        ),
+        e => format!("{}: {e}", a.loads.display()),
+    })?;
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
     let current = match &a.current {
@@ -519,7 +532,7 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
             None => format!("policy {}: {e}", kind.name()),
         })?;
     if plan.summary.colocated_rows > 0 {
-        eprintln!(
+        errln!(
             "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",
             plan.summary.colocated_rows
         );
@@ -633,7 +646,7 @@ fn validate(a: &ValidateArgs, io: &mut Io) -> Result<ExitCode, String> {
     match report.map {
         Some(map) if report.errors.is_empty() => {
             for w in map.warnings() {
-                eprintln!("warning: {}: {w}", a.map.display());
+                errln!("warning: {}: {w}", a.map.display());
             }
             let s = map.shape();
             outln!(
@@ -650,10 +663,10 @@ fn validate(a: &ValidateArgs, io: &mut Io) -> Result<ExitCode, String> {
         }
         _ => {
             for e in &report.errors {
-                eprintln!("error: {}: {e}", a.map.display());
+                errln!("error: {}: {e}", a.map.display());
             }
             if report.truncated {
-                eprintln!("error: {}: more problems not listed", a.map.display());
+                errln!("error: {}: more problems not listed", a.map.display());
             }
             Ok(ExitCode::FAILURE)
         }
@@ -684,7 +697,7 @@ fn check_config(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> {
         Ok(c) => c,
         Err(errors) => {
             for m in errors.messages() {
-                eprintln!("error: {}: {m}", a.file.display());
+                errln!("error: {}: {m}", a.file.display());
             }
             return Ok(ExitCode::FAILURE);
         }
@@ -694,11 +707,11 @@ fn check_config(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> {
     if let (Some(n), Some(r), None) = (a.experts, a.ranks, cfg.expert_map_path())
         && let Err(e) = cfg.check_shape(n, r)
     {
-        eprintln!("error: {}: {e}", a.file.display());
+        errln!("error: {}: {e}", a.file.display());
         return Ok(ExitCode::FAILURE);
     }
     for w in cfg.warnings() {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
     outln!(io, "{}: valid", a.file.display());
     outln!(io, "{}", cfg.summary());
@@ -712,7 +725,7 @@ fn hotness(a: &HotnessArgs, io: &mut Io) -> Result<ExitCode, String> {
     let map = read_map_json(&io.read(&a.map)?, &ReadOptions::lenient())
         .map_err(|e| format!("{}: {e}", a.map.display()))?;
     for w in map.warnings() {
-        eprintln!("warning: {}: {w}", a.map.display());
+        errln!("warning: {}: {w}", a.map.display());
     }
     let shape = map.shape();
     let placement = map.placement().view().map_err(|e| e.to_string())?;
@@ -847,7 +860,8 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         if tty && started.elapsed().as_secs_f64() > 1.0 {
             let width = 30;
             let filled = done * width / total.max(1);
-            eprint!(
+            let _ = write!(
+                std::io::stderr(),
                 "\r[{}{}] {done}/{total} windows",
                 "=".repeat(filled),
                 " ".repeat(width - filled)
@@ -858,7 +872,7 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     };
     let r = simulate(&trace, &cfg, &mut progress)?;
     if shown {
-        eprintln!();
+        errln!();
     }
     if let Some(path) = &a.placements_log {
         write_placements_log(path, &r, policy.name(), heat.name())?;
@@ -888,9 +902,10 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
                 r.plan_failures, r.plans
             ));
         }
-        eprintln!(
+        errln!(
             "warning: {} of {} plans failed (the placement stayed as it was for them): {why}",
-            r.plan_failures, r.plans
+            r.plan_failures,
+            r.plans
         );
     }
     Ok(ExitCode::SUCCESS)

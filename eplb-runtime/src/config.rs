@@ -768,6 +768,13 @@ impl Parser {
                 self.errs.push(unreadable("is a directory".to_owned()));
                 return false;
             }
+            // Opening a FIFO would wait for a writer; a device may never end.
+            Ok(m) if !m.is_file() => {
+                self.errs.push(unreadable(
+                    "not a regular file (a FIFO, a device or a socket)".to_owned(),
+                ));
+                return false;
+            }
             Ok(_) => {}
         }
         if let Err(e) = std::fs::File::open(path) {
@@ -896,13 +903,24 @@ impl Parser {
         }
     }
 
-    /// Checks that the record path's parent directory exists (nothing to check for a bare file
-    /// name): a missing directory is an error at start-up, not a failed write at the first
-    /// plan, and nothing is created.
+    /// Checks that the record path is not the map path and that its parent directory exists
+    /// (nothing to check for a bare file name): a missing directory is an error at start-up,
+    /// not a failed write at the first plan, and nothing is created.
     fn check_record_dir(&mut self) {
         let Some(path) = self.cfg.expert_map_record_path.as_deref() else {
             return;
         };
+        // Recording over the map the run starts from would destroy it.
+        if let Some(map) = self.cfg.expert_map_path.as_deref()
+            && (map == path || crate::fsio::same_file(map, path))
+        {
+            self.errs.push(ConfigError::RecordPath {
+                path: path.to_owned(),
+                message: "is expert_map_path; recording would overwrite the map it starts from"
+                    .to_owned(),
+            });
+            return;
+        }
         let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
             return;
         };

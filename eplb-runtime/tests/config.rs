@@ -824,3 +824,23 @@ fn process_env_reads_this_process() {
     );
     assert_eq!(ProcessEnv.var("EPLB_SURELY_UNSET_VARIABLE_1234"), None);
 }
+
+#[test]
+fn record_path_equal_to_the_map_path_is_refused() {
+    let tmp = TempDir::new("recmap");
+    let map = tmp.path().join("map.json");
+    std::fs::write(&map, "{}").unwrap();
+    for record in ["{TMP}/map.json", "{TMP}/./map.json"] {
+        let text = tmp.json(&format!(
+            "{{\"expert_map_path\": \"{{TMP}}/map.json\", \"expert_map_record_path\": \"{record}\"}}"
+        ));
+        let e = parse(&text, &GUARD).unwrap_err();
+        assert_eq!(
+            e.messages(),
+            vec![tmp.msg(&format!(
+                "eplb_config.expert_map_record_path: \"{record}\": is expert_map_path; recording would overwrite the map it starts from"
+            ))]
+        );
+    }
+    assert_eq!(std::fs::read(&map).unwrap(), b"{}");
+}

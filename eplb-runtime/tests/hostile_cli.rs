@@ -47,7 +47,7 @@ fn commands_reading(input: &str, dir: &Path) -> Vec<Vec<String>> {
         "--policy",
         "default",
     ];
-    let mut with = |extra: &[&str]| {
+    let with = |extra: &[&str]| {
         let mut x = v(&plan);
         x.extend(v(extra));
         x
@@ -651,5 +651,60 @@ fn degenerate_options_get_their_own_message() {
         "{}",
         stderr(&o)
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_config_naming_a_fifo_or_a_device_as_its_map_is_refused_at_once() {
+    let dir = tmp("cfgfifo");
+    let fifo = dir.join("map.json");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let zero = dir.join("zero.json");
+    let _ = std::fs::remove_file(&zero);
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for map in [fifo.to_str().unwrap(), zero.to_str().unwrap()] {
+        let cfg = dir.join("cfg.json");
+        std::fs::write(
+            &cfg,
+            format!("{{\"eplb_config\": {{\"expert_map_path\": {map:?}}}}}"),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let o = eplb(&["check-config", cfg.to_str().unwrap()]);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_closed_stderr_never_panics() {
+    let dir = tmp("stderr");
+    let loads = loads_file(&dir);
+    let l = loads.to_str().unwrap();
+    // An error, and a warning followed by output, with both streams closed early.
+    for (args, code) in [
+        (plan_args("/dev/zero", "2", "0", "default"), 1),
+        (plan_args(l, "2", "0", "default"), 0),
+    ] {
+        let mut child = bin()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?}");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }

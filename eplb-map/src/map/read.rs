@@ -4,8 +4,8 @@ use std::string::String;
 use std::vec::Vec;
 
 use eplb_core::{LayerPlacement, Placement, Shape};
-use serde_json::{Map, Value};
 
+use crate::json::Node;
 use crate::{Axis, Error, OwnedPlacement, Position, ShortText, Warning};
 
 /// What the caller knows about the model, and how to treat co-located copies.
@@ -225,7 +225,12 @@ impl Sink {
 
 fn run(bytes: &[u8], opts: &ReadOptions, sink: &mut Sink) -> Option<MapFile> {
     let bytes = crate::json::skip_bom(bytes);
-    let value: Value = match serde_json::from_slice(bytes) {
+    if let Err(e) = crate::json::check_array_lengths(bytes, crate::json::MAX_ARRAY_LEN) {
+        let _ = sink.push(e);
+        return None;
+    }
+    // The compact document: an expert map's rows are arrays of integers, 8 bytes an id.
+    let value: Node = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
             let _ = sink.push(crate::json::syntax(&e));
@@ -241,7 +246,7 @@ fn run(bytes: &[u8], opts: &ReadOptions, sink: &mut Sink) -> Option<MapFile> {
 
 /// `Some(u64)` for a non-negative integer, after reporting missing keys and wrong types.
 fn get_u64(
-    obj: &Map<String, Value>,
+    obj: &Node,
     at: Position,
     key: &'static str,
     sink: &mut Sink,
@@ -265,45 +270,54 @@ fn get_u64(
     }
 }
 
+/// A non-empty array (`Node::Arr`, `Ints` or `Nums`), after reporting missing keys and wrong
+/// types.
 fn get_array<'v>(
-    obj: &'v Map<String, Value>,
+    obj: &'v Node,
     at: Position,
     key: &'static str,
     sink: &mut Sink,
-) -> Result<Option<&'v Vec<Value>>, Stop> {
+) -> Result<Option<&'v Node>, Stop> {
     match obj.get(key) {
         None => {
             sink.push(Error::MissingKey { at, key })?;
             Ok(None)
         }
-        Some(Value::Array(a)) => {
-            if a.is_empty() {
+        Some(a) => match a.array_len() {
+            Some(0) => {
                 sink.push(Error::Empty { at, what: key })?;
                 Ok(None)
-            } else {
-                Ok(Some(a))
             }
-        }
-        Some(_) => {
-            sink.push(Error::WrongType {
-                at,
-                key,
-                expected: "an array",
-            })?;
-            Ok(None)
-        }
+            Some(_) => Ok(Some(a)),
+            None => {
+                sink.push(Error::WrongType {
+                    at,
+                    key,
+                    expected: "an array",
+                })?;
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// Element `i` of an array: `None` for a number (an array of numbers holds no nodes).
+fn element(a: &Node, i: usize) -> Option<&Node> {
+    match a {
+        Node::Arr(v) => v.get(i),
+        _ => None,
     }
 }
 
 fn get_object<'v>(
-    v: &'v Value,
+    v: Option<&'v Node>,
     at: Position,
     key: &'static str,
     sink: &mut Sink,
-) -> Result<Option<&'v Map<String, Value>>, Stop> {
-    match v.as_object() {
-        Some(o) => Ok(Some(o)),
-        None => {
+) -> Result<Option<&'v Node>, Stop> {
+    match v {
+        Some(o @ Node::Obj(_)) => Ok(Some(o)),
+        _ => {
             sink.push(Error::WrongType {
                 at,
                 key,
@@ -314,14 +328,15 @@ fn get_object<'v>(
     }
 }
 
-/// Reports keys outside `allowed` (in the map's sorted order, so deterministically).
-fn check_keys(
-    obj: &Map<String, Value>,
-    at: Position,
-    allowed: &[&str],
-    sink: &mut Sink,
-) -> Result<(), Stop> {
-    for k in obj.keys() {
+/// Reports keys outside `allowed` (in sorted order, so deterministically).
+fn check_keys(obj: &Node, at: Position, allowed: &[&str], sink: &mut Sink) -> Result<(), Stop> {
+    let Node::Obj(kv) = obj else {
+        return Ok(());
+    };
+    let mut keys: Vec<&String> = kv.iter().map(|(k, _)| k).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
         if !allowed.contains(&k.as_str()) {
             sink.push(Error::UnknownKey {
                 at,
@@ -334,9 +349,9 @@ fn check_keys(
 
 /// The walk over the document. `Ok(None)` when a structure problem (already reported) keeps the
 /// placement from being built.
-fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Option<MapFile>, Stop> {
+fn walk(root_value: &Node, opts: &ReadOptions, sink: &mut Sink) -> Result<Option<MapFile>, Stop> {
     let root = Position::root();
-    let Some(obj) = get_object(root_value, root, "document", sink)? else {
+    let Some(obj) = get_object(Some(root_value), root, "document", sink)? else {
         return Ok(None);
     };
     check_keys(obj, root, &["moe_layer_count", "layer_list"], sink)?;
@@ -344,12 +359,13 @@ fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Optio
     let Some(layers) = get_array(obj, root, "layer_list", sink)? else {
         return Ok(None);
     };
+    let layer_count = layers.array_len().unwrap_or(0);
     if let Some(d) = declared
-        && d != layers.len() as u64
+        && d != layer_count as u64
     {
         sink.push(Error::LayerCount {
             declared: d,
-            listed: layers.len(),
+            listed: layer_count,
         })?;
     }
 
@@ -357,9 +373,9 @@ fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Optio
     let mut devices0: Option<usize> = None;
     let mut slots0: Option<usize> = None;
     let mut whole = true;
-    for (l, lv) in layers.iter().enumerate() {
+    for l in 0..layer_count {
         let at = root.with(Axis::Layer, l);
-        let Some(lo) = get_object(lv, at, "layer_list element", sink)? else {
+        let Some(lo) = get_object(element(layers, l), at, "layer_list element", sink)? else {
             whole = false;
             continue;
         };
@@ -377,30 +393,32 @@ fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Optio
             whole = false;
             continue;
         };
+        let device_count = devices.array_len().unwrap_or(0);
         if let Some(d) = declared
-            && d != devices.len() as u64
+            && d != device_count as u64
         {
             sink.push(Error::DeviceCount {
                 layer: l,
                 declared: d,
-                listed: devices.len(),
+                listed: device_count,
             })?;
         }
         match devices0 {
-            None => devices0 = Some(devices.len()),
-            Some(r) if r != devices.len() => {
+            None => devices0 = Some(device_count),
+            Some(r) if r != device_count => {
                 sink.push(Error::RaggedLayer {
                     layer: l,
-                    devices: devices.len(),
+                    devices: device_count,
                     expected: r,
                 })?;
                 whole = false;
             }
             Some(_) => {}
         }
-        for (d, dv) in devices.iter().enumerate() {
+        for d in 0..device_count {
             let at = at.with(Axis::Device, d);
-            let Some(dob) = get_object(dv, at, "device_list element", sink)? else {
+            let Some(dob) = get_object(element(devices, d), at, "device_list element", sink)?
+            else {
                 whole = false;
                 continue;
             };
@@ -418,21 +436,22 @@ fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Optio
                 whole = false;
                 continue;
             };
+            let row_len = row.array_len().unwrap_or(0);
             match slots0 {
-                None => slots0 = Some(row.len()),
-                Some(s) if s != row.len() => {
+                None => slots0 = Some(row_len),
+                Some(s) if s != row_len => {
                     sink.push(Error::RaggedRow {
                         layer: l,
                         device: d,
-                        slots: row.len(),
+                        slots: row_len,
                         expected: s,
                     })?;
                     whole = false;
                 }
                 Some(_) => {}
             }
-            for (s, ev) in row.iter().enumerate() {
-                match ev.as_u64() {
+            for s in 0..row_len {
+                match row.u64_at(s).flatten() {
                     Some(e) => match u16::try_from(e) {
                         Ok(e) => flat.push(e),
                         Err(_) => {
@@ -461,8 +480,7 @@ fn walk(root_value: &Value, opts: &ReadOptions, sink: &mut Sink) -> Result<Optio
     let (Some(r), Some(s), true) = (devices0, slots0, whole) else {
         return Ok(None);
     };
-    let l = layers.len();
-    check_contents(&flat, l, r, s, opts, sink)
+    check_contents(&flat, layer_count, r, s, opts, sink)
 }
 
 fn narrow(what: &'static str, v: usize) -> Result<u16, Error> {

@@ -61,17 +61,29 @@ pub fn assert_rebalance_allocation_free<P: Policy>(
     windows: usize,
     changes: bool,
 ) {
-    for (shape, spread) in [
-        (Shape::with_topology(58, 256, 32, 9, 8, 8).unwrap(), 1009),
+    for (shape, spread, colocated) in [
+        (
+            Shape::with_topology(58, 256, 32, 9, 8, 8).unwrap(),
+            1009,
+            false,
+        ),
         (
             Shape::with_topology(58, 256, 64, 5, 8, 8).unwrap(),
             1_000_003,
+            false,
         ),
-        (Shape::new(4, 64, 8, 9).unwrap(), 7),
+        (Shape::new(4, 64, 8, 9).unwrap(), 7, false),
+        // A current placement with co-located copies (as DeepSeek writes them): the checked
+        // call's servable copy of it is carved from the scratch too.
+        (Shape::new(4, 64, 8, 9).unwrap(), 7, true),
     ] {
         let mut policy = make();
         let mut current = vec![0u16; shape.placement_len()];
         Layout::Default.fill(&shape, &mut current).unwrap();
+        if colocated {
+            colocate(&shape, &mut current);
+            assert!(Placement::new(shape, &current).unwrap().colocated_rows() > 0);
+        }
         let loads: Vec<f64> = (0..shape.loads_len())
             .map(|i| ((i * 7919) % spread) as f64 + 0.5)
             .collect();
@@ -117,4 +129,17 @@ pub fn assert_rebalance_allocation_free<P: Policy>(
     let (n, v) = allocations(|| std::hint::black_box(vec![1u8; 16]));
     drop(v);
     assert!(n > 0);
+}
+
+/// Puts a second copy of a row's first expert on that row, in every layer, over a slot whose
+/// expert has another copy (so the placement stays structurally valid).
+fn colocate(shape: &Shape, current: &mut [u16]) {
+    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
+    for layer in current.chunks_exact_mut(per) {
+        let mut copies = vec![0usize; shape.experts()];
+        layer.iter().for_each(|&e| copies[usize::from(e)] += 1);
+        if let Some(j) = (0..per).find(|&j| j % s != 0 && copies[usize::from(layer[j])] > 1) {
+            layer[j] = layer[j - j % s];
+        }
+    }
 }

@@ -122,8 +122,8 @@ pub enum ConfigError {
         /// The validator's description.
         message: String,
     },
-    /// `expert_map_record_path` cannot be used: it is a directory or its parent directory
-    /// cannot be created.
+    /// `expert_map_record_path` cannot be used: it is a directory, its parent directory does
+    /// not exist, or it is `expert_map_path`.
     RecordPath {
         /// The path given.
         path: PathBuf,
