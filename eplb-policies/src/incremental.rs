@@ -27,9 +27,9 @@
 //!    *swap* an expert of `p` with one of `q` (2 fetches), or *replicate* an expert of `p` onto
 //!    `q` over a copy of an expert that has another copy elsewhere (1 fetch; this is how replica
 //!    counts follow the heat). A move is taken only if no rank it touches ends above
-//!    `load(p) - gain_per_fetch * mean * fetches`; so every move pays, the sorted load vector
-//!    falls lexicographically, and the search stops by itself. A per-layer budget caps the
-//!    fetches. A layer whose heaviest rank cannot be lowered enough is left as it is.
+//!    `load(p) - min_gain * mean * fetches`; so every move pays, the sorted load vector
+//!    falls lexicographically, and the search stops by itself. A per-layer budget
+//!    (`max_fetch_fraction`) and a per-call budget (`max_fetches`) cap the fetches. A layer whose heaviest rank cannot be lowered enough is left as it is.
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -77,14 +77,18 @@ const PAST: usize = 8;
 const ROWS: usize = MAX_WINDOWS + PAST;
 
 use crate::arena::{Arena, Words};
+use crate::params::{self, ParamError, ParamInfo};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// Tuning of [`Incremental`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
-    /// A move must lower the heaviest rank by at least this fraction of the mean rank load per
-    /// weight fetch.
-    pub gain_per_fetch: f64,
+    /// `min_gain`: a move must lower the heaviest rank by at least this fraction of the mean
+    /// rank load per weight fetch; a move that gains less per fetch is not taken.
+    pub min_gain: f64,
+    /// `max_fetches`: at most this many weight fetches per call, over all layers (planned in
+    /// order, so the first layers are served first). The default, `usize::MAX`, sets no cap.
+    pub max_fetches: usize,
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
@@ -114,7 +118,8 @@ impl Default for Params {
     /// fetched 12% more).
     fn default() -> Self {
         Self {
-            gain_per_fetch: 0.01,
+            min_gain: 0.01,
+            max_fetches: usize::MAX,
             max_fetch_fraction: 1.0,
             partners: usize::MAX,
             shift_threshold: 2.5,
@@ -123,6 +128,69 @@ impl Default for Params {
             movers: 16,
             workload_weight: 0.5,
         }
+    }
+}
+
+/// The parameters of [`Params::set`], in order.
+pub const PARAMS: [ParamInfo; 9] = [
+    ParamInfo {
+        name: "min_gain",
+        range: ">= 0",
+    },
+    ParamInfo {
+        name: "max_fetches",
+        range: "an integer >= 0",
+    },
+    ParamInfo {
+        name: "max_fetch_fraction",
+        range: "in (0, 1]",
+    },
+    ParamInfo {
+        name: "partners",
+        range: "an integer >= 1",
+    },
+    ParamInfo {
+        name: "movers",
+        range: "an integer >= 1",
+    },
+    ParamInfo {
+        name: "shift_threshold",
+        range: ">= 0",
+    },
+    ParamInfo {
+        name: "history_windows",
+        range: ">= 0",
+    },
+    ParamInfo {
+        name: "workload_weight",
+        range: ">= 0",
+    },
+    ParamInfo {
+        name: "z",
+        range: ">= 0",
+    },
+];
+
+impl Params {
+    /// Sets the parameter `key` (one of [`PARAMS`], named as the field) to `value`, checking
+    /// its range.
+    pub fn set<'k>(&mut self, key: &'k str, value: f64) -> Result<(), ParamError<'k>> {
+        let info = params::find(&PARAMS, PolicyKind::Incremental, key)?;
+        let at_least_0 = |v: f64| params::real(info, v, v >= 0.0);
+        match info.name {
+            "min_gain" => self.min_gain = at_least_0(value)?,
+            "max_fetches" => self.max_fetches = params::whole(info, value, 0.0)?,
+            "max_fetch_fraction" => {
+                self.max_fetch_fraction = params::real(info, value, value > 0.0 && value <= 1.0)?
+            }
+            "partners" => self.partners = params::whole(info, value, 1.0)?,
+            "movers" => self.movers = params::whole(info, value, 1.0)?,
+            "shift_threshold" => self.shift_threshold = at_least_0(value)?,
+            "history_windows" => self.history_windows = at_least_0(value)?,
+            "workload_weight" => self.workload_weight = at_least_0(value)?,
+            _ => self.z = at_least_0(value)?,
+        }
+        Ok(())
     }
 }
 
@@ -146,6 +214,11 @@ impl Incremental {
     /// The parameters.
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The parameters, to change ([`Params::set`]).
+    pub fn params_mut(&mut self) -> &mut Params {
+        &mut self.params
     }
 }
 
@@ -371,6 +444,7 @@ impl Policy for Incremental {
         let mut arena = Arena::new(scratch);
         let mut w = Work::carve(&mut arena, &shape)?;
         let (n, per) = (shape.experts(), shape.slots_per_layer());
+        let mut fetches_left = self.params.max_fetches;
         for (l, row) in out.chunks_exact_mut(per).enumerate() {
             let (Some(he), Some(hn), Some(pa), Some(pm)) = (
                 hist_est.get_mut(l * n..(l + 1) * n),
@@ -392,7 +466,7 @@ impl Policy for Incremental {
             w.stride = windows + past_rows;
             estimate(input, l, &self.params, &mut w, he, hn);
             workload_spread(&self.params, &mut w, pa, pm);
-            search(&shape, &self.params, &mut w, row);
+            search(&shape, &self.params, &mut w, row, fetches_left);
             // An expert that left a rank and came back sits in its old slot again.
             let s = shape.slots_per_rank();
             let old = current
@@ -402,6 +476,9 @@ impl Policy for Incremental {
             for (o, nrow) in old.chunks_exact(s).zip(row.chunks_exact_mut(s)) {
                 crate::common::keep_slots(o, nrow, w.keep)?;
             }
+            // The search counted at least the slots that changed, so this stays within the cap.
+            let fetched = old.iter().zip(row.iter()).filter(|(a, b)| a != b).count();
+            fetches_left = fetches_left.saturating_sub(fetched);
         }
         Ok(())
     }
@@ -1041,7 +1118,7 @@ impl Work<'_> {
 type Candidate = (f64, usize, usize, usize, usize, bool);
 
 /// The local search on one layer `row` (`[R][S]`), in place.
-fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
+fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16], fetches_left: usize) {
     let (r, s, n) = (shape.ranks(), shape.slots_per_rank(), shape.experts());
     let ranks = w.rr;
     let rr = &ranks;
@@ -1110,7 +1187,9 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
             *x = libm::sqrt(g.max(0.0));
         }
     }
-    let budget = ((p.max_fetch_fraction * (r * s) as f64) as usize).max(2);
+    let budget = ((p.max_fetch_fraction * (r * s) as f64) as usize)
+        .max(2)
+        .min(fetches_left);
     let partners = p.partners.clamp(1, r - 1);
     let kz = if w.t < 2 {
         0.0
@@ -1129,7 +1208,7 @@ fn search(shape: &Shape, p: &Params, w: &mut Work<'_>, row: &mut [u16]) {
         let hp = usize::from(heavy);
         let lp = w.val.get(hp).copied().unwrap_or(0.0);
         let lp_mu = w.load.get(hp).copied().unwrap_or(0.0);
-        let floor_gain = p.gain_per_fetch * mean;
+        let floor_gain = p.min_gain * mean;
         let syy_p = w.syy.get(hp).copied().unwrap_or(0.0);
         w.cp.fill(f64::NAN);
         let mut best: Option<Candidate> = None;
@@ -1693,9 +1772,7 @@ fn score(
     best: &mut Option<Candidate>,
 ) {
     // The move must bring every rank it touches below this.
-    let needed = best.map_or(p.gain_per_fetch * mean, |c| {
-        c.0.max(p.gain_per_fetch * mean)
-    });
+    let needed = best.map_or(p.min_gain * mean, |c| c.0.max(p.min_gain * mean));
     let bar = lp - needed * cost as f64;
     // Loads alone bound the values from below: most candidates fail on them cheaply.
     let mut worst = f64::MIN;
@@ -1723,7 +1800,7 @@ fn score(
         return;
     }
     let gain = (lp - worst) / cost as f64;
-    if gain < p.gain_per_fetch * mean {
+    if gain < p.min_gain * mean {
         return;
     }
     if best.is_none_or(|c| gain > c.0) {
@@ -1757,6 +1834,17 @@ mod tests {
     /// Runs `cycles` cycles of the policy from a permuted default layout with replicas, on
     /// pseudo-random per-window loads with a few hot experts, and returns every output.
     fn outputs(shape: Shape, windows: usize, cycles: usize, seed: u64) -> vec::Vec<u16> {
+        outputs_with(Params::default(), shape, windows, cycles, seed)
+    }
+
+    /// [`outputs`] with `params`.
+    fn outputs_with(
+        params: Params,
+        shape: Shape,
+        windows: usize,
+        cycles: usize,
+        seed: u64,
+    ) -> vec::Vec<u16> {
         let mut x = seed | 1;
         let mut next = move || {
             x ^= x << 13;
@@ -1768,10 +1856,10 @@ mod tests {
         eplb_core::Layout::Default
             .fill(&shape, &mut current)
             .unwrap();
-        let mut policy = Incremental::new();
+        let mut policy = Incremental::with_params(params);
         let mut scratch = vec![0u64; policy.scratch_len(&shape)];
         let mut state = vec![0u64; policy.state_len(&shape)];
-        let mut all = vec::Vec::new();
+        let mut all = current.clone();
         for _ in 0..cycles {
             let n = shape.experts();
             let hot: vec::Vec<f64> = (0..shape.loads_len())
@@ -1804,6 +1892,62 @@ mod tests {
             current = out;
         }
         all
+    }
+
+    /// Slots that differ between consecutive placements of `all` (each `len` long).
+    fn fetches_per_call(all: &[u16], len: usize) -> vec::Vec<usize> {
+        let calls: vec::Vec<&[u16]> = all.chunks_exact(len).collect();
+        calls
+            .windows(2)
+            .map(|w| w[0].iter().zip(w[1]).filter(|(a, b)| a != b).count())
+            .collect()
+    }
+
+    #[test]
+    fn max_fetches_caps_each_call_and_its_default_changes_nothing() {
+        let shape = Shape::new(3, 40, 8, 6).unwrap();
+        let len = shape.placement_len();
+        let free = outputs(shape, 6, 4, 11);
+        let free_fetches = fetches_per_call(&free, len);
+        assert!(
+            free_fetches[0] > 6,
+            "the test needs a first call that moves: {free_fetches:?}"
+        );
+        let mut p = Params::default();
+        p.set("max_fetches", 1e6).unwrap();
+        assert_eq!(outputs_with(p, shape, 6, 4, 11), free);
+
+        for cap in [0usize, 1, 2, 5, 6] {
+            let mut p = Params::default();
+            p.set("max_fetches", cap as f64).unwrap();
+            let capped = outputs_with(p, shape, 6, 4, 11);
+            let f = fetches_per_call(&capped, len);
+            assert!(f.iter().all(|&x| x <= cap), "cap {cap}: {f:?}");
+            if cap == 0 {
+                assert!(f.iter().all(|&x| x == 0));
+            } else {
+                assert!(f[0] > 0, "cap {cap}: {f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn min_gain_is_the_gain_per_fetch_and_a_high_one_stops_every_move() {
+        let shape = Shape::new(3, 40, 8, 6).unwrap();
+        let len = shape.placement_len();
+        let mut p = Params::default();
+        assert!(p.set("gain_per_fetch", 0.01).is_err());
+        p.set("min_gain", 10.0).unwrap();
+        let still = outputs_with(p, shape, 6, 3, 11);
+        assert!(fetches_per_call(&still, len).iter().all(|&x| x == 0));
+        p.set("min_gain", 0.05).unwrap();
+        let fewer: usize = fetches_per_call(&outputs_with(p, shape, 6, 3, 11), len)
+            .iter()
+            .sum();
+        let free: usize = fetches_per_call(&outputs(shape, 6, 3, 11), len)
+            .iter()
+            .sum();
+        assert!(fewer < free, "{fewer} {free}");
     }
 
     #[test]

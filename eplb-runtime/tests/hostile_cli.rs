@@ -47,7 +47,7 @@ fn commands_reading(input: &str, dir: &Path) -> Vec<Vec<String>> {
         "--policy",
         "default",
     ];
-    let mut with = |extra: &[&str]| {
+    let with = |extra: &[&str]| {
         let mut x = v(&plan);
         x.extend(v(extra));
         x
