@@ -586,7 +586,7 @@ fn policy_params_are_checked_by_the_policy() {
         ),
         vec![
             "eplb_config.eplb_policy_params: parameter `z`: expected a number, got \"x\"".to_owned(),
-            "eplb_config.eplb_policy_params: unknown parameter `min_gainz` for policy `incremental` (it takes: min_gain, max_fetches, max_fetch_fraction, partners, movers, shift_threshold, history_windows, workload_weight, z)".to_owned(),
+            "eplb_config.eplb_policy_params: unknown parameter `min_gainz` for policy `incremental` (it takes: min_gain, max_fetches, max_fetch_fraction, cold_start, partners, movers, shift_threshold, history_windows, workload_weight, z)".to_owned(),
             "eplb_config.eplb_policy_params: parameter `movers` = 0 is out of range (expected an integer >= 1)".to_owned(),
         ]
     );

@@ -80,6 +80,7 @@ use crate::arena::{Arena, Words};
 use crate::params::{self, ParamError, ParamInfo};
 use crate::{Error, Input, Policy, PolicyKind};
 
+mod construct;
 mod estimate;
 mod routing;
 mod search;
@@ -88,6 +89,7 @@ mod tests;
 mod variance;
 mod work;
 
+use construct::construct;
 use estimate::{estimate, workload_spread};
 use routing::*;
 use search::*;
@@ -105,6 +107,11 @@ pub struct Params {
     pub max_fetches: usize,
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
+    /// `cold_start`: a layer whose heaviest rank carries more than this multiple of the mean
+    /// rank load is first rebuilt constructively (replica counts, LPT packing, matched to the
+    /// current ranks) when that lowers its heaviest rank within the fetch budgets, then
+    /// polished by the search. The default, infinity, never rebuilds (today's behaviour).
+    pub cold_start: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
     /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller
     /// value trades balance and fetches for time (`BENCHMARKS.md`).
@@ -135,6 +142,7 @@ impl Default for Params {
             min_gain: 0.01,
             max_fetches: usize::MAX,
             max_fetch_fraction: 1.0,
+            cold_start: f64::INFINITY,
             partners: usize::MAX,
             shift_threshold: 2.5,
             history_windows: 30.0,
@@ -146,7 +154,7 @@ impl Default for Params {
 }
 
 /// The parameters of [`Params::set`], in order.
-pub const PARAMS: [ParamInfo; 9] = [
+pub const PARAMS: [ParamInfo; 10] = [
     ParamInfo {
         name: "min_gain",
         range: ">= 0",
@@ -158,6 +166,10 @@ pub const PARAMS: [ParamInfo; 9] = [
     ParamInfo {
         name: "max_fetch_fraction",
         range: "in (0, 1]",
+    },
+    ParamInfo {
+        name: "cold_start",
+        range: ">= 1",
     },
     ParamInfo {
         name: "partners",
@@ -197,6 +209,7 @@ impl Params {
             "max_fetch_fraction" => {
                 self.max_fetch_fraction = params::real(info, value, value > 0.0 && value <= 1.0)?
             }
+            "cold_start" => self.cold_start = params::real(info, value, value >= 1.0)?,
             "partners" => self.partners = params::whole(info, value, 1.0)?,
             "movers" => self.movers = params::whole(info, value, 1.0)?,
             "shift_threshold" => self.shift_threshold = at_least_0(value)?,

@@ -67,6 +67,16 @@ pub(super) fn search(
     // z over the root of T - 1: the spread term of a value per unit of centered-load norm.
     let zp = libm::sqrt(kz);
     let mut fetched = 0usize;
+    // The cold start: a layer far from balance is rebuilt first, then polished.
+    let heaviest = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
+    if heaviest > p.cold_start * mean
+        && let Some(f) = construct(shape, w, row, budget)
+    {
+        fetched = f;
+        if layer_state(shape, p.z, w, row).is_none() {
+            return;
+        }
+    }
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;
     for _ in 0..4 * r * s {

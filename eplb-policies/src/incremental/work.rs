@@ -128,6 +128,18 @@ work! {
         order: u16 = u16s(r),
         /// Scratch of `common::keep_slots`.
         keep: u16 = u16s(2 * s),
+        /// The cold start (`construct`): replica counts and experts by load per copy (`[N]`),
+        /// the packed ranks' loads, fill and last expert (reused as the taken marks of the
+        /// matching) (`[R]`), the packed ranks (`[R][S]`), their order and their current rank
+        /// (`[R]`).
+        c_cnt: u16 = u16s(n),
+        c_ord: u16 = u16s(n),
+        c_load: f64 = f64s(r),
+        c_fill: u16 = u16s(r),
+        c_last: u16 = u16s(r),
+        c_tgt: u16 = u16s(r * s),
+        c_rord: u16 = u16s(r),
+        c_map: u16 = u16s(r),
     }
     scalars {
         /// Rows in `xc` and `y`.
