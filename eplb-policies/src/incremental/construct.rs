@@ -10,6 +10,10 @@
 
 use super::*;
 
+/// How much heavier (as a fraction of the mean rank load) a rank that holds an expert now may
+/// be than the lightest one and still take the expert's copy, which then costs no fetch.
+const STICK: f64 = 0.01;
+
 /// Rebuilds `row` (one layer, `[R][S]`, whose holders `layer_state` left in `w.mask`) as a
 /// balanced target matched to it, if that lowers the heaviest rank's estimated load and costs
 /// at most `budget` fetches. Returns the fetches (slots changed), or `None` with `row`
@@ -23,6 +27,7 @@ pub(super) fn construct(
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
     let mw = mask_words(shape);
     let est = &*w.est;
+    let mean = est.iter().sum::<f64>() / r.max(1) as f64;
     let per_copy = |cnt: &[u16], e: usize| {
         est.get(e).copied().unwrap_or(0.0) / f64::from(cnt.get(e).copied().unwrap_or(1).max(1))
     };
@@ -78,7 +83,22 @@ pub(super) fn construct(
                     pick = Some(q);
                 }
             }
-            let q = pick?;
+            // A rank that holds the expert now, if it is nearly as light: no fetch.
+            let mut stay = None;
+            let mut lo_stay = lo + STICK * mean;
+            for q in 0..r {
+                let room = usize::from(fill.get(q).copied().unwrap_or(u16::MAX)) < s;
+                let load = tl.get(q).copied().unwrap_or(f64::INFINITY);
+                if room
+                    && last.get(q) != Some(&e)
+                    && load <= lo_stay
+                    && holds(w.mask, mw, usize::from(e), q)
+                {
+                    lo_stay = load;
+                    stay = Some(q);
+                }
+            }
+            let q = stay.or(pick)?;
             let k = usize::from(*fill.get(q)?);
             *tgt.get_mut(q * s + k)? = e;
             *fill.get_mut(q)? += 1;
