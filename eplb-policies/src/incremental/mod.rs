@@ -29,7 +29,17 @@
 //!    counts follow the heat). A move is taken only if no rank it touches ends above
 //!    `load(p) - min_gain * mean * fetches`; so every move pays, the sorted load vector
 //!    falls lexicographically, and the search stops by itself. A per-layer budget
-//!    (`max_fetch_fraction`) and a per-call budget (`max_fetches`) cap the fetches. A layer whose heaviest rank cannot be lowered enough is left as it is.
+//!    (`max_fetch_fraction`) and a per-call budget (`max_fetches`) cap the fetches. A layer
+//!    whose heaviest rank cannot be lowered enough is left as it is.
+//!
+//! **Cold start** (opt-in, `cold_start`; off by default). A layer whose heaviest rank carries
+//! more than `cold_start` times the mean rank load is first rebuilt: replica counts go greedily
+//! to the largest estimated load per copy, the copies are packed heaviest first onto the
+//! lightest rank with room that does not hold the expert (a rank that holds it now is kept when
+//! it is within 1% of the mean of the lightest, which costs no fetch), and the packed ranks are
+//! matched, heaviest first, to the current rank sharing most of their experts. The rebuild is
+//! taken only if it lowers the heaviest rank's load and fits the fetch budgets; the local
+//! search then polishes it (`min_gain` = 100 keeps the rebuild alone).
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -53,11 +63,24 @@
 //! (three for a replicate). It only drops moves that the checks would reject, so the result is
 //! the same. The rank order is kept by insertion from the last step.
 //!
+//! **The bound.** With `B` the layer's fetch budget (`min(max_fetch_fraction R S,
+//! max_fetches)`), `K <= R - 1` partners, `M <= min(movers, S)` movers and `D <= R` the most
+//! copies of an expert, each accepted move fetches at least once, so a layer takes at most
+//! `min(4 R S, B + 1)` steps, each `O(R^2 + M K S D)` (the rank order, the partner table, the
+//! slot filter and the exact checks). One call is therefore
+//! `O(L (T N + min(4 R S, B + 1) (R^2 + M K S D)))`, plus `O((R S - N) N + R^2 S)` per layer
+//! for the cold start; at most `O(L (T N + 4 M R^4 S^2))` in the worst case, so the supported
+//! range of [`crate::check_range`] (`R <= 2048`, `R S <= 4096`) is refused up front by
+//! [`crate::rebalance`] and [`crate::buffer_lens`] before any work. The typical cost is far
+//! below the worst case: the filter leaves few slots per mover and most experts have one copy,
+//! so a cold call measures about `R^1.6` at `N = R` (`BENCHMARKS.md`, "Policy time").
+//!
 //! # Memory
 //!
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
 //! per-rank loads, sums and centered loads, per-slot caches and filter terms:
-//! `O(N (79 + R/64) + R (81 + 14 S))` words. State: a header, `L x N` estimates, `L` history
+//! and the cold start's counts, packed ranks and matching:
+//! `O(N (80 + R/64) + R (83 + 14 S))` words. State: a header, `L x N` estimates, `L` history
 //! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies

@@ -230,17 +230,24 @@ fn cold_start_rebuilds_a_far_layer_within_the_budgets() {
             .unwrap()
     };
     let fetches = |out: &[u16]| current.iter().zip(out).filter(|(a, b)| a != b).count();
-    let (plain, plain_sum) = run(Params::default());
+    let (plain, _) = run(Params::default());
     let mut cold = Params::default();
     cold.set("cold_start", 1.0).unwrap();
-    let (built, built_sum) = run(cold);
+    let (built, _) = run(cold);
     assert_ne!(built, plain);
+    // The rebuild alone (no move pays `min_gain` = 100) lowers the worst layer's even-split PAR:
+    // it is taken only when it lowers the heaviest rank.
+    let mut only = cold;
+    only.set("min_gain", 100.0).unwrap();
+    let (rebuilt, sum) = run(only);
+    assert_ne!(rebuilt, current);
     assert!(
-        built_sum.after.mean < plain_sum.after.mean,
-        "{} {}",
-        built_sum.after.mean,
-        plain_sum.after.mean
+        sum.after.max < sum.before.max,
+        "{:?} {:?}",
+        sum.after,
+        sum.before
     );
+    assert!(sum.after.max < 1.1, "{:?}", sum.after);
     // The same again: deterministic.
     assert_eq!(run(cold).0, built);
     // Within a per-call cap, and a layer the cap cannot afford is left to the search.
