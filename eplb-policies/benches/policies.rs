@@ -84,6 +84,12 @@ fn incremental(c: &mut Criterion) {
                 black_box(&out);
             })
         });
+        // The first plan again, so that the steady input exists when a filter skipped the
+        // benchmark above.
+        state.fill(0);
+        policy
+            .place(&input, &mut scratch, &mut state, &mut out)
+            .unwrap();
         let planned = out.clone();
         let input = Input::new(
             Placement::new(shape, &planned).unwrap(),
@@ -103,9 +109,102 @@ fn incremental(c: &mut Criterion) {
     }
 }
 
+/// Synthetic Zipf heat `[L][N]` (exponent 1): in each layer, the experts in a seeded
+/// permutation get `1e6 / (k + 1)` tokens.
+fn zipf(layers: usize, experts: usize) -> Vec<f64> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut loads = Vec::with_capacity(layers * experts);
+    for _ in 0..layers {
+        let mut perm: Vec<usize> = (0..experts).collect();
+        for i in (1..experts).rev() {
+            perm.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let mut row = vec![0.0; experts];
+        for (k, &e) in perm.iter().enumerate() {
+            row[e] = (1e6 / (k + 1) as f64).floor();
+        }
+        loads.extend(row);
+    }
+    loads
+}
+
+/// One cold call (default layout, fresh state) per wide-EP size of issue 19: DeepSeek-V3
+/// 58x256 at EP32/X32 and EP256/X256, Kimi-K2 61x384 at EP384/X384, on Zipf heat: the
+/// incremental policy by default, with the cold start (`cold_start=1.05`) and with the cold
+/// start alone (`min_gain=100`: no polishing move), and FlashLB.
+fn wide_ep(c: &mut Criterion) {
+    use eplb_policies::flashlb::FlashLb;
+    use eplb_policies::incremental::{Incremental, Params};
+    let mut rebuild = Params::default();
+    rebuild.set("cold_start", 1.05).unwrap();
+    let mut alone = rebuild;
+    alone.set("min_gain", 100.0).unwrap();
+    for (name, l, n, r, x) in [
+        ("dsv3_ep32", 58, 256, 32, 32),
+        ("dsv3_ep256", 58, 256, 256, 256),
+        ("kimi_ep384", 61, 384, 384, 384),
+    ] {
+        let shape = Shape::new(l, n, r, (n + x) / r).unwrap();
+        let mut current = vec![0u16; shape.placement_len()];
+        eplb_core::Layout::Default
+            .fill(&shape, &mut current)
+            .unwrap();
+        let case = Case {
+            name,
+            shape,
+            current,
+            loads: zipf(l.into(), n.into()),
+        };
+        bench_cold(c, "wide_incremental", Incremental::new(), &case);
+        bench_cold(
+            c,
+            "wide_incremental_cold",
+            Incremental::with_params(rebuild),
+            &case,
+        );
+        bench_cold(
+            c,
+            "wide_incremental_rebuild",
+            Incremental::with_params(alone),
+            &case,
+        );
+        bench_cold(c, "wide_flashlb", FlashLb::new(), &case);
+    }
+}
+
+/// [`bench_place`] with the state cleared before each call (a cold call).
+fn bench_cold<P: Policy>(c: &mut Criterion, label: &str, mut policy: P, case: &Case) {
+    let shape = case.shape;
+    let current = Placement::new(shape, &case.current).unwrap();
+    let input = Input::new(current, &case.loads, None, 0).unwrap();
+    let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    let mut out = vec![0u16; shape.placement_len()];
+    c.bench_function(&format!("{label}/{}", case.name), |b| {
+        b.iter(|| {
+            state.fill(0);
+            policy
+                .place(black_box(&input), &mut scratch, &mut state, &mut out)
+                .unwrap();
+            black_box(&out);
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
     targets = deepseek_default_random, incremental
 }
-criterion_main!(benches);
+criterion_group! {
+    name = wide;
+    config = Criterion::default().sample_size(10);
+    targets = wide_ep
+}
+criterion_main!(benches, wide);

@@ -9,7 +9,7 @@ use crate::flashlb::FlashLb;
 use crate::incremental::Incremental;
 use crate::random::Random;
 use crate::swift::SwiftBalance;
-use crate::{Error, Input, Policy, PolicyKind};
+use crate::{Error, Input, ParamError, Policy, PolicyKind};
 
 /// One of the policies, chosen by [`PolicyKind`].
 #[derive(Debug, Clone)]
@@ -38,6 +38,19 @@ impl AnyPolicy {
             PolicyKind::FlashLb => AnyPolicy::FlashLb(FlashLb::new()),
             PolicyKind::Incremental => AnyPolicy::Incremental(Incremental::new()),
             PolicyKind::DeepSeek => AnyPolicy::DeepSeek(DeepSeek::new()),
+        }
+    }
+
+    /// Sets the policy's parameter `key` to `value` ([`PolicyKind::params`] lists them): an
+    /// unknown key, or a value out of its range, is an error that names it.
+    pub fn set_param<'k>(&mut self, key: &'k str, value: f64) -> Result<(), ParamError<'k>> {
+        match self {
+            AnyPolicy::Random(p) => p.set(key, value),
+            AnyPolicy::Incremental(p) => p.params_mut().set(key, value),
+            other => Err(ParamError::Unknown {
+                policy: other.kind(),
+                key,
+            }),
         }
     }
 

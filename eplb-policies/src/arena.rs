@@ -114,6 +114,10 @@ impl Words {
     pub const fn f64s(self) -> Words {
         self
     }
+    /// Words for this many `u64` values (the count itself).
+    pub const fn words(self) -> Words {
+        self
+    }
     /// Words for this many `u32` values.
     pub const fn u32s(self) -> Words {
         Words(self.0.div_ceil(2))

@@ -45,6 +45,15 @@ impl PolicyKind {
         }
     }
 
+    /// The parameters the policy takes by name ([`crate::AnyPolicy::set_param`]), in order.
+    pub fn params(self) -> &'static [crate::ParamInfo] {
+        match self {
+            PolicyKind::Random => &crate::random::PARAMS,
+            PolicyKind::Incremental => &crate::incremental::PARAMS,
+            _ => &[],
+        }
+    }
+
     /// vLLM-Ascend's `eplb_policy_type`, if the policy has one.
     pub fn number(self) -> Option<u8> {
         match self {

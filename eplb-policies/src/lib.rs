@@ -42,6 +42,7 @@ mod error;
 pub mod flashlb;
 pub mod incremental;
 mod kind;
+mod params;
 mod policy;
 pub mod random;
 pub mod swift;
@@ -52,6 +53,7 @@ pub use any::AnyPolicy;
 pub use arena::{Arena, Words, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use kind::PolicyKind;
+pub use params::{ParamError, ParamInfo};
 pub use policy::{
     BufferLens, Input, LayerReport, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output,
     Policy, Samples, Summary, buffer_lens, check_out_len, check_range, rebalance, scratch_len,

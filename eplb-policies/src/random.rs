@@ -27,6 +27,7 @@
 
 use eplb_core::Shape;
 
+use crate::params::{self, ParamError, ParamInfo};
 use crate::{Error, Input, Policy, PolicyKind};
 
 /// SplitMix64 (Steele, Lea, Flood 2014).
@@ -48,6 +49,12 @@ impl SplitMix64 {
     }
 }
 
+/// The parameters of [`Random::set`].
+pub const PARAMS: [ParamInfo; 1] = [ParamInfo {
+    name: "swaps",
+    range: "an integer >= 0",
+}];
+
 /// Seeded random swaps between ranks (type 0). See the module documentation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Random {
@@ -63,6 +70,13 @@ impl Random {
     /// `swaps` swaps per layer.
     pub fn with_swaps(swaps: usize) -> Self {
         Self { swaps: Some(swaps) }
+    }
+
+    /// Sets the parameter `key` (only `swaps`, an integer `>= 0`) to `value`.
+    pub fn set<'k>(&mut self, key: &'k str, value: f64) -> Result<(), ParamError<'k>> {
+        let info = params::find(&PARAMS, PolicyKind::Random, key)?;
+        self.swaps = Some(params::whole(info, value, 0.0)?);
+        Ok(())
     }
 
     fn swaps(&self, shape: &Shape) -> usize {

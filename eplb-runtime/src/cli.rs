@@ -23,8 +23,10 @@ use crate::payload::{
     sequence_cost,
 };
 use crate::planner::{PlanRequest, plan_once};
-use crate::policies::policy_for;
-use crate::simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate};
+use crate::policies::{Param, parse_param, policy_with};
+use crate::simulate::{
+    Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with,
+};
 
 /// The `eplb` tool.
 #[derive(Debug, Parser)]
@@ -118,6 +120,9 @@ struct PlanArgs {
     /// Policy: 0..4 or random, default, swift, flashlb, incremental, deepseek.
     #[arg(long)]
     policy: String,
+    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+    params: Vec<Param>,
     /// The current placement (expert-map JSON); default: the default layout.
     #[arg(long)]
     current: Option<PathBuf>,
@@ -295,6 +300,9 @@ struct SimulateArgs {
     /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
     #[arg(long)]
     policy: String,
+    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+    params: Vec<Param>,
     /// Heat windows per cycle (H >= 1).
     #[arg(long)]
     heat_interval: u32,
@@ -337,6 +345,10 @@ struct ReportArgs {
     /// incremental, deepseek (static is always run as the baseline).
     #[arg(long, default_value = "all")]
     policies: String,
+    /// A policy parameter, `KEY=VALUE` (repeatable), for each listed policy that takes `KEY`
+    /// (at least one must).
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+    params: Vec<Param>,
     /// Heat windows per cycle (H >= 1).
     #[arg(long)]
     heat_interval: u32,
@@ -482,6 +494,7 @@ fn warn_heat(heat: &Heat, path: &Path) {
 
 fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
+    let policy = policy_with(kind, &a.params).map_err(|e| format!("--param: {e}"))?;
     if let Some(out) = &a.out {
         let mut inputs = vec![a.loads.as_path()];
         inputs.extend(a.current.as_deref());
@@ -518,7 +531,7 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         samples,
         seed: a.seed,
     };
-    let mut policy = policy_for(kind)?;
+    let mut policy: Box<dyn eplb_policies::Policy + Send> = Box::new(policy);
     // The shape's range, the policy's topology and its buffer sizes, before any allocation.
     let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape)
         .map_err(|e| format!("policy {}: {e}", kind.name()))?;
@@ -819,6 +832,16 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     } else {
         SimPolicy::Policy(parse_policy(&a.policy)?)
     };
+    // Parameters are checked before any input is read.
+    let custom = match (policy, a.params.is_empty()) {
+        (_, true) => None,
+        (SimPolicy::Policy(k), false) => {
+            Some(policy_with(k, &a.params).map_err(|e| format!("--param: {e}"))?)
+        }
+        (SimPolicy::Static, false) => {
+            return Err("--param: policy `static` takes no parameters".to_owned());
+        }
+    };
     let initial = parse_initial(&a.initial)?;
     a.cost.resolve()?;
     if let Some(log) = &a.placements_log {
@@ -870,7 +893,10 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
             shown = true;
         }
     };
-    let r = simulate(&trace, &cfg, &mut progress)?;
+    let r = match custom {
+        Some(p) => simulate_with(&trace, &cfg, Box::new(p), &mut progress)?,
+        None => simulate(&trace, &cfg, &mut progress)?,
+    };
     if shown {
         errln!();
     }
@@ -976,6 +1002,7 @@ fn report_cmd(
         trace_model: model_name,
         base,
         policies,
+        params: a.params.clone(),
         basis: &basis,
         command: shell_quote(&words),
     })?;

@@ -17,6 +17,7 @@
 //! | `num_redundant_experts` | 0 | integer `0..=u32::MAX` (`X`, used only when dynamic) |
 //! | `eplb_policy_type` | 2 | integer `0..=4` or a name: `random`, `default`, `swift`, `flashlb`, `incremental`, `deepseek` |
 //! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
+//! | `eplb_policy_params` | `{}` | object of numbers: the policy's parameters by name (extension; `DESIGN.md`, "Policy parameters"), checked by the policy's own parser |
 //! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
@@ -85,16 +86,18 @@ use core::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use eplb_core::{HeatStage, Shape};
-use eplb_policies::PolicyKind;
+use eplb_policies::{AnyPolicy, PolicyKind};
 use serde_json::{Map, Value};
 
 use crate::deployment::{Advice, Deployment};
+use crate::policies::Param;
 
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
 pub use error::{ConfigError, ConfigErrors};
 
-/// The keys of `eplb_config`, in vLLM-Ascend's order (the extension `eplb_policy_seed` last).
-pub const KEYS: [&str; 9] = [
+/// The keys of `eplb_config`, in vLLM-Ascend's order (the extensions `eplb_policy_seed` and
+/// `eplb_policy_params` last).
+pub const KEYS: [&str; 10] = [
     "dynamic_eplb",
     "expert_map_path",
     "expert_heat_collection_interval",
@@ -104,6 +107,7 @@ pub const KEYS: [&str; 9] = [
     "eplb_policy_type",
     "eplb_heat_collection_stage",
     "eplb_policy_seed",
+    "eplb_policy_params",
 ];
 
 /// The keys accepted at the top level of the wrapped form.
@@ -177,6 +181,7 @@ pub struct EplbConfig {
     num_redundant_experts: u32,
     policy: PolicyKind,
     policy_seed: u64,
+    policy_params: Vec<Param>,
     heat_stage: HeatStage,
     deployment: Option<Value>,
     facts: Option<Deployment>,
@@ -194,6 +199,7 @@ impl Default for EplbConfig {
             num_redundant_experts: 0,
             policy: DEFAULT_POLICY,
             policy_seed: 0,
+            policy_params: Vec::new(),
             heat_stage: HeatStage::All,
             deployment: None,
             facts: None,
@@ -358,6 +364,23 @@ impl EplbConfig {
         self.policy_seed
     }
 
+    /// `eplb_policy_params` (extension), sorted by name: each one is known to
+    /// [`EplbConfig::policy`] and in its range.
+    pub fn policy_params(&self) -> &[Param] {
+        &self.policy_params
+    }
+
+    /// The policy of [`EplbConfig::policy`] with [`EplbConfig::policy_params`] set.
+    pub fn build_policy(&self) -> AnyPolicy {
+        // Checked when the config was parsed; a failure here would be a bug, so it falls back
+        // to the parameters that do apply.
+        let mut p = AnyPolicy::new(self.policy);
+        for (k, v) in &self.policy_params {
+            let _ = p.set_param(k, *v);
+        }
+        p
+    }
+
     /// `eplb_heat_collection_stage`.
     pub fn heat_stage(&self) -> HeatStage {
         self.heat_stage
@@ -459,6 +482,14 @@ impl EplbConfig {
             }
         }
         let _ = writeln!(s, "eplb_policy_seed: {}", self.policy_seed);
+        if !self.policy_params.is_empty() {
+            let kv: Vec<String> = self
+                .policy_params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let _ = writeln!(s, "eplb_policy_params: {}", kv.join(", "));
+        }
         let _ = writeln!(s, "eplb_heat_collection_stage: {}", self.heat_stage);
         let _ = write!(
             s,
@@ -697,6 +728,9 @@ impl Parser {
         if let Some(v) = obj.get("eplb_heat_collection_stage") {
             self.stage(v);
         }
+        if let Some(v) = obj.get("eplb_policy_params") {
+            self.policy_params(v);
+        }
 
         if self.cfg.dynamic && !env_guard_holds(env) {
             self.errs.push(ConfigError::EnvGuard {
@@ -881,6 +915,36 @@ impl Parser {
                 other,
             ),
         }
+    }
+
+    /// `eplb_policy_params`: an object of numbers, each checked by the policy's own parser
+    /// (after `eplb_policy_type`, so against the chosen policy).
+    fn policy_params(&mut self, v: &Value) {
+        let Value::Object(m) = v else {
+            self.wrong_type("eplb_policy_params", "an object of numbers", v);
+            return;
+        };
+        let mut params: Vec<Param> = Vec::with_capacity(m.len());
+        for (key, x) in m {
+            match x.as_f64() {
+                Some(x) => params.push((key.clone(), x)),
+                None => self.errs.push(ConfigError::PolicyParam {
+                    message: format!("parameter `{key}`: expected a number, got {}", render(x)),
+                }),
+            }
+        }
+        // Sorted, so that the first error and the order of setting do not depend on the
+        // object's order.
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut p = AnyPolicy::new(self.cfg.policy);
+        for (key, x) in &params {
+            if let Err(e) = p.set_param(key, *x) {
+                self.errs.push(ConfigError::PolicyParam {
+                    message: e.to_string(),
+                });
+            }
+        }
+        self.cfg.policy_params = params;
     }
 
     fn stage(&mut self, v: &Value) {

@@ -290,3 +290,78 @@ fn usage_errors_exit_2_and_bad_input_exits_1() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("unknown policy"), "{}", stderr(&o));
 }
+
+#[test]
+fn param_sets_the_policy_and_names_a_bad_key() {
+    let loads = shared("data/traces/sglang_dsv3_prefill_in1024.json");
+    let moves = |extra: &[&str]| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let o = eplb_plan(&loads, "32", "32", "incremental", &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["moves"].as_u64().unwrap()
+    };
+    let free = moves(&[]);
+    assert!(free > 10, "{free}");
+    assert!(moves(&["--param", "max_fetches=10"]) <= 10);
+    assert_eq!(
+        moves(&["--param", "max_fetches=10", "--param", "min_gain=100"]),
+        0
+    );
+    for (arg, want) in [
+        (
+            "min_gainz=1",
+            "unknown parameter `min_gainz` for policy `incremental`",
+        ),
+        ("max_fetches=-1", "`max_fetches` = -1 is out of range"),
+        ("max_fetches", "expected KEY=VALUE"),
+    ] {
+        let o = eplb_plan(&loads, "32", "32", "incremental", &["--param", arg]);
+        assert_ne!(o.status.code(), Some(0), "{arg}");
+        assert!(stderr(&o).contains(want), "{arg}: {}", stderr(&o));
+    }
+    let o = eplb_plan(&loads, "32", "32", "flashlb", &["--param", "min_gain=0.1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(
+            "error: --param: unknown parameter `min_gain` for policy `flashlb` (it takes: none)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+
+    let sim = |policy: &str, extra: &[&str]| {
+        let mut args = vec![
+            "simulate",
+            "--trace",
+            "",
+            "--ranks",
+            "8",
+            "--redundant",
+            "8",
+            "--policy",
+            policy,
+            "--heat-interval",
+            "10",
+            "--algo-interval",
+            "1",
+            "--json",
+        ];
+        let trace = shared("data/series/esft_chain.json");
+        args[2] = &trace;
+        args.extend_from_slice(extra);
+        eplb(&args)
+    };
+    let o = sim("incremental", &["--param", "max_fetches=0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["moves_total"], 0);
+    let o = sim("incremental", &["--param", "max_fetches=4"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let capped = v["moves_total"].as_u64().unwrap();
+    assert!(capped > 0 && capped <= 4 * v["changes"].as_u64().unwrap());
+    let o = sim("static", &["--param", "z=1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("policy `static` takes no parameters"));
+}

@@ -92,7 +92,8 @@ fn malformed_configs_name_key_and_value() {
 
     let valid_keys = "dynamic_eplb, expert_map_path, expert_heat_collection_interval, \
                       algorithm_execution_interval, expert_map_record_path, num_redundant_experts, \
-                      eplb_policy_type, eplb_heat_collection_stage, eplb_policy_seed";
+                      eplb_policy_type, eplb_heat_collection_stage, eplb_policy_seed, \
+                      eplb_policy_params";
     let unknown_foo = format!("eplb_config: unknown key \"foo\"; valid keys: {valid_keys}");
     let policy = |got: &str, tail: &str| {
         format!(
@@ -552,6 +553,51 @@ fn wrapped_and_inner_forms_agree() {
     assert_eq!(a.heat_stage(), HeatStage::Decode);
     let value: serde_json::Value = serde_json::from_str(&wrapped).unwrap();
     assert_eq!(EplbConfig::from_value(&value, &GUARD).unwrap(), a);
+}
+
+#[test]
+fn policy_params_are_checked_by_the_policy() {
+    let cfg = parse(
+        r#"{"eplb_policy_type": "incremental",
+            "eplb_policy_params": {"max_fetches": 40, "min_gain": 0.02}}"#,
+        &GUARD,
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.policy_params(),
+        &[
+            ("max_fetches".to_owned(), 40.0),
+            ("min_gain".to_owned(), 0.02)
+        ]
+    );
+    let eplb_policies::AnyPolicy::Incremental(p) = cfg.build_policy() else {
+        panic!("not incremental");
+    };
+    assert_eq!((p.params().max_fetches, p.params().min_gain), (40, 0.02));
+    assert!(
+        cfg.summary()
+            .contains("eplb_policy_params: max_fetches=40, min_gain=0.02")
+    );
+    assert_eq!(parse("{}", &GUARD).unwrap().policy_params(), &[]);
+    assert_eq!(
+        messages(
+            r#"{"eplb_policy_type": 4, "eplb_policy_params": {"min_gainz": 1, "movers": 0, "z": "x"}}"#,
+            &GUARD
+        ),
+        vec![
+            "eplb_config.eplb_policy_params: parameter `z`: expected a number, got \"x\"".to_owned(),
+            "eplb_config.eplb_policy_params: unknown parameter `min_gainz` for policy `incremental` (it takes: min_gain, max_fetches, max_fetch_fraction, cold_start, partners, movers, shift_threshold, history_windows, workload_weight, z)".to_owned(),
+            "eplb_config.eplb_policy_params: parameter `movers` = 0 is out of range (expected an integer >= 1)".to_owned(),
+        ]
+    );
+    assert_eq!(
+        messages(r#"{"eplb_policy_type": "swift", "eplb_policy_params": {"movers": 4}}"#, &GUARD),
+        vec!["eplb_config.eplb_policy_params: unknown parameter `movers` for policy `swift` (it takes: none)".to_owned()]
+    );
+    assert_eq!(
+        messages(r#"{"eplb_policy_params": [1]}"#, &GUARD),
+        vec!["eplb_config.eplb_policy_params: expected an object of numbers, got [1]".to_owned()]
+    );
 }
 
 #[test]

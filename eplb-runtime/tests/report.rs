@@ -471,7 +471,17 @@ fn bad_input_gets_error_exit_1_and_leaves_no_file() {
     let trace = shared(MIXTRAL);
     let out = dir.join("report.html");
     let out_s = out.to_str().unwrap().to_owned();
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 8] = [
+        (
+            "4",
+            &["--policies", "swift", "--param", "z=1"],
+            "--param z: no policy of --policies takes it (swift: none)",
+        ),
+        (
+            "4",
+            &["--policies", "incremental,flashlb", "--param", "movers=0"],
+            "`movers` = 0 is out of range",
+        ),
         ("4", &["--policies", "nope"], "nope"),
         ("4", &["--policies", "static,9"], "unknown policy `9`"),
         ("4", &["--policies", "deepseek,,swift"], "empty policy name"),

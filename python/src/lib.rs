@@ -15,8 +15,6 @@ use std::sync::Mutex;
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Layout, Placement, Shape};
 use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
-use eplb_policies::incremental::{Incremental, Params};
-use eplb_policies::random::Random;
 use eplb_policies::{AnyPolicy, Input, Output, Policy, PolicyKind, Samples, scratch_len};
 use numpy::ndarray::{ArrayD, ArrayViewD};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayDyn, PyArrayMethods};
@@ -213,45 +211,13 @@ fn param_f64(key: &str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
     })
 }
 
-/// The parameters each policy takes, with their ranges (`DESIGN.md`, "Policy parameters").
-const INCREMENTAL_PARAMS: [&str; 8] = [
-    "gain_per_fetch",
-    "max_fetch_fraction",
-    "partners",
-    "movers",
-    "shift_threshold",
-    "history_windows",
-    "workload_weight",
-    "z",
-];
-const RANDOM_PARAMS: [&str; 1] = ["swaps"];
-
-fn param_names(kind: PolicyKind) -> &'static [&'static str] {
-    match kind {
-        PolicyKind::Incremental => &INCREMENTAL_PARAMS,
-        PolicyKind::Random => &RANDOM_PARAMS,
-        _ => &[],
-    }
-}
-
-fn need(key: &str, v: f64, ok: bool, range: &str) -> PyResult<f64> {
-    if ok && v.is_finite() {
-        Ok(v)
-    } else {
-        Err(err(format!(
-            "parameter `{key}` = {v} is out of range (expected {range})"
-        )))
-    }
-}
-
-fn whole(key: &str, v: f64, min: f64) -> PyResult<usize> {
-    let ok = v.fract() == 0.0 && v >= min && v <= 1e15;
-    need(key, v, ok, &format!("an integer >= {min}")).map(|v| v as usize)
+/// The names of the parameters `kind` takes, in order (the Rust parser's table).
+fn param_names(kind: PolicyKind) -> Vec<&'static str> {
+    kind.params().iter().map(|p| p.name).collect()
 }
 
 fn build_policy(kind: PolicyKind, params: Option<&Bound<'_, PyDict>>) -> PyResult<AnyPolicy> {
-    let mut inc = Params::default();
-    let mut swaps = None;
+    let mut policy = AnyPolicy::new(kind);
     if let Some(d) = params {
         let mut items: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
         for (k, v) in d.iter() {
@@ -263,40 +229,16 @@ fn build_policy(kind: PolicyKind, params: Option<&Bound<'_, PyDict>>) -> PyResul
         // Sorted, so that the first error reported does not depend on the dict's order.
         items.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, v) in &items {
-            let names = param_names(kind);
-            if !names.contains(&key.as_str()) {
-                let takes = if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                };
-                return Err(err(format!(
-                    "unknown parameter `{key}` for policy `{}` (it takes: {takes})",
-                    kind.name()
-                )));
+            // The name first: an unknown one is reported as such whatever its value.
+            if !kind.params().iter().any(|p| p.name == key.as_str()) {
+                let e = eplb_policies::ParamError::Unknown { policy: kind, key };
+                return Err(err(e.to_string()));
             }
             let x = param_f64(key, v)?;
-            match key.as_str() {
-                "gain_per_fetch" => inc.gain_per_fetch = need(key, x, x >= 0.0, ">= 0")?,
-                "max_fetch_fraction" => {
-                    inc.max_fetch_fraction = need(key, x, x > 0.0 && x <= 1.0, "in (0, 1]")?
-                }
-                "partners" => inc.partners = whole(key, x, 1.0)?,
-                "movers" => inc.movers = whole(key, x, 1.0)?,
-                "shift_threshold" => inc.shift_threshold = need(key, x, x >= 0.0, ">= 0")?,
-                "history_windows" => inc.history_windows = need(key, x, x >= 0.0, ">= 0")?,
-                "workload_weight" => inc.workload_weight = need(key, x, x >= 0.0, ">= 0")?,
-                "z" => inc.z = need(key, x, x >= 0.0, ">= 0")?,
-                "swaps" => swaps = Some(whole(key, x, 0.0)?),
-                _ => return Err(err(format!("unknown parameter `{key}`"))),
-            }
+            policy.set_param(key, x).map_err(|e| err(e.to_string()))?;
         }
     }
-    Ok(match kind {
-        PolicyKind::Incremental => AnyPolicy::Incremental(Incremental::with_params(inc)),
-        PolicyKind::Random => AnyPolicy::Random(swaps.map_or_else(Random::new, Random::with_swaps)),
-        k => AnyPolicy::new(k),
-    })
+    Ok(policy)
 }
 
 fn parse_kind(name: &str) -> PyResult<PolicyKind> {
@@ -819,7 +761,7 @@ fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
 fn policy_params() -> Vec<(&'static str, Vec<&'static str>)> {
     PolicyKind::ALL
         .iter()
-        .map(|&k| (k.name(), param_names(k).to_vec()))
+        .map(|&k| (k.name(), param_names(k)))
         .collect()
 }
 

@@ -378,7 +378,7 @@ def test_unknown_policy_and_params():
         small(movers="4")
     with pytest.raises(eplb.EplbError, match="`swaps` = -1 is out of range"):
         small("random", swaps=-1)
-    assert eplb.policy_params()["incremental"][:3] == ["gain_per_fetch", "max_fetch_fraction", "partners"]
+    assert eplb.policy_params()["incremental"][:3] == ["min_gain", "max_fetches", "max_fetch_fraction"]
 
 
 def test_params_change_the_result():
@@ -386,6 +386,14 @@ def test_params_change_the_result():
     base = policy_for(c, "incremental").rebalance(c.loads, c.current)
     tight = policy_for(c, "incremental", max_fetch_fraction=0.01).rebalance(c.loads, c.current)
     assert tight.moves_total < base.moves_total
+    # The move budget: at most `max_fetches` fetches per call; a high `min_gain` takes no move.
+    assert base.moves_total > 5
+    capped = policy_for(c, "incremental", max_fetches=5).rebalance(c.loads, c.current)
+    assert 0 < capped.moves_total <= 5
+    none = policy_for(c, "incremental", min_gain=100.0).rebalance(c.loads, c.current)
+    assert none.moves_total == 0
+    with pytest.raises(eplb.EplbError, match="`max_fetches` = -1 is out of range"):
+        small(max_fetches=-1)
     r0 = small("random", swaps=0).rebalance(np.ones((2, 8)))
     assert not r0.changed.any()
 

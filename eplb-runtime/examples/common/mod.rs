@@ -35,20 +35,19 @@ pub fn anchor_cfg(ranks: &str, redundant: &str) -> SimConfig {
     }
 }
 
-/// Sets one `key=value` parameter of the incremental policy (keys: `gain`, `budget`,
-/// `partners`, `shift`, `history`, `z`, `movers`, `ww`); panics on anything else.
+/// Sets one `key=value` parameter of the incremental policy through [`Params::set`]: any of
+/// its names, or the short ones `gain`, `budget`, `shift`, `history`, `ww`; panics on an
+/// unknown key or a value out of range.
 pub fn set_param(p: &mut Params, kv: &str) {
     let (k, v) = kv.split_once('=').expect("key=value");
     let v: f64 = v.parse().expect("number");
-    match k {
-        "gain" => p.gain_per_fetch = v,
-        "budget" => p.max_fetch_fraction = v,
-        "partners" => p.partners = v as usize,
-        "shift" => p.shift_threshold = v,
-        "history" => p.history_windows = v,
-        "z" => p.z = v,
-        "movers" => p.movers = v as usize,
-        "ww" => p.workload_weight = v,
-        _ => panic!("unknown key {k}"),
-    }
+    let k = match k {
+        "gain" => "min_gain",
+        "budget" => "max_fetch_fraction",
+        "shift" => "shift_threshold",
+        "history" => "history_windows",
+        "ww" => "workload_weight",
+        k => k,
+    };
+    p.set(k, v).unwrap_or_else(|e| panic!("{e}"));
 }

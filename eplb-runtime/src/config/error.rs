@@ -94,6 +94,12 @@ pub enum ConfigError {
         /// The policy name closest to a string value, if one is close enough.
         suggestion: Option<&'static str>,
     },
+    /// An entry of `eplb_policy_params` that the policy does not take, or a value out of range
+    /// or not a number.
+    PolicyParam {
+        /// The policy parser's message, naming the parameter.
+        message: String,
+    },
     /// `eplb_heat_collection_stage` names no stage.
     UnknownStage {
         /// The value given (the string itself).
@@ -257,6 +263,9 @@ impl fmt::Display for ConfigError {
                     .collect();
                 write!(f, "{}", names.join(", "))?;
                 suggestion(f, *s)
+            }
+            ConfigError::PolicyParam { message } => {
+                write!(f, "eplb_config.eplb_policy_params: {message}")
             }
             ConfigError::UnknownStage { got, suggestion: s } => {
                 write!(

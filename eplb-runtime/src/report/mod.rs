@@ -21,7 +21,7 @@ use eplb_policies::PolicyKind;
 use serde_json::{Value, json};
 
 use crate::payload::{CostBasis, MoveCost, sequence_cost};
-use crate::simulate::{SimConfig, SimPolicy, SimResult, SimTrace, simulate};
+use crate::simulate::{SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with};
 
 /// The policies of `--policies`: `all`, or a comma-separated list of `static` and policy names
 /// or numbers. `static` is always run (first) as the baseline of the heat map and rank loads.
@@ -75,6 +75,33 @@ impl PolicyList {
     }
 }
 
+/// The parameters of `all` that policy `k` takes.
+fn params_of(k: PolicyKind, all: &[crate::policies::Param]) -> Vec<crate::policies::Param> {
+    all.iter()
+        .filter(|(key, _)| k.params().iter().any(|i| i.name == key.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// `policy: a, b; other: none` for the error of a `--param` that no listed policy takes.
+fn takes_list(order: &[SimPolicy]) -> String {
+    let parts: Vec<String> = order
+        .iter()
+        .filter_map(|p| match p {
+            SimPolicy::Policy(k) => {
+                let names: Vec<&str> = k.params().iter().map(|i| i.name).collect();
+                Some(if names.is_empty() {
+                    format!("{k}: none")
+                } else {
+                    format!("{k}: {}", names.join(", "))
+                })
+            }
+            SimPolicy::Static => None,
+        })
+        .collect();
+    parts.join("; ")
+}
+
 /// What `eplb report` is asked to do.
 pub struct ReportJob<'a> {
     /// The trace.
@@ -87,6 +114,8 @@ pub struct ReportJob<'a> {
     pub base: SimConfig,
     /// The policies.
     pub policies: PolicyList,
+    /// `--param KEY=VALUE`: each is given to every policy of the list that takes `KEY`.
+    pub params: Vec<crate::policies::Param>,
     /// The cost model.
     pub basis: &'a CostBasis,
     /// The command line that made the page, shell-quoted.
@@ -221,6 +250,26 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             order.push(p);
         }
     }
+    // Each parameter goes to the policies that take it; one that no listed policy takes is an
+    // error, before any run.
+    for (key, _) in &job.params {
+        let taken = order.iter().any(|p| match p {
+            SimPolicy::Policy(k) => k.params().iter().any(|i| i.name == key.as_str()),
+            SimPolicy::Static => false,
+        });
+        if !taken {
+            return Err(format!(
+                "--param {key}: no policy of --policies takes it ({})",
+                takes_list(&order)
+            ));
+        }
+    }
+    for p in &order {
+        if let SimPolicy::Policy(k) = *p {
+            crate::policies::policy_with(k, &params_of(k, &job.params))
+                .map_err(|e| format!("--param: {e}"))?;
+        }
+    }
     let n = order.len();
     let mut runs = Vec::with_capacity(n);
     let mut skipped = Vec::new();
@@ -231,7 +280,17 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             ..job.base.clone()
         };
         let mut cb = |done: usize, total: usize| progress.window(i + 1, n, name, done, total);
-        let result = match simulate(job.trace, &cfg, &mut cb) {
+        let own = match policy {
+            SimPolicy::Policy(k) => params_of(k, &job.params),
+            SimPolicy::Static => Vec::new(),
+        };
+        let run = match (policy, own.is_empty()) {
+            (SimPolicy::Policy(k), false) => crate::policies::policy_with(k, &own)
+                .map_err(|e| format!("--param: {e}"))
+                .and_then(|p| simulate_with(job.trace, &cfg, Box::new(p), &mut cb)),
+            _ => simulate(job.trace, &cfg, &mut cb),
+        };
+        let result = match run {
             Ok(r) => r,
             // `static` failing means the options themselves are wrong: always an error.
             Err(e) if job.policies.all && policy != SimPolicy::Static => {

@@ -1,0 +1,155 @@
+//! The per-layer scratch buffers of one call. Each buffer is declared once, with its element
+//! type and its length, in `work!`: the struct, its carving from the arena and the scratch
+//! size (`Work::words`) are all generated from that one list, so they cannot drift apart.
+
+use super::*;
+
+/// Declares `Work`: `buffers` (name, element type, arena method, length in the size names
+/// `n`, `r`, `s`, `mw`, which are `Words`) and `scalars` (name, type, initial value).
+macro_rules! work {
+    (
+        sizes($shape:ident => $n:ident, $r:ident, $s:ident, $mw:ident);
+        buffers { $( $(#[$bd:meta])* $b:ident: $bt:ty = $m:ident($len:expr), )* }
+        scalars { $( $(#[$sd:meta])* $f:ident: $ft:ty = $init:expr, )* }
+    ) => {
+        /// Per-layer working buffers.
+        pub(super) struct Work<'a> {
+            $( $(#[$bd])* pub(super) $b: &'a mut [$bt], )*
+            $( $(#[$sd])* pub(super) $f: $ft, )*
+        }
+
+        impl<'a> Work<'a> {
+            /// Carves every buffer from `arena`.
+            pub(super) fn carve(arena: &mut Arena<'a>, $shape: &Shape) -> Result<Self, Error> {
+                let ($n, $r, $s, $mw) = sizes($shape);
+                Ok(Self {
+                    $( $b: arena.$m(($len).get())?, )*
+                    $( $f: $init, )*
+                })
+            }
+
+            /// Scratch words of one call (checked: saturates, see [`Words`]).
+            pub(super) fn words($shape: &Shape) -> Words {
+                let ($n, $r, $s, $mw) = sizes($shape);
+                let mut total = Words(0);
+                $( total = total + ($len).$m(); )*
+                total
+            }
+        }
+    };
+}
+
+/// `N`, `R`, `S` and the bitset words per expert, as [`Words`].
+fn sizes(shape: &Shape) -> (Words, Words, Words, Words) {
+    (
+        Words(shape.experts()),
+        Words(shape.ranks()),
+        Words(shape.slots_per_rank()),
+        Words(mask_words(shape)),
+    )
+}
+
+work! {
+    sizes(shape => n, r, s, mw);
+    buffers {
+        /// Predicted per-window load per expert.
+        est: f64 = f64s(n),
+        /// The previous estimate (the history) and the recent windows' estimate, per expert.
+        old: f64 = f64s(n),
+        rec: f64 = f64s(n),
+        /// Per-window variance per expert (for the shift tests).
+        var: f64 = f64s(n),
+        /// Centered per-window samples, expert-major `[N][stride]`: `T <= MAX_WINDOWS` window
+        /// rows, then the past cycles' deviations.
+        xc: f64 = f64s(ROWS * n),
+        /// Predicted load per rank.
+        load: f64 = f64s(r),
+        /// Centered per-window load per rank `[R][stride]`.
+        y: f64 = f64s(ROWS * r),
+        /// Per-candidate deltas per rank: load, share of expert a, share of expert b.
+        dmu: f64 = f64s(r),
+        da: f64 = f64s(r),
+        db: f64 = f64s(r),
+        /// Rank values, for ordering.
+        val: f64 = f64s(r),
+        /// Per rank, the sum of its squared centered loads `sum_i y_i^2`.
+        syy: f64 = f64s(r),
+        /// Per expert, `sum_i x_i^2` of its centered samples.
+        gd: f64 = f64s(n),
+        /// Per step, `sum_i y_i x_i` of the heaviest rank and each expert it may trade with (NaN
+        /// until needed).
+        cp: f64 = f64s(n),
+        /// Per slot `[R][S]`, `sum_i y_i x_i` of the rank and the slot's expert, and the norm of
+        /// the rank's centered loads without that expert (NaN until needed; reset when the rank
+        /// changes).
+        cq: f64 = f64s(r * s),
+        nu: f64 = f64s(r * s),
+        /// Per expert, the norm of its centered samples, `sqrt(gd)`.
+        nx: f64 = f64s(n),
+        /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
+        psh: f64 = f64s(r * s),
+        /// Per step: each partner's largest slot load (`[partners]`).
+        pmax: f64 = f64s(r),
+        /// Per step: each partner's largest load in a slot whose expert has another copy
+        /// (`f64::MIN` without one).
+        prep: f64 = f64s(r),
+        /// Per step: the least load any of a partner's experts brings to another rank.
+        pminp: f64 = f64s(r),
+        /// Per step: `prep` over the slots a replicate of a single-copy expert may take.
+        prep_strict: f64 = f64s(r),
+        /// Per step, per partner slot `[partners][S]`, the effect on the other holders of the
+        /// slot's expert when it leaves the partner (`rep_*`, a replicate over it) or moves to
+        /// the heaviest rank (`swap_*`): their largest new load and value. NaN until needed.
+        rep_mu: f64 = f64s(r * s),
+        rep_val: f64 = f64s(r * s),
+        swap_mu: f64 = f64s(r * s),
+        swap_val: f64 = f64s(r * s),
+        /// Per step, per partner slot `[partners][S]`, the terms of the slot filter: the
+        /// partner's load without the slot's expert (`f_u`; `f_rep` is the same, or infinity
+        /// where the expert has no other copy), `f_u` plus the triangle bound on its spread
+        /// (`f_rho`), the least load the expert brings to the heaviest rank (`f_m`) and that
+        /// minus the most spread it can take off it (`f_kap`).
+        f_u: f64 = f64s(r * s),
+        f_rep: f64 = f64s(r * s),
+        /// `f_rep` where the slot's expert also sits on the heaviest rank, infinity elsewhere.
+        f_rep_onp: f64 = f64s(r * s),
+        f_rho: f64 = f64s(r * s),
+        f_m: f64 = f64s(r * s),
+        f_kap: f64 = f64s(r * s),
+        /// Per mover, the partner slots that pass the filter, in partner order.
+        surv: u32 = u32s(r * s + 1),
+        /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
+        mask: u64 = words(n * mw),
+        /// Per expert, its distinct holders.
+        copies: u16 = u16s(n),
+        /// The ranks a candidate touches.
+        touched: u16 = u16s(2 * r + 4),
+        /// The ranks by value, ascending.
+        order: u16 = u16s(r),
+        /// Scratch of `common::keep_slots`.
+        keep: u16 = u16s(2 * s),
+        /// The cold start (`construct`): replica counts and experts by load per copy (`[N]`),
+        /// the packed ranks' loads, fill and last expert (reused as the taken marks of the
+        /// matching) (`[R]`), the packed ranks (`[R][S]`), their order and their current rank
+        /// (`[R]`).
+        c_cnt: u16 = u16s(n),
+        c_ord: u16 = u16s(n),
+        c_load: f64 = f64s(r),
+        c_fill: u16 = u16s(r),
+        c_last: u16 = u16s(r),
+        c_tgt: u16 = u16s(r * s),
+        c_rord: u16 = u16s(r),
+        c_map: u16 = u16s(r),
+    }
+    scalars {
+        /// Rows in `xc` and `y`.
+        t: usize = 0,
+        /// Row stride of `xc` and `y` for this layer (at most `ROWS`): the rows this layer can
+        /// use, so the samples stay dense in cache.
+        stride: usize = ROWS,
+        /// Slots per rank.
+        s: usize = shape.slots_per_rank(),
+        /// The rank count and its tabulated shares.
+        rr: Ranks = Ranks::new(shape.ranks()),
+    }
+}
