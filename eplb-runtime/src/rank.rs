@@ -326,14 +326,12 @@ fn check(what: &'static str, expected: usize, got: usize) -> Result<(), MachineE
     }
 }
 
-/// FNV-1a 64 of a placement; never [`FAILED_PLAN`].
+/// FNV-1a 64 over a placement's ids (one step per id); never [`FAILED_PLAN`].
 pub fn placement_hash(placement: &[u16]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &v in placement {
-        for b in v.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h ^= u64::from(v);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     if h == FAILED_PLAN { 1 } else { h }
 }

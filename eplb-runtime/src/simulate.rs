@@ -534,6 +534,8 @@ struct SimWorld {
     layer_ok: Option<(u64, u16, bool)>,
     posted: Vec<Option<Posted>>,
     digests: Vec<u64>,
+    /// Per rank: it submitted a request this round.
+    asked: Vec<bool>,
 }
 
 impl SimWorld {
@@ -573,6 +575,7 @@ impl SimWorld {
             layer_ok: None,
             posted: vec![None; r],
             digests: vec![0; 2 * r],
+            asked: vec![false; r],
         })
     }
 
@@ -594,6 +597,7 @@ impl SimWorld {
                 any |= p.is_some();
                 self.posted[m.rank()] = p;
             }
+            self.hand_plans(machines)?;
             if !any {
                 return Ok(());
             }
@@ -702,18 +706,34 @@ impl SimWorld {
         ok
     }
 
-    /// Runs the policy for `cycle` (once for all ranks) and hands the plan to `m`.
+    /// Runs the policy for `cycle` (once for all ranks); the plan is handed to every rank that
+    /// asked for it by [`SimWorld::hand_plans`].
     fn plan_for(&mut self, m: &mut RankMachine, cycle: u64, seed: u64) -> Result<(), String> {
         if self.planned.map(|p| p.0) != Some(cycle) {
             let ok = self.compute(m, seed)?;
             self.planned = Some((cycle, ok));
         }
-        match self.planned {
-            Some((_, true)) => {
-                let p = Placement::new(self.shape, &self.plan).map_err(|e| e.to_string())?;
-                m.handle_plan(cycle, Some(p));
+        self.asked[m.rank()] = true;
+        Ok(())
+    }
+
+    /// Hands the plan (validated once) to the ranks that submitted a request this round.
+    fn hand_plans(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
+        let Some((cycle, ok)) = self.planned else {
+            return Ok(());
+        };
+        if !self.asked.iter().any(|&a| a) {
+            return Ok(());
+        }
+        let plan = if ok {
+            Some(Placement::new(self.shape, &self.plan).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        for (m, asked) in machines.iter_mut().zip(self.asked.iter_mut()) {
+            if core::mem::take(asked) {
+                m.handle_plan(cycle, plan);
             }
-            _ => m.handle_plan(cycle, None),
         }
         Ok(())
     }
