@@ -25,7 +25,7 @@ fn cfg(mode: RunMode, stage: HeatStage) -> ControllerConfig {
         mode,
         seed: 7,
         replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: None,
+        max_collective_failures: 3,
     }
 }
 
