@@ -504,8 +504,12 @@ impl<T: Transport> Controller<T> {
                     let all = r.is_ok().then_some(self.digests.as_slice());
                     self.machine.handle_digests(all);
                 }
-                Action::Settle { cycle, taken } => {
-                    self.planner.settle(cycle, taken);
+                Action::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                } => {
+                    self.planner.settle(cycle, taken, resync);
                     if self.waiting_for == Some(cycle) {
                         self.waiting_for = None;
                     }

@@ -12,7 +12,9 @@
 //! When the ranks have agreed on the cycle's plan digest, the controller
 //! [`settle`](Planner::settle)s it: taken, the copy becomes the state; abandoned (a failed plan
 //! or a digest mismatch anywhere, a failed collective), the copy is dropped and the next cycle
-//! plans from the state before it, on every rank alike. A panic also drops the copy.
+//! plans from the state before it, on every rank alike. A panic also drops the copy. When the
+//! ranks held different plans (a digest mismatch: their states may already differ) every rank
+//! restarts the policy from its initial state, so they agree again from the next cycle on.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -25,7 +27,11 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 enum Msg {
     Plan(PlanRequest),
-    Settle { cycle: u64, taken: bool },
+    Settle {
+        cycle: u64,
+        taken: bool,
+        resync: bool,
+    },
 }
 
 use eplb_core::{Placement, Shape};
@@ -158,11 +164,16 @@ impl Planner {
     }
 
     /// Every rank took `cycle` (`taken`) or abandoned it: the policy state advances to the one
-    /// after the cycle, or stays the one before it. Repeats (ranks sharing a planner) are
+    /// after the cycle, or stays the one before it; with `resync` (the ranks held different
+    /// plans) it restarts from the policy's initial state. Repeats (ranks sharing a planner) are
     /// ignored.
-    pub fn settle(&self, cycle: u64, taken: bool) {
+    pub fn settle(&self, cycle: u64, taken: bool, resync: bool) {
         if let Some(tx) = self.tx.as_ref() {
-            let _ = tx.send(Msg::Settle { cycle, taken });
+            let _ = tx.send(Msg::Settle {
+                cycle,
+                taken,
+                resync,
+            });
         }
     }
 
@@ -243,11 +254,17 @@ fn run(
     let mut pending: Option<u64> = None;
     while let Ok(msg) = rx.recv() {
         let req = match msg {
-            Msg::Settle { cycle, taken } => {
+            Msg::Settle {
+                cycle,
+                taken,
+                resync,
+            } => {
                 if pending == Some(cycle) {
                     pending = None;
                     if taken {
                         core::mem::swap(&mut state, &mut working);
+                    } else if resync {
+                        state.fill(0);
                     }
                 }
                 continue;

@@ -111,12 +111,16 @@ pub enum Action<'a> {
         digest: [u64; 2],
     },
     /// Every rank took cycle `cycle` (`taken`) or it was abandoned: the planner advances the
-    /// policy's state to the one after the cycle, or rolls it back to the one before.
+    /// policy's state to the one after the cycle, or rolls it back to the one before. With
+    /// `resync` (the ranks held different plans, so their policy states may differ) every rank
+    /// restarts the policy from its initial state.
     Settle {
         /// The cycle.
         cycle: u64,
         /// Whether every rank took it.
         taken: bool,
+        /// Restart the policy state from scratch.
+        resync: bool,
     },
     /// Record mode: hand [`RankMachine::plan`] to the record sink.
     Record {
@@ -218,7 +222,11 @@ enum Task {
     Submit,
     AgreeReady,
     AgreeDigest,
-    Settle { taken: bool, record: bool },
+    Settle {
+        taken: bool,
+        record: bool,
+        resync: bool,
+    },
     Record,
 }
 
@@ -648,6 +656,7 @@ impl RankMachine {
             self.task = Task::Settle {
                 taken: false,
                 record: false,
+                resync: !failed,
             };
             self.events.plan_taken = Some(0);
             let _ = self.cycle.on_plan(&self.changed);
@@ -669,6 +678,7 @@ impl RankMachine {
         self.task = Task::Settle {
             taken: true,
             record,
+            resync: false,
         };
         self.events.plan_taken = Some(self.changed.iter().filter(|&&c| c).count());
         match self.cycle.on_plan(&self.changed) {
@@ -777,13 +787,18 @@ impl RankMachine {
                     digest: self.digest(),
                 })
             }
-            Task::Settle { taken, record } => {
+            Task::Settle {
+                taken,
+                record,
+                resync,
+            } => {
                 if record {
                     self.task = Task::Record;
                 }
                 Some(Action::Settle {
                     cycle: self.cycle_no,
                     taken,
+                    resync,
                 })
             }
             Task::Record => Some(Action::Record {
@@ -843,6 +858,7 @@ impl RankMachine {
             self.task = Task::Settle {
                 taken: false,
                 record: false,
+                resync: false,
             };
         } else if !matches!(self.task, Task::Settle { .. }) {
             self.task = Task::Idle;

@@ -662,11 +662,17 @@ impl SimWorld {
                     return Ok(Some(Posted::Digest));
                 }
                 Some(Action::SubmitPlan { cycle, seed }) => self.plan_for(m, cycle, seed)?,
-                Some(Action::Settle { cycle, taken }) => {
+                Some(Action::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                }) => {
                     if cycle > self.settled {
                         self.settled = cycle;
                         if taken {
                             core::mem::swap(&mut self.state, &mut self.working);
+                        } else if resync {
+                            self.state.fill(0);
                         }
                     }
                 }
