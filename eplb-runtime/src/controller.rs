@@ -231,7 +231,9 @@ impl<T: Transport> Controller<T> {
             record: None,
             expert_map: vec![0; shape.loads_len()],
             log2phy: vec![0; shape.loads_len()],
-            gathered: Vec::with_capacity(shape.ranks() * w * shape.layers() * shape.slots_per_rank()),
+            gathered: Vec::with_capacity(
+                shape.ranks() * w * shape.layers() * shape.slots_per_rank(),
+            ),
             digests: vec![0; 2 * shape.ranks()],
             waiting_for: None,
             plan: None,
@@ -343,7 +345,11 @@ impl<T: Transport> Controller<T> {
 
     fn refresh_maps(&mut self, layer: usize) -> Result<(), ControllerError> {
         let shape = *self.machine.shape();
-        let (per, n, rank) = (shape.slots_per_layer(), shape.experts(), self.machine.rank());
+        let (per, n, rank) = (
+            shape.slots_per_layer(),
+            shape.experts(),
+            self.machine.rank(),
+        );
         let rows = self
             .machine
             .placement()
@@ -424,7 +430,9 @@ impl<T: Transport> Controller<T> {
             self.before_forward();
         }
         if let Some((rank_plan, launched)) = &self.in_flight {
-            let local = launched.clone().and_then(|()| self.transport.wait(rank_plan));
+            let local = launched
+                .clone()
+                .and_then(|()| self.transport.wait(rank_plan));
             if let Err(e) = &local {
                 log::error!(
                     "eplb rank {}: layer {} exchange: {e}",

@@ -538,7 +538,11 @@ impl RankMachine {
             self.shape.ranks(),
         );
         let t = self.heat.windows().max(1);
-        check("gathered slot heat [R][T][L][S]", r * t * l * s, gathered.len())?;
+        check(
+            "gathered slot heat [R][T][L][S]",
+            r * t * l * s,
+            gathered.len(),
+        )?;
         check("logical loads [L][N]", l * n, loads.len())?;
         check("logical samples [T][L][N]", t * l * n, samples.len())?;
         fold_slot_heat(&self.shape, &self.placement, t, gathered, samples);
@@ -709,7 +713,8 @@ impl RankMachine {
         }
         let per = self.shape.slots_per_layer();
         let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        if let (Some(dst), Some(src)) = (self.placement.get_mut(range.clone()), self.plan.get(range))
+        if let (Some(dst), Some(src)) =
+            (self.placement.get_mut(range.clone()), self.plan.get(range))
         {
             dst.copy_from_slice(src);
         }
@@ -886,11 +891,7 @@ pub fn fold_slot_heat(
     gathered: &[u64],
     samples: &mut [f64],
 ) {
-    let (l, s, n) = (
-        shape.layers(),
-        shape.slots_per_rank(),
-        shape.experts(),
-    );
+    let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
     let per = shape.slots_per_layer();
     samples.fill(0.0);
     let part = windows * l * s;

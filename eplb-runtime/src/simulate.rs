@@ -1,13 +1,16 @@
-//! `eplb simulate`: replays a trace's windows through the real controllers, planner thread,
-//! transfer planning and host transport, exactly as `SIMULATION.md` defines.
+//! `eplb simulate`: replays a trace's windows through `R` [rank machines](crate::rank), the
+//! policy and transfer planning on one thread, exactly as `SIMULATION.md` defines.
 //!
-//! One trace window is one controller iteration on every rank (`R` rank threads meet in a
-//! [`HostWorld`]). The plan computed after window `s_k + H - 1` is due `A` windows later; time is
-//! simulated, so the controllers wait for it (its wall time is measured), and all changed layers
-//! are committed by update iterations between windows `a_k - 1` and `a_k` (`a_k = s_k + H + A`),
-//! so every window `>= a_k` sees the whole new placement. A cycle whose `a_k >= T` is not run.
-//! Per-slot token counts handed to the controllers follow the routing model (§4) in whole
-//! tokens, so folding them back gives the trace's counts exactly.
+//! One trace window is one forward iteration on every rank's machine. The simulator is the
+//! machines' driver (`SimWorld`): it serves their collectives in memory, runs the policy in place
+//! right after the snapshot (one planner for every rank; its wall time is measured), and lets a
+//! layer's exchange succeed when its transfers can be planned. The plan taken `A` windows after
+//! the snapshot is walked by update iterations between windows `a_k - 1` and `a_k`
+//! (`a_k = s_k + H + A`), so every window `>= a_k` sees the whole new placement. A cycle whose
+//! `a_k >= T` is not run. Per-slot token counts handed to the machines follow the routing model
+//! (§4) in whole tokens, so folding them back gives the trace's counts exactly. The driver loop is
+//! bounded: more than 16 collectives in one iteration, or a layer walk longer than `2L + 2`
+//! iterations, fails the run as a livelock.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -16,9 +19,9 @@ use eplb_core::metrics::{self, Routing};
 use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
 use crate::controller::RunMode;
+use crate::policies::{Keep, policy_for};
 use crate::rank::{Action, MachineConfig, RankMachine, Vote};
 use crate::transfer::plan_layer;
-use crate::policies::{Keep, policy_for};
 use eplb_policies::PolicyKind;
 
 /// A trace in memory: `counts[w][l][e]`.
@@ -613,15 +616,11 @@ impl SimWorld {
                 Some(Posted::Flag(..)) => {
                     // Every rank posted the same flag (checked above): the AND is that flag.
                     let all = matches!(first, Some(Posted::Flag(true, _)));
-                    machines
-                        .iter_mut()
-                        .for_each(|m| m.handle_agreed(Some(all)));
+                    machines.iter_mut().for_each(|m| m.handle_agreed(Some(all)));
                 }
                 Some(Posted::Digest) => {
                     let d = &self.digests;
-                    machines
-                        .iter_mut()
-                        .for_each(|m| m.handle_digests(Some(d)));
+                    machines.iter_mut().for_each(|m| m.handle_digests(Some(d)));
                 }
                 None => return Ok(()),
             }

@@ -10,8 +10,8 @@ use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
 use eplb_policies::{Error as PolicyError, Input, Policy, PolicyKind};
 use eplb_runtime::controller::{Controller, ControllerConfig, ControllerStats, RunMode};
 use eplb_runtime::planner::Planner;
-use eplb_runtime::rank::Health;
 use eplb_runtime::policies::policy_for;
+use eplb_runtime::rank::Health;
 use eplb_runtime::transport::host::{Fault, HostTransport, HostWorld, canonical_expert_bytes};
 
 const R: usize = 8;
@@ -494,7 +494,10 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
     let mut initial = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut initial).unwrap();
     let world = HostWorld::new(R, Duration::from_millis(300));
-    let planner = Arc::new(Planner::spawn(policy_for(PolicyKind::Default).unwrap(), shape));
+    let planner = Arc::new(Planner::spawn(
+        policy_for(PolicyKind::Default).unwrap(),
+        shape,
+    ));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
             let rows: Vec<Vec<u16>> = initial
@@ -522,7 +525,14 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
                     }
                     c.before_forward();
                     if rank == DEAD && updating {
-                        return (rank, c.placement().to_vec(), c.stats(), before_launch, None, 0);
+                        return (
+                            rank,
+                            c.placement().to_vec(),
+                            c.stats(),
+                            before_launch,
+                            None,
+                            0,
+                        );
                     }
                     let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
                     let rep = c.after_forward(&counts, 64).unwrap();
@@ -555,7 +565,11 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
     let dead = out.iter().find(|o| o.0 == DEAD).unwrap();
     for s in &survivors {
         assert_eq!(s.1, survivors[0].1, "survivors disagree on the placement");
-        assert_eq!(s.1, dead.1, "rank {}: a layer moved without rank {DEAD}", s.0);
+        assert_eq!(
+            s.1, dead.1,
+            "rank {}: a layer moved without rank {DEAD}",
+            s.0
+        );
         assert!(s.4.is_some(), "rank {}: never suspended", s.0);
         // 3 failures, suspended; resumed; 3 more, suspended again.
         assert_eq!(s.5, 6, "rank {}: {:?}", s.0, s.2);

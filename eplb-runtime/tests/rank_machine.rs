@@ -22,12 +22,15 @@ fn cfg() -> MachineConfig {
     }
 }
 
+/// A per-rank planner: `(rank, cycle, current) -> Some(new)`, or `None` for a failure.
+type PlanFn = Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>;
+
 /// `R` machines, a planner per rank (`plan(rank, cycle, current) -> Some(new)` or `None` for a
 /// failure) and a collective that fails while `fail_collectives` is set.
 struct Cluster {
     shape: Shape,
     machines: Vec<RankMachine>,
-    plan: Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>,
+    plan: PlanFn,
     fail_collectives: bool,
     settles: Vec<(usize, u64, bool, bool)>,
     launched: Vec<Option<u16>>,
@@ -41,7 +44,7 @@ enum Posted {
 }
 
 impl Cluster {
-    fn new(plan: Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>) -> Self {
+    fn new(plan: PlanFn) -> Self {
         let shape = common::small_shape();
         let mut p = vec![0u16; shape.placement_len()];
         Layout::Default.fill(&shape, &mut p).unwrap();
@@ -78,7 +81,9 @@ impl Cluster {
                 return;
             }
             assert!(
-                posted.iter().all(|p| std::mem::discriminant(p) == std::mem::discriminant(&posted[0])),
+                posted
+                    .iter()
+                    .all(|p| std::mem::discriminant(p) == std::mem::discriminant(&posted[0])),
                 "ranks wait in different collectives: {posted:?}"
             );
             let fail = self.fail_collectives;
@@ -177,7 +182,10 @@ fn no_collective_while_collecting_planning_or_between_cycles() {
     // per changed layer (its vote): collectives on 4 of its H + A + 2 = 9 iterations.
     assert!(busy <= 200 * 4 / 9 + 4, "{busy} busy iterations");
     // Per rank and cycle exactly 1 gather + 1 readiness flag + 1 digest + 2 layer votes.
-    assert_eq!(m.collectives, 5 * m.plans_taken + u64::from(c.machines[0].is_updating()));
+    assert_eq!(
+        m.collectives,
+        5 * m.plans_taken + u64::from(c.machines[0].is_updating())
+    );
     let p0 = c.machines[0].placement().to_vec();
     assert!(c.machines.iter().all(|m| m.placement() == p0));
 }
@@ -187,7 +195,11 @@ fn a_digest_mismatch_abandons_the_cycle_on_every_rank_and_resyncs_the_policy() {
     let shape = common::small_shape();
     // Rank 2 plans otherwise in cycle 1 only.
     let mut c = Cluster::new(Box::new(move |r, cycle, cur| {
-        Some(shuffle(cur, &shape, if r == 2 && cycle == 1 { 1 } else { 2 }))
+        Some(shuffle(
+            cur,
+            &shape,
+            if r == 2 && cycle == 1 { 1 } else { 2 },
+        ))
     }));
     let start = c.machines[0].placement().to_vec();
     for _ in 0..(H + A) {
@@ -198,7 +210,11 @@ fn a_digest_mismatch_abandons_the_cycle_on_every_rank_and_resyncs_the_policy() {
         assert_eq!(m.stats().layers_committed, 0);
         assert_eq!(m.placement(), start.as_slice());
     }
-    assert!(c.settles.iter().all(|&(_, cycle, taken, resync)| cycle == 1 && !taken && resync));
+    assert!(
+        c.settles
+            .iter()
+            .all(|&(_, cycle, taken, resync)| cycle == 1 && !taken && resync)
+    );
     assert_eq!(c.settles.len(), shape.ranks());
     // The next cycle agrees and moves.
     for _ in 0..(H + A + 3) {
@@ -206,7 +222,11 @@ fn a_digest_mismatch_abandons_the_cycle_on_every_rank_and_resyncs_the_policy() {
     }
     let p0 = c.machines[0].placement().to_vec();
     assert_ne!(p0, start);
-    assert!(c.machines.iter().all(|m| m.placement() == p0 && m.stats().layers_committed == 2));
+    assert!(
+        c.machines
+            .iter()
+            .all(|m| m.placement() == p0 && m.stats().layers_committed == 2)
+    );
 }
 
 #[test]
@@ -219,7 +239,11 @@ fn a_plan_failing_on_one_rank_is_dropped_everywhere() {
         c.iterate();
     }
     assert!(c.machines.iter().all(|m| m.stats().plan_failures == 1));
-    assert!(c.settles.iter().all(|&(_, _, taken, resync)| !taken && !resync));
+    assert!(
+        c.settles
+            .iter()
+            .all(|&(_, _, taken, resync)| !taken && !resync)
+    );
     for _ in 0..(H + A + 3) {
         c.iterate();
     }
@@ -242,7 +266,11 @@ fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
     for _ in 0..500 {
         c.iterate();
     }
-    assert_eq!(c.collectives(), before, "a suspended machine asks for no collective");
+    assert_eq!(
+        c.collectives(),
+        before,
+        "a suspended machine asks for no collective"
+    );
     c.fail_collectives = false;
     c.machines.iter_mut().for_each(RankMachine::handle_resume);
     for _ in 0..(H + A + 3) {

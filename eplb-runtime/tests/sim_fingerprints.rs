@@ -54,7 +54,10 @@ fn placements_logs_match_the_recorded_fingerprints() {
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("p.json");
     let mut checked = 0;
-    for line in table.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let open = line.find('[').unwrap();
         let close = line.find(']').unwrap();
         let head: Vec<&str> = line[..open].split_whitespace().collect();
@@ -93,7 +96,11 @@ fn placements_logs_match_the_recorded_fingerprints() {
         }
         args.extend(&extra_args);
         let out = eplb(&args);
-        assert!(out.status.success(), "{line}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = std::fs::read_to_string(&log).unwrap();
         let got = format!("{:016x}", fnv(strip_times(&text).as_bytes()));
         assert_eq!(got, want, "{series} R{ranks} {extra} {policy}");
@@ -106,5 +113,8 @@ fn placements_logs_match_the_recorded_fingerprints() {
 #[test]
 fn stripping_removes_only_the_policy_times() {
     let s = r#"{"a":1,"policy_time_s":0.00012,"b":[1,2]},{"policy_time_s":3e-5},{"x":2,"policy_time_s":12}"#;
-    assert_eq!(strip_times(s), r#"{"a":1,"b":[1,2]},{"policy_time_s":3e-5},{"x":2}"#);
+    assert_eq!(
+        strip_times(s),
+        r#"{"a":1,"b":[1,2]},{"policy_time_s":3e-5},{"x":2}"#
+    );
 }
