@@ -88,7 +88,8 @@ pub struct SimConfig {
     pub routing: Routing,
     /// Seed of randomised policies.
     pub seed: u64,
-    /// Bytes per expert moved by the host transport.
+    /// Bytes per expert of a moved weight. The one-thread simulator plans every transfer but
+    /// moves no bytes, so it does not use this; kept so that configs and bindings stay valid.
     pub expert_bytes: usize,
 }
 
@@ -239,7 +240,7 @@ pub fn route_window(
                     let d = holders.len();
                     let shares: Vec<(u64, u64)> = (0..d)
                         .map(|j| {
-                            let m = ((r - 1 - j) / d + 1) as u64;
+                            let m = metrics::log2phy_sources(r, d, j) as u64;
                             (c * m / r as u64, c * m % r as u64)
                         })
                         .collect();
@@ -896,7 +897,7 @@ impl Router {
                 self.shares.clear();
                 match self.routing {
                     Routing::Log2Phy => self.shares.extend((0..d).map(|j| {
-                        let m = ((r - 1 - j) / d + 1) as u64;
+                        let m = metrics::log2phy_sources(r, d, j) as u64;
                         (c * m / r as u64, c * m % r as u64)
                     })),
                     Routing::Even => self

@@ -576,3 +576,89 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
         assert!(s.2.layers_failed >= 1, "rank {}: {:?}", s.0, s.2);
     }
 }
+
+#[test]
+fn one_call_builds_each_ranks_controller_from_the_config() {
+    // Dynamic: each rank gets the default layout, its own planner with the configured policy,
+    // and moves weights. Record: rank 0 writes the expert map, nothing moves.
+    use eplb_runtime::config::EplbConfig;
+    use eplb_runtime::modes::ModelInfo;
+    let model = ModelInfo {
+        layers: 4,
+        experts: 16,
+        ranks: R as u16,
+        ranks_per_node: R as u16,
+        groups: 1,
+        max_num_seqs: 8,
+        speculative_tokens: 0,
+        tp_size: 1,
+    };
+    let dir = common::tmp("from-config");
+    let map = dir.join("recorded.json");
+    let env = std::collections::BTreeMap::from([
+        ("DYNAMIC_EPLB".to_string(), "true".to_string()),
+        ("EXPERT_MAP_RECORD".to_string(), "true".to_string()),
+    ]);
+    for record in [false, true] {
+        let text = if record {
+            format!(
+                r#"{{"expert_map_record_path": {:?}, "num_redundant_experts": 8,
+                    "expert_heat_collection_interval": 4, "algorithm_execution_interval": 2,
+                    "eplb_policy_type": "default"}}"#,
+                map.display().to_string()
+            )
+        } else {
+            r#"{"dynamic_eplb": true, "num_redundant_experts": 8,
+                "expert_heat_collection_interval": 4, "algorithm_execution_interval": 2,
+                "eplb_policy_type": "default"}"#
+                .to_string()
+        };
+        let cfg = EplbConfig::from_json_str(&text, &env).unwrap();
+        let shape = common::small_shape();
+        let mut initial = vec![0u16; shape.placement_len()];
+        Layout::Default.fill(&shape, &mut initial).unwrap();
+        let world = HostWorld::new(R, Duration::from_millis(300));
+        let threads: Vec<_> = (0..R)
+            .map(|rank| {
+                let rows: Vec<Vec<u16>> = initial
+                    .chunks_exact(shape.slots_per_layer())
+                    .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
+                    .collect();
+                let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
+                let mut c = Controller::from_config(&cfg, &model, t).unwrap();
+                assert_eq!(*c.shape(), shape);
+                std::thread::spawn(move || {
+                    let mut it = 0;
+                    while it < 40 || (c.stats().plans_taken < 2 && it < 2000) {
+                        c.before_forward();
+                        let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
+                        let rep = c.after_forward(&counts, 64).unwrap();
+                        if rep.plan_late {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        it += 1;
+                    }
+                    check_weights(&c);
+                    (c.placement().to_vec(), c.stats())
+                })
+            })
+            .collect();
+        let out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for o in &out {
+            assert_eq!(o.0, out[0].0);
+            assert!(o.1.plans_taken >= 2, "{:?}", o.1);
+        }
+        if record {
+            assert_eq!(out[0].0, initial, "record mode moved a weight");
+            assert!(map.is_file(), "rank 0 wrote no expert map");
+        } else {
+            assert!(out[0].1.layers_committed > 0, "{:?}", out[0].1);
+        }
+    }
+    // A mode that runs no controller is an error that says so.
+    let off = EplbConfig::default();
+    let t = HostTransport::new(HostWorld::new(1, Duration::from_millis(10)), 0, &[], BYTES);
+    let err = Controller::from_config(&off, &model, t).unwrap_err();
+    assert!(err.contains("runs no controller"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
