@@ -16,6 +16,19 @@ pub enum Routing {
     Log2Phy,
 }
 
+/// The routing share of `log2phy`, used by the metrics, the policies' scoring and the
+/// simulator alike: of the `ranks` source ranks, how many send an expert's tokens to its `j`-th
+/// distinct holder (ranks ascending) when it has `holders` of them: `m_j = floor((R - 1 - j) /
+/// d) + 1` (`j` is clamped to `R - 1`; 0 when there are no ranks or no holders). Holder `j`
+/// receives the fraction `m_j / R`.
+pub const fn log2phy_sources(ranks: usize, holders: usize, j: usize) -> usize {
+    if ranks == 0 || holders == 0 {
+        return 0;
+    }
+    let j = if j < ranks { j } else { ranks - 1 };
+    (ranks - 1 - j) / holders + 1
+}
+
 /// Scratch length (in `u32`) that [`rank_loads`] and [`hotness`] need: `2 * N`.
 pub const fn scratch_len(shape: &Shape) -> usize {
     2 * shape.experts()
@@ -91,8 +104,7 @@ pub fn rank_loads(
                     else {
                         continue;
                     };
-                    let d = d.max(1) as usize;
-                    let m = (r - 1 - (*j as usize).min(r - 1)) / d + 1;
+                    let m = log2phy_sources(r, d.max(1) as usize, *j as usize);
                     *j += 1;
                     sum += w * m as f64 / rf;
                 }

@@ -186,6 +186,13 @@ pub trait Policy {
 
     /// State words (`u64`) kept across calls for `shape`: a pure function of the shape. A state
     /// buffer of zeros is a fresh state; one written for another shape must be treated as fresh.
+    ///
+    /// In a cluster every rank runs its own copy of the policy, so the states must stay equal.
+    /// The runtime's planner therefore calls [`Policy::place`] on a *copy* of the state and
+    /// keeps that copy only when every rank took the cycle (they agreed on the plan's digest);
+    /// otherwise the state stays the one before the cycle, and when ranks held different plans
+    /// every rank restarts from zeros. A policy must therefore depend on nothing but its inputs
+    /// and this buffer (`eplb_runtime::planner`).
     fn state_len(&self, _shape: &Shape) -> usize {
         0
     }

@@ -33,7 +33,7 @@ fn bench(c: &mut Criterion) {
         mode: RunMode::Dynamic,
         seed: 0,
         replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: None,
+        max_collective_failures: 3,
     };
     let mut filtered_cfg = cfg.clone();
     filtered_cfg.stage = HeatStage::Prefill;

@@ -1,24 +1,28 @@
-//! The per-rank controller: a thin driver of the core cycle around each forward.
+//! The per-rank controller: a short driver of the [rank machine](crate::rank) over a
+//! [`Transport`] and the planner thread.
 //!
 //! A serving engine calls [`Controller::before_forward`] before every forward (it launches the
 //! due layer's transfer) and [`Controller::after_forward`] after it with the iteration's per-slot
-//! token counts and padded token count (it adds the heat, takes the snapshot and wakes the
-//! planner, agrees on plan readiness with every rank, waits for and commits the layer).
+//! token counts and padded token count. `after_forward` feeds the machine (exchange result, plan,
+//! forward) and executes its actions until it has none: collectives on the transport, requests
+//! and settlements to the planner, commits and aborts.
 //!
 //! Nothing here blocks on the planner: when a plan is due and some rank does not have it yet,
 //! every rank tries again after the next iteration. A failed or timed-out exchange leaves the
 //! layer on its old placement on every rank (the ranks agree on success before committing).
+//! [`Controller::from_config`] builds a rank's controller from an `eplb_config` in one call.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use eplb_core::{
-    Cycle, HeatStage, HeatWindow, LayerPlacement, Placement, ReplicaChoice, Shape, StageClassifier,
-    Step,
+    Cycle, HeatStage, LayerPlacement, Placement, ReplicaChoice, Shape, StageClassifier,
 };
 
+use crate::config::EplbConfig;
+use crate::modes::ModelInfo;
 use crate::planner::{Plan, PlanRequest, Planner};
+use crate::rank::{Action, Health, MachineConfig, MachineError, RankMachine};
 use crate::transfer::{RankPlan, plan_layer};
 use crate::transport::{Transport, TransportError};
 
@@ -51,11 +55,14 @@ pub struct ControllerConfig {
     pub seed: u64,
     /// Replica choice for `log2phy`.
     pub replica_choice: ReplicaChoice,
-    /// Simulated time: when the plan is due, wait for it (up to this long) instead of retrying
-    /// at the next iteration, and let rank 0 wait for the planner right after the snapshot so
-    /// the policy runs alone. Only the simulator sets it.
-    pub wait_for_plan: Option<Duration>,
+    /// Consecutive collective failures after which balancing is suspended until
+    /// [`Controller::resume`] (at least 1; [`DEFAULT_MAX_COLLECTIVE_FAILURES`] from a config).
+    pub max_collective_failures: u32,
 }
+
+/// Consecutive collective failures after which a controller built from a config suspends
+/// balancing.
+pub const DEFAULT_MAX_COLLECTIVE_FAILURES: u32 = 3;
 
 /// A bad call into the controller (the serving engine's bug), never a runtime condition.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,10 +102,19 @@ impl From<eplb_core::Error> for ControllerError {
     }
 }
 
+impl From<MachineError> for ControllerError {
+    fn from(e: MachineError) -> Self {
+        match e {
+            MachineError::Core(e) => ControllerError::Core(e),
+            MachineError::Len { expected, got, .. } => ControllerError::Counts { expected, got },
+        }
+    }
+}
+
 /// Counters of one controller.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ControllerStats {
-    /// Cycles whose plan was taken (applied, recorded, or unchanged).
+    /// Cycles whose plan was taken (applied, recorded, or unchanged) or failed everywhere.
     pub plans_taken: u64,
     /// Iterations at which the plan was due but some rank did not have it.
     pub late_iterations: u64,
@@ -110,6 +126,10 @@ pub struct ControllerStats {
     pub layers_failed: u64,
     /// Collectives that failed (the cycle was abandoned).
     pub collective_failures: u64,
+    /// Cycles abandoned because ranks held different plans (digest mismatch).
+    pub digest_mismatches: u64,
+    /// Collectives run (gathers and agreements).
+    pub collectives: u64,
 }
 
 /// What happened in one [`Controller::after_forward`].
@@ -128,35 +148,36 @@ pub struct Report {
     pub plan_late: bool,
     /// The cycle ended; the live placement is final until the next plan.
     pub cycle_done: bool,
+    /// Balancing is suspended (after too many consecutive collective failures) until
+    /// [`Controller::resume`].
+    pub suspended: bool,
 }
 
 /// The controller of one rank.
 pub struct Controller<T: Transport> {
-    shape: Shape,
-    rank: usize,
-    cfg: ControllerConfig,
-    cycle: Cycle,
+    machine: RankMachine,
+    replica_choice: ReplicaChoice,
     transport: T,
     planner: Arc<Planner>,
     record: Option<RecordSink>,
-    placement: Vec<u16>,
     expert_map: Vec<i32>,
     log2phy: Vec<u32>,
-    heat: HeatWindow<Vec<u64>>,
-    slot_shape: Shape,
-    cycle_no: u64,
-    plan: Option<Arc<Plan>>,
-    changed: Vec<bool>,
+    gathered: Vec<u64>,
+    digests: Vec<u64>,
+    /// The cycle submitted to the planner and not yet answered.
+    waiting_for: Option<u64>,
+    /// The planner's answer that was handed to the machine last (shared, not copied).
+    plan: Option<Arc<crate::planner::Outcome>>,
+    launch_due: Option<u16>,
     in_flight: Option<(RankPlan, Result<(), TransportError>)>,
-    stats: ControllerStats,
 }
 
 impl<T: Transport> fmt::Debug for Controller<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Controller")
-            .field("rank", &self.rank)
-            .field("cycle", &self.cycle)
-            .field("stats", &self.stats)
+            .field("rank", &self.machine.rank())
+            .field("cycle", self.machine.cycle())
+            .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
 }
@@ -187,39 +208,64 @@ impl<T: Transport> Controller<T> {
                 shape.ranks()
             )));
         }
-        let cycle = Cycle::new(cfg.heat_interval, cfg.algo_interval)?;
-        // Local heat is kept per slot: a ring of [W][L][S] (a "shape" with S experts per layer).
-        let s = shape.slots_per_rank() as u16;
-        let slot_shape = Shape::new(shape.layers() as u16, s, 1, s)?;
-        let (w, per) = eplb_core::heat::layout_for_interval(cfg.heat_interval)?;
-        let heat = HeatWindow::new(
-            &slot_shape,
-            w,
-            per,
-            vec![0u64; eplb_core::heat::storage_len(&slot_shape, w)],
-        )?;
-        let rank = transport.rank();
-        let mut c = Self {
+        let machine = RankMachine::new(
             shape,
-            rank,
-            cfg,
-            cycle,
+            transport.rank(),
+            &placement,
+            MachineConfig {
+                heat_interval: cfg.heat_interval,
+                algo_interval: cfg.algo_interval,
+                stage: cfg.stage,
+                classifier: cfg.classifier,
+                mode: cfg.mode,
+                seed: cfg.seed,
+                max_collective_failures: cfg.max_collective_failures,
+            },
+        )?;
+        let (w, _) = eplb_core::heat::layout_for_interval(cfg.heat_interval)?;
+        let mut c = Self {
+            machine,
+            replica_choice: cfg.replica_choice,
             transport,
             planner,
             record: None,
-            placement,
             expert_map: vec![0; shape.loads_len()],
             log2phy: vec![0; shape.loads_len()],
-            heat,
-            slot_shape,
-            cycle_no: 0,
+            gathered: Vec::with_capacity(
+                shape.ranks() * w * shape.layers() * shape.slots_per_rank(),
+            ),
+            digests: vec![0; 2 * shape.ranks()],
+            waiting_for: None,
             plan: None,
-            changed: vec![false; shape.layers()],
+            launch_due: None,
             in_flight: None,
-            stats: ControllerStats::default(),
         };
         for l in 0..shape.layers() {
             c.refresh_maps(l)?;
+        }
+        Ok(c)
+    }
+
+    /// The controller of `transport.rank()` as `cfg` says, in one call: the start-up placement
+    /// ([`modes::startup`](crate::modes::startup)), the controller settings
+    /// ([`modes::controller_config`](crate::modes::controller_config)), this rank's own planner
+    /// thread with the configured policy, and in record mode on rank 0 the sink that writes the
+    /// expert map to `expert_map_record_path`. Errors say what is wrong (a mode that runs no
+    /// controller, a shape the model does not fit, an unreadable map).
+    pub fn from_config(cfg: &EplbConfig, model: &ModelInfo, transport: T) -> Result<Self, String> {
+        let (shape, placement) = crate::modes::startup(cfg, model)?;
+        let ccfg = crate::modes::controller_config(cfg, model)?;
+        let policy = crate::policies::policy_for(cfg.policy())?;
+        let planner = Arc::new(Planner::spawn(policy, shape));
+        let rank = transport.rank();
+        let record = ccfg.mode == RunMode::Record;
+        let mut c =
+            Self::new(shape, placement, ccfg, transport, planner).map_err(|e| e.to_string())?;
+        if record
+            && rank == 0
+            && let Some(path) = cfg.expert_map_record_path()
+        {
+            c.set_record_sink(crate::modes::record_sink(path.to_path_buf()));
         }
         Ok(c)
     }
@@ -231,94 +277,121 @@ impl<T: Transport> Controller<T> {
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.machine.rank()
     }
     /// The shape.
     pub fn shape(&self) -> &Shape {
-        &self.shape
+        self.machine.shape()
     }
     /// The live placement `[L][R][S]`.
     pub fn placement(&self) -> &[u16] {
-        &self.placement
+        self.machine.placement()
     }
     /// This rank's expert map of `layer` (`[N]`, slot or -1).
     pub fn expert_map(&self, layer: usize) -> &[i32] {
-        let n = self.shape.experts();
+        let n = self.shape().experts();
         self.expert_map
             .get(layer * n..(layer + 1) * n)
             .unwrap_or(&[])
     }
     /// This rank's `log2phy` of `layer` (`[N]`).
     pub fn log2phy(&self, layer: usize) -> &[u32] {
-        let n = self.shape.experts();
+        let n = self.shape().experts();
         self.log2phy.get(layer * n..(layer + 1) * n).unwrap_or(&[])
     }
     /// The transport endpoint.
     pub fn transport(&self) -> &T {
         &self.transport
     }
+    /// The rank machine.
+    pub fn machine(&self) -> &RankMachine {
+        &self.machine
+    }
     /// Counters.
     pub fn stats(&self) -> ControllerStats {
-        self.stats
+        let m = self.machine.stats();
+        ControllerStats {
+            plans_taken: m.plans_taken,
+            late_iterations: m.late_iterations,
+            plan_failures: m.plan_failures,
+            layers_committed: m.layers_committed,
+            layers_failed: m.layers_failed,
+            collective_failures: m.collective_failures,
+            digest_mismatches: m.digest_mismatches,
+            collectives: m.collectives,
+        }
     }
     /// The cycle state.
     pub fn cycle(&self) -> &Cycle {
-        &self.cycle
+        self.machine.cycle()
     }
-    /// Whether a layer update is under way (the simulator runs update iterations until not).
+    /// Whether a layer update is under way.
     pub fn is_updating(&self) -> bool {
-        self.cycle.layer_in_flight().is_some()
+        self.machine.is_updating()
+    }
+    /// Whether balancing runs or is suspended.
+    pub fn health(&self) -> Health {
+        self.machine.health()
+    }
+    /// Resumes balancing after a suspension (the engine's call, once its collectives work
+    /// again); a fresh cycle starts.
+    pub fn resume(&mut self) {
+        self.machine.handle_resume();
     }
     /// The plan of the current cycle, once taken.
-    pub fn current_plan(&self) -> Option<&Arc<Plan>> {
-        self.plan.as_ref()
+    pub fn current_plan(&self) -> Option<&Plan> {
+        self.plan.as_deref().and_then(|o| o.as_ref().ok())
     }
 
     fn refresh_maps(&mut self, layer: usize) -> Result<(), ControllerError> {
-        let per = self.shape.slots_per_layer();
-        let n = self.shape.experts();
-        let rows =
-            self.placement
-                .get(layer * per..(layer + 1) * per)
-                .ok_or(eplb_core::Error::Index {
-                    what: "layer",
-                    index: layer,
-                    bound: self.shape.layers(),
-                })?;
-        let lp = LayerPlacement::new(self.shape, layer, rows)?;
+        let shape = *self.machine.shape();
+        let (per, n, rank) = (
+            shape.slots_per_layer(),
+            shape.experts(),
+            self.machine.rank(),
+        );
+        let rows = self
+            .machine
+            .placement()
+            .get(layer * per..(layer + 1) * per)
+            .ok_or(eplb_core::Error::Index {
+                what: "layer",
+                index: layer,
+                bound: shape.layers(),
+            })?;
+        let lp = LayerPlacement::new(shape, layer, rows)?;
         if let Some(m) = self.expert_map.get_mut(layer * n..(layer + 1) * n) {
-            lp.expert_map(self.rank, m)?;
+            lp.expert_map(rank, m)?;
         }
         if let Some(m) = self.log2phy.get_mut(layer * n..(layer + 1) * n) {
-            lp.log2phy(self.rank, self.cfg.replica_choice, m)?;
+            lp.log2phy(rank, self.replica_choice, m)?;
         }
         Ok(())
     }
 
     /// Before a forward: launches the due layer's exchange, if any.
     pub fn before_forward(&mut self) {
-        let Some(layer) = self.cycle.layer_in_flight() else {
+        let Some(layer) = self.launch_due.take() else {
             return;
         };
-        if self.in_flight.is_some() {
-            return;
-        }
-        let Some(plan) = self.plan.clone() else {
-            return;
-        };
-        let per = self.shape.slots_per_layer();
-        let range = layer as usize * per..(layer as usize + 1) * per;
-        let (Some(old), Some(new)) = (self.placement.get(range.clone()), plan.placement.get(range))
-        else {
+        let shape = *self.machine.shape();
+        let per = shape.slots_per_layer();
+        let l = usize::from(layer);
+        let range = l * per..(l + 1) * per;
+        let (Some(old), Some(new)) = (
+            self.machine.placement().get(range.clone()),
+            self.machine.plan().get(range),
+        ) else {
             return;
         };
-        let rank_plan = match plan_layer(&self.shape, layer as usize, old, new) {
-            Ok(mut lp) if self.rank < lp.ranks.len() => lp.ranks.swap_remove(self.rank),
+        let rank = self.machine.rank();
+        let rank_plan = match plan_layer(&shape, l, old, new) {
+            Ok(mut lp) if rank < lp.ranks.len() => lp.ranks.swap_remove(rank),
             Ok(_) => return,
             Err(e) => {
-                log::error!("eplb rank {}: layer {layer}: {e}", self.rank);
+                log::error!("eplb rank {rank}: layer {layer}: {e}");
                 let empty = RankPlan {
-                    layer: layer as usize,
+                    layer: l,
                     sends: Vec::new(),
                     recvs: Vec::new(),
                     new_row: Vec::new(),
@@ -344,242 +417,201 @@ impl<T: Transport> Controller<T> {
         slot_counts: &[u32],
         padded_tokens: u64,
     ) -> Result<Report, ControllerError> {
-        let expected = self.shape.layers() * self.shape.slots_per_rank();
+        let shape = *self.machine.shape();
+        let expected = shape.layers() * shape.slots_per_rank();
         if slot_counts.len() != expected {
             return Err(ControllerError::Counts {
                 expected,
                 got: slot_counts.len(),
             });
         }
-        let mut report = Report::default();
-        self.finish_layer(&mut report)?;
-        let matched = self
-            .cfg
-            .stage
-            .matches(self.cfg.classifier.classify(padded_tokens));
-        let step = self.cycle.on_iteration(matched, &self.changed);
-        self.handle(step, slot_counts, &mut report)?;
-        Ok(report)
-    }
-
-    fn handle(
-        &mut self,
-        step: Step,
-        slot_counts: &[u32],
-        report: &mut Report,
-    ) -> Result<(), ControllerError> {
-        match step {
-            Step::Collect { counted } => {
-                if counted {
-                    self.add_heat(slot_counts)?;
-                }
-            }
-            Step::Snapshot => {
-                self.add_heat(slot_counts)?;
-                report.snapshot = true;
-                self.snapshot();
-            }
-            Step::Wait | Step::UpdateLayer(_) => {}
-            Step::PlanDue => self.plan_due(report)?,
-            Step::CycleDone => self.end_cycle(report),
+        if self.launch_due.is_some() {
+            // The engine skipped before_forward: launch now, wait below.
+            self.before_forward();
         }
-        Ok(())
-    }
-
-    fn add_heat(&mut self, slot_counts: &[u32]) -> Result<(), ControllerError> {
-        // The local ring holds [W][L][S] with the slot index as the "expert".
-        self.heat.add_logical_u32(slot_counts)?;
-        self.heat.end_iteration();
-        Ok(())
-    }
-
-    fn snapshot(&mut self) {
-        let (l, s, n, r) = (
-            self.shape.layers(),
-            self.shape.slots_per_rank(),
-            self.shape.experts(),
-            self.shape.ranks(),
-        );
-        let t = self.heat.windows().max(1);
-        let mut local = vec![0u64; t * l * s];
-        for (i, chunk) in local.chunks_exact_mut(l * s).enumerate() {
-            for (layer, c) in chunk.chunks_exact_mut(s).enumerate() {
-                if let Some(b) = self.heat.bucket(i, layer) {
-                    c.copy_from_slice(b);
-                }
+        if let Some((rank_plan, launched)) = &self.in_flight {
+            let local = launched
+                .clone()
+                .and_then(|()| self.transport.wait(rank_plan));
+            if let Err(e) = &local {
+                log::error!(
+                    "eplb rank {}: layer {} exchange: {e}",
+                    self.machine.rank(),
+                    rank_plan.layer
+                );
             }
+            self.machine
+                .handle_exchanged(rank_plan.layer as u16, local.is_ok());
         }
-        self.heat.reset();
-        let mut all = vec![0u64; r * local.len()];
-        if let Err(e) = self.transport.all_gather(&local, &mut all) {
-            log::error!(
-                "eplb rank {}: heat gather failed: {e}; cycle abandoned",
-                self.rank
-            );
-            self.stats.collective_failures += 1;
-            self.cycle.reset();
+        self.poll_planner();
+        self.machine.handle_forward(slot_counts, padded_tokens)?;
+        self.drive()?;
+        let ev = self.machine.take_events();
+        Ok(Report {
+            committed: ev.committed.map(usize::from),
+            failed: ev.failed.map(usize::from),
+            snapshot: ev.snapshot,
+            plan_taken: ev.plan_taken,
+            plan_late: ev.plan_late,
+            cycle_done: ev.cycle_done,
+            suspended: matches!(self.machine.health(), Health::Suspended { .. }),
+        })
+    }
+
+    /// Hands the planner's answer to the machine once it is there.
+    fn poll_planner(&mut self) {
+        let Some(cycle) = self.waiting_for else {
             return;
+        };
+        let Some(outcome) = self.planner.try_result(cycle) else {
+            return;
+        };
+        self.waiting_for = None;
+        match outcome.as_ref() {
+            Ok(plan) => match Placement::new(*self.machine.shape(), &plan.placement) {
+                Ok(p) => {
+                    self.machine.handle_plan(cycle, Some(p));
+                    self.plan = Some(Arc::clone(&outcome));
+                }
+                Err(e) => {
+                    log::error!("eplb: cycle {cycle}: the planner's placement: {e}");
+                    self.machine.handle_plan(cycle, None);
+                }
+            },
+            Err(_) => self.machine.handle_plan(cycle, None),
         }
-        // Fold [R][T][L][S] slot heat into logical [T][L][N] through the live placement.
-        let per = self.shape.slots_per_layer();
-        let mut samples = vec![0.0f64; t * l * n];
-        for (rank, part) in all.chunks_exact(local.len().max(1)).enumerate() {
-            for (i, win) in part.chunks_exact(l * s).enumerate() {
-                for (layer, row) in win.chunks_exact(s).enumerate() {
-                    let base = layer * per + rank * s;
-                    for (slot, &c) in row.iter().enumerate() {
-                        if let Some(&e) = self.placement.get(base + slot)
-                            && let Some(x) = samples.get_mut((i * l + layer) * n + usize::from(e))
-                        {
-                            *x += c as f64;
+    }
+
+    /// Executes the machine's actions until it has none.
+    fn drive(&mut self) -> Result<(), ControllerError> {
+        let rank = self.machine.rank();
+        while let Some(action) = self.machine.poll() {
+            match action {
+                Action::GatherHeat { send } => {
+                    self.gathered.clear();
+                    self.gathered.resize(self.transport.ranks() * send.len(), 0);
+                    let r = self.transport.all_gather(send, &mut self.gathered);
+                    if let Err(e) = &r {
+                        log::error!("eplb rank {rank}: heat gather failed: {e}");
+                    }
+                    self.machine.handle_gathered(r.is_ok());
+                }
+                Action::SubmitPlan { cycle, seed } => self.submit(cycle, seed)?,
+                Action::AgreeFlag { flag, .. } => {
+                    let r = self.transport.all_agree(flag);
+                    if let Err(e) = &r {
+                        log::error!("eplb rank {rank}: agreement failed: {e}");
+                    }
+                    self.machine.handle_agreed(r.ok());
+                }
+                Action::AgreeDigest { digest } => {
+                    let r = self.transport.all_gather(&digest, &mut self.digests);
+                    if let Err(e) = &r {
+                        log::error!("eplb rank {rank}: digest agreement failed: {e}");
+                    }
+                    let all = r.is_ok().then_some(self.digests.as_slice());
+                    self.machine.handle_digests(all);
+                }
+                Action::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                } => {
+                    self.planner.settle(cycle, taken, resync);
+                    if self.waiting_for == Some(cycle) {
+                        self.waiting_for = None;
+                    }
+                    if taken {
+                        self.log_plan();
+                    }
+                }
+                Action::Record { .. } => {
+                    let shape = *self.machine.shape();
+                    if let Some(sink) = self.record.as_mut()
+                        && let Err(e) = sink(&shape, self.machine.plan())
+                    {
+                        log::error!("eplb: recording the expert map failed: {e}");
+                    }
+                }
+                Action::Launch { layer } => self.launch_due = Some(layer),
+                Action::Commit { layer } => {
+                    let committed = match self.in_flight.take() {
+                        Some((rank_plan, _)) if rank_plan.layer == usize::from(layer) => {
+                            match self.transport.commit(&rank_plan) {
+                                Ok(()) => true,
+                                Err(e) => {
+                                    // Every rank agreed the bytes arrived; a local install
+                                    // failure is a bug in the backend. Keep the map pointing at
+                                    // what the slots hold.
+                                    log::error!("eplb rank {rank}: layer {layer} commit: {e}");
+                                    false
+                                }
+                            }
                         }
+                        _ => false,
+                    };
+                    self.machine.handle_committed(layer, committed);
+                    if committed {
+                        self.refresh_maps(usize::from(layer))?;
+                    }
+                }
+                Action::Abort { layer } => {
+                    if let Some((rank_plan, _)) = self.in_flight.take() {
+                        if rank_plan.layer == usize::from(layer) {
+                            self.transport.abort(&rank_plan);
+                        } else {
+                            self.in_flight = Some((rank_plan, Ok(())));
+                        }
+                    }
+                    if self.launch_due == Some(layer) {
+                        self.launch_due = None;
                     }
                 }
             }
         }
-        let mut loads = vec![0.0f64; l * n];
-        for win in samples.chunks_exact(l * n) {
-            for (a, b) in loads.iter_mut().zip(win) {
-                *a += b;
-            }
-        }
-        self.cycle_no += 1;
+        Ok(())
+    }
+
+    /// Folds the gathered heat and hands the request to the planner (moved, not copied).
+    fn submit(&mut self, cycle: u64, seed: u64) -> Result<(), ControllerError> {
+        let shape = *self.machine.shape();
+        let (l, n) = (shape.layers(), shape.experts());
+        let per_rank = self.gathered.len() / shape.ranks().max(1);
+        let t = (per_rank / (l * shape.slots_per_rank()).max(1)).max(1);
+        let mut loads = vec![0.0; l * n];
+        let mut samples = vec![0.0; t * l * n];
+        self.machine
+            .fold_heat(&self.gathered, &mut loads, &mut samples)?;
         self.planner.submit(PlanRequest {
-            cycle: self.cycle_no,
-            current: self.placement.clone(),
+            cycle,
+            current: self.machine.placement().to_vec(),
             loads,
             samples: Some((t, samples)),
-            seed: self.cfg.seed.wrapping_add(self.cycle_no),
+            seed,
         });
-        // Simulated time: rank 0 lets the planner run alone (the other ranks soon wait for
-        // it), so its measured wall time is the policy's, not the simulator's.
-        if let (Some(t), 0) = (self.cfg.wait_for_plan, self.rank) {
-            let _ = self.planner.wait_result(self.cycle_no, t);
-        }
-    }
-
-    fn agree(&mut self, flag: bool) -> Option<bool> {
-        match self.transport.all_agree(flag) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                log::error!("eplb rank {}: agreement failed: {e}", self.rank);
-                self.stats.collective_failures += 1;
-                None
-            }
-        }
-    }
-
-    fn plan_due(&mut self, report: &mut Report) -> Result<(), ControllerError> {
-        let outcome = match self.cfg.wait_for_plan {
-            Some(t) => self.planner.wait_result(self.cycle_no, t),
-            None => self.planner.try_result(self.cycle_no),
-        };
-        let Some(everywhere) = self.agree(outcome.is_some()) else {
-            self.cycle.reset();
-            return Ok(());
-        };
-        if !everywhere {
-            self.stats.late_iterations += 1;
-            report.plan_late = true;
-            self.cycle.on_plan_late();
-            return Ok(());
-        }
-        let plan = outcome.and_then(|o| o.as_ref().as_ref().ok().cloned());
-        let Some(all_ok) = self.agree(plan.is_some()) else {
-            self.cycle.reset();
-            return Ok(());
-        };
-        self.stats.plans_taken += 1;
-        self.changed.iter_mut().for_each(|c| *c = false);
-        match plan {
-            Some(plan) if all_ok => {
-                if self.rank == 0 {
-                    log::info!(
-                        "[Expert Hotness] current: mean={:.3} max={:.3}, updated: mean={:.3} max={:.3}",
-                        plan.summary.before.mean,
-                        plan.summary.before.max,
-                        plan.summary.after.mean,
-                        plan.summary.after.max
-                    );
-                    if plan.summary.colocated_rows > 0 {
-                        log::warn!(
-                            "eplb: the plan holds an expert twice on {} rank rows; applied as is",
-                            plan.summary.colocated_rows
-                        );
-                    }
-                }
-                match self.cfg.mode {
-                    RunMode::Dynamic => self.changed.copy_from_slice(&plan.changed),
-                    RunMode::Record => {
-                        if let Some(sink) = self.record.as_mut()
-                            && let Err(e) = sink(&self.shape, &plan.placement)
-                        {
-                            log::error!("eplb: recording the expert map failed: {e}");
-                        }
-                    }
-                }
-                self.plan = Some(Arc::new(plan));
-            }
-            _ => {
-                self.stats.plan_failures += 1;
-                self.plan = None;
-            }
-        }
-        report.plan_taken = Some(self.changed.iter().filter(|&&c| c).count());
-        let step = self.cycle.on_plan(&self.changed);
-        if step == Step::CycleDone {
-            self.end_cycle(report);
-        }
+        self.waiting_for = Some(cycle);
         Ok(())
     }
 
-    fn finish_layer(&mut self, report: &mut Report) -> Result<(), ControllerError> {
-        let Some((rank_plan, launched)) = self.in_flight.take() else {
-            return Ok(());
+    fn log_plan(&self) {
+        let Some(plan) = self.current_plan() else {
+            return;
         };
-        let layer = rank_plan.layer;
-        let local = launched.and_then(|()| self.transport.wait(&rank_plan));
-        if let Err(e) = &local {
-            log::error!("eplb rank {}: layer {layer} exchange: {e}", self.rank);
+        if self.machine.rank() != 0 || plan.cycle != self.machine.cycle_number() {
+            return;
         }
-        let ok = self.agree(local.is_ok()).unwrap_or(false);
-        if !ok {
-            self.transport.abort(&rank_plan);
-            self.stats.layers_failed += 1;
-            report.failed = Some(layer);
-            return Ok(());
+        log::info!(
+            "[Expert Hotness] current: mean={:.3} max={:.3}, updated: mean={:.3} max={:.3}",
+            plan.summary.before.mean,
+            plan.summary.before.max,
+            plan.summary.after.mean,
+            plan.summary.after.max
+        );
+        if plan.summary.colocated_rows > 0 {
+            log::warn!(
+                "eplb: the plan holds an expert twice on {} rank rows; applied as is",
+                plan.summary.colocated_rows
+            );
         }
-        if let Err(e) = self.transport.commit(&rank_plan) {
-            // Every rank agreed the bytes arrived; a local install failure is a bug in the
-            // backend. Keep the map pointing at what the slots hold.
-            log::error!("eplb rank {}: layer {layer} commit: {e}", self.rank);
-            self.stats.layers_failed += 1;
-            report.failed = Some(layer);
-            return Ok(());
-        }
-        let per = self.shape.slots_per_layer();
-        if let Some(plan) = &self.plan
-            && let (Some(dst), Some(src)) = (
-                self.placement.get_mut(layer * per..(layer + 1) * per),
-                plan.placement.get(layer * per..(layer + 1) * per),
-            )
-        {
-            dst.copy_from_slice(src);
-        }
-        self.refresh_maps(layer)?;
-        self.stats.layers_committed += 1;
-        report.committed = Some(layer);
-        Ok(())
-    }
-
-    fn end_cycle(&mut self, report: &mut Report) {
-        report.cycle_done = true;
-        self.heat.reset();
-        self.changed.iter_mut().for_each(|c| *c = false);
-    }
-
-    /// The slot heat ring's shape (`[L]` layers of `S` slots), for diagnostics.
-    pub fn slot_heat_shape(&self) -> &Shape {
-        &self.slot_shape
     }
 }

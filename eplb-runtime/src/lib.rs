@@ -23,6 +23,7 @@ pub mod modes;
 pub mod payload;
 pub mod planner;
 pub mod policies;
+pub mod rank;
 pub mod report;
 pub mod simulate;
 pub mod transfer;

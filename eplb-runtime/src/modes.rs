@@ -130,7 +130,7 @@ pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<Controll
         } else {
             ReplicaChoice::Plain
         },
-        wait_for_plan: None,
+        max_collective_failures: crate::controller::DEFAULT_MAX_COLLECTIVE_FAILURES,
     })
 }
 

@@ -2,11 +2,19 @@
 //! once.
 //!
 //! Controllers [`submit`](Planner::submit) a request per cycle and poll
-//! [`try_result`](Planner::try_result); they never block on it (the simulator, whose time is
-//! simulated, may [`wait_result`](Planner::wait_result)). In a real deployment each rank process
-//! has its own planner; ranks that share a process may share one, since every rank submits the
-//! same request (the policies are deterministic). A policy error or panic becomes an error
-//! outcome: logged, counted, and the placement stays as it was.
+//! [`try_result`](Planner::try_result); they never block on it. In a real deployment each rank
+//! process has its own planner; ranks that share a process may share one, since every rank
+//! submits the same request (the policies are deterministic). A policy error or panic becomes an
+//! error outcome: logged, counted, and the placement stays as it was.
+//!
+//! **Policy state advances only for cycles every rank took.** A stateful policy (FlashLB's ring
+//! and thresholds, the incremental policy's history) plans each cycle on a copy of its state.
+//! When the ranks have agreed on the cycle's plan digest, the controller
+//! [`settle`](Planner::settle)s it: taken, the copy becomes the state; abandoned (a failed plan
+//! or a digest mismatch anywhere, a failed collective), the copy is dropped and the next cycle
+//! plans from the state before it, on every rank alike. A panic also drops the copy. When the
+//! ranks held different plans (a digest mismatch: their states may already differ) every rank
+//! restarts the policy from its initial state, so they agree again from the next cycle on.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -14,6 +22,17 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A message to the planner thread.
+#[derive(Debug)]
+enum Msg {
+    Plan(PlanRequest),
+    Settle {
+        cycle: u64,
+        taken: bool,
+        resync: bool,
+    },
+}
 
 use eplb_core::{Placement, Shape};
 use eplb_policies::{Input, Output, Policy, Samples, Summary, buffer_lens, rebalance};
@@ -77,7 +96,7 @@ pub struct PlannerStats {
 /// A planner thread and its mailbox.
 #[derive(Debug)]
 pub struct Planner {
-    tx: Option<Sender<PlanRequest>>,
+    tx: Option<Sender<Msg>>,
     shared: Arc<(Mutex<Shared>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
@@ -86,7 +105,7 @@ impl Planner {
     /// Starts the planner thread for `policy` on `shape`; scratch and state are allocated here,
     /// once.
     pub fn spawn(policy: Box<dyn Policy + Send>, shape: Shape) -> Self {
-        let (tx, rx) = channel::<PlanRequest>();
+        let (tx, rx) = channel::<Msg>();
         let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -131,18 +150,31 @@ impl Planner {
             sh.submitted.retain(|&c, _| c >= keep_from);
             sh.results.retain(|&c, _| c >= keep_from);
         }
+        let cycle = req.cycle;
         let sent = self
             .tx
             .as_ref()
-            .is_some_and(|tx| tx.send(req.clone()).is_ok());
+            .is_some_and(|tx| tx.send(Msg::Plan(req)).is_ok());
         if !sent {
             let mut sh = self.lock();
-            sh.results.insert(
-                req.cycle,
-                Arc::new(Err("the planner thread is gone".into())),
-            );
+            sh.results
+                .insert(cycle, Arc::new(Err("the planner thread is gone".into())));
             sh.failures += 1;
             self.shared.1.notify_all();
+        }
+    }
+
+    /// Every rank took `cycle` (`taken`) or abandoned it: the policy state advances to the one
+    /// after the cycle, or stays the one before it; with `resync` (the ranks held different
+    /// plans) it restarts from the policy's initial state. Repeats (ranks sharing a planner) are
+    /// ignored.
+    pub fn settle(&self, cycle: u64, taken: bool, resync: bool) {
+        if let Some(tx) = self.tx.as_ref() {
+            let _ = tx.send(Msg::Settle {
+                cycle,
+                taken,
+                resync,
+            });
         }
     }
 
@@ -151,7 +183,7 @@ impl Planner {
         self.lock().results.get(&cycle).cloned()
     }
 
-    /// Blocks until the outcome of `cycle` is ready (simulated time only; a serving thread polls
+    /// Blocks until the outcome of `cycle` is ready, for tests and tools (a serving thread polls
     /// [`Planner::try_result`]). Gives up after `timeout`.
     pub fn wait_result(&self, cycle: u64, timeout: Duration) -> Option<Arc<Outcome>> {
         // `None`: the deadline is past what `Instant` can hold, so wait without one.
@@ -220,7 +252,7 @@ fn fingerprint(req: &PlanRequest) -> u64 {
 fn run(
     mut policy: Box<dyn Policy + Send>,
     shape: Shape,
-    rx: Receiver<PlanRequest>,
+    rx: Receiver<Msg>,
     shared: Arc<(Mutex<Shared>, Condvar)>,
 ) {
     // A shape the policy cannot serve (or whose buffers are over the limit) allocates nothing;
@@ -230,13 +262,37 @@ fn run(
         Ok(l) => (vec![0u64; l.scratch], vec![0u64; l.state]),
         Err(_) => (Vec::new(), Vec::new()),
     };
-    while let Ok(req) = rx.recv() {
+    // `state`: after the last cycle every rank took; `working`: after the cycle planned last,
+    // `pending` names that cycle until it is settled.
+    let mut working = state.clone();
+    let mut pending: Option<u64> = None;
+    while let Ok(msg) = rx.recv() {
+        let req = match msg {
+            Msg::Settle {
+                cycle,
+                taken,
+                resync,
+            } => {
+                if pending == Some(cycle) {
+                    pending = None;
+                    if taken {
+                        core::mem::swap(&mut state, &mut working);
+                    } else if resync {
+                        state.fill(0);
+                    }
+                }
+                continue;
+            }
+            Msg::Plan(req) => req,
+        };
         let cycle = req.cycle;
+        working.copy_from_slice(&state);
+        pending = Some(cycle);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if let Err(e) = &lens {
                 return Err(e.clone());
             }
-            plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state)
+            plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut working)
         }))
         .unwrap_or_else(|panic| {
             let msg = panic
@@ -244,8 +300,8 @@ fn run(
                 .map(|s| (*s).to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            // The policy's state may be half-written: start afresh.
-            state.fill(0);
+            // The policy's working state may be half-written: it is dropped (the cycle cannot be
+            // taken, since this rank's plan failed).
             Err(format!("policy panicked: {msg}"))
         });
         if let Err(e) = &outcome {

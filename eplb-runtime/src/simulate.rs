@@ -1,29 +1,32 @@
-//! `eplb simulate`: replays a trace's windows through the real controllers, planner thread,
-//! transfer planning and host transport, exactly as `SIMULATION.md` defines.
+//! `eplb simulate`: replays a trace's windows through `R` [rank machines](crate::rank), the
+//! policy and transfer planning on one thread, exactly as `SIMULATION.md` defines.
 //!
-//! One trace window is one controller iteration on every rank (`R` rank threads meet in a
-//! [`HostWorld`]). The plan computed after window `s_k + H - 1` is due `A` windows later; time is
-//! simulated, so the controllers wait for it (its wall time is measured), and all changed layers
-//! are committed by update iterations between windows `a_k - 1` and `a_k` (`a_k = s_k + H + A`),
-//! so every window `>= a_k` sees the whole new placement. A cycle whose `a_k >= T` is not run.
-//! Per-slot token counts handed to the controllers follow the routing model (§4) in whole
-//! tokens, so folding them back gives the trace's counts exactly.
+//! One trace window is one forward iteration on every rank's machine. The simulator is the
+//! machines' driver (`SimWorld`): it serves their collectives in memory, runs the policy in place
+//! right after the snapshot (one planner for every rank; its wall time is measured), and lets a
+//! layer's exchange succeed when its transfers can be planned. The plan taken `A` windows after
+//! the snapshot is walked by update iterations between windows `a_k - 1` and `a_k`
+//! (`a_k = s_k + H + A`), so every window `>= a_k` sees the whole new placement. A cycle whose
+//! `a_k >= T` is not run. Per-slot token counts handed to the machines follow the routing model
+//! (§4) in whole tokens, so folding them back gives the trace's counts exactly. The driver loop is
+//! bounded: more than 16 collectives in one iteration, or a layer walk longer than `2L + 2`
+//! iterations, fails the run as a livelock.
 
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::Duration;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
 
 use eplb_core::metrics::{self, Routing};
-use eplb_core::{HeatStage, Layout, Placement, ReplicaChoice, Shape, StageClassifier};
+use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
-use crate::controller::{Controller, ControllerConfig, RunMode};
-use crate::planner::Planner;
+use crate::controller::RunMode;
 use crate::policies::{Keep, policy_for};
-use crate::transport::host::{HostTransport, HostWorld};
+use crate::rank::{Action, MachineConfig, RankMachine, Vote};
+use crate::transfer::plan_layer;
 use eplb_policies::PolicyKind;
 
 /// A trace in memory: `counts[w][l][e]`.
 ///
-/// A window's count must fit the controllers' per-iteration `u32` counters: a count above
+/// A window's count must fit the rank machines' per-iteration `u32` counters: a count above
 /// `u32::MAX` is refused by [`simulate`] (never truncated or saturated).
 #[derive(Debug, Clone)]
 pub struct SimTrace {
@@ -88,7 +91,8 @@ pub struct SimConfig {
     pub routing: Routing,
     /// Seed of randomised policies.
     pub seed: u64,
-    /// Bytes per expert moved by the host transport.
+    /// Bytes per expert of a moved weight. The one-thread simulator plans every transfer but
+    /// moves no bytes, so it does not use this; kept so that configs and bindings stay valid.
     pub expert_bytes: usize,
 }
 
@@ -142,7 +146,7 @@ pub struct SimResult {
     pub policy_time_ms_max: f64,
     /// Layers whose exchange failed.
     pub failed_layers: u64,
-    /// Plans taken (cycles that reached their activation).
+    /// Plans taken (cycles that reached their activation, a failed plan included).
     pub plans: u64,
     /// Plans whose policy call failed (the placement stayed as it was for them).
     pub plan_failures: u64,
@@ -245,7 +249,7 @@ pub fn route_window(
                     let d = holders.len();
                     let shares: Vec<(u64, u64)> = (0..d)
                         .map(|j| {
-                            let m = ((r - 1 - j) / d + 1) as u64;
+                            let m = metrics::log2phy_sources(r, d, j) as u64;
                             (c * m / r as u64, c * m % r as u64)
                         })
                         .collect();
@@ -326,7 +330,7 @@ pub fn simulate_with(
     // buffer sizes.
     eplb_policies::buffer_lens(policy.as_ref(), &shape)
         .map_err(|e| format!("policy {}: {e}", cfg.policy.name()))?;
-    // Counts reach the controllers as per-iteration u32 values: refuse what does not fit.
+    // Counts reach the rank machines as per-iteration u32 values: refuse what does not fit.
     if let Some(i) = trace.counts.iter().position(|&c| c > u64::from(u32::MAX)) {
         let (w, rest) = (i / (l * n), i % (l * n));
         return Err(format!(
@@ -341,55 +345,20 @@ pub fn simulate_with(
     let r = shape.ranks();
     let (h, a) = (cfg.heat_interval as usize, cfg.algo_interval as usize);
 
-    let planner = Arc::new(Planner::spawn(policy, shape));
-    let world = HostWorld::new(r, Duration::from_secs(600));
-    let ctrl_cfg = ControllerConfig {
+    let mcfg = MachineConfig {
         heat_interval: cfg.heat_interval,
         algo_interval: cfg.algo_interval,
         stage: HeatStage::All,
         classifier: StageClassifier::new(1, 0),
         mode: RunMode::Dynamic,
         seed: cfg.seed,
-        replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: Some(Duration::from_secs(3600)),
+        max_collective_failures: 3,
     };
-
-    let data = Arc::new(Mutex::new(WindowData {
-        counts: vec![0; shape.placement_len()],
-        stop: false,
-        placement: initial.clone(),
-        plan_time: None,
-        failed: 0,
-        plans: 0,
-        plan_failures: 0,
-        error: None,
-    }));
-    let start = Arc::new(Barrier::new(r + 1));
-    let end = Arc::new(Barrier::new(r + 1));
-    let mut threads = Vec::with_capacity(r);
-    for rank in 0..r {
-        let rows: Vec<Vec<u16>> = initial
-            .chunks_exact(shape.slots_per_layer())
-            .map(|layer| {
-                layer[rank * shape.slots_per_rank()..(rank + 1) * shape.slots_per_rank()].to_vec()
-            })
-            .collect();
-        let transport = HostTransport::new(Arc::clone(&world), rank, &rows, cfg.expert_bytes);
-        let ctrl = Controller::new(
-            shape,
-            initial.clone(),
-            ctrl_cfg.clone(),
-            transport,
-            Arc::clone(&planner),
-        )
+    let mut machines = (0..r)
+        .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-        let (data, start, end) = (Arc::clone(&data), Arc::clone(&start), Arc::clone(&end));
-        let th = std::thread::Builder::new()
-            .name(format!("eplb-sim-rank{rank}"))
-            .spawn(move || rank_loop(ctrl, &data, &start, &end))
-            .map_err(|e| format!("cannot start rank thread: {e}"))?;
-        threads.push(th);
-    }
+    let mut world = SimWorld::new(shape, cfg.heat_interval, policy)?;
 
     let mut live = initial.clone();
     let mut log = vec![LogEntry {
@@ -412,7 +381,11 @@ pub fn simulate_with(
     let mut rank_buf = vec![0.0f64; r];
     let mut copies = vec![0u16; n];
     let mut loads = vec![0.0f64; n];
-    let mut failure: Option<String> = None;
+    let mut router = Router::new(&shape, &live, cfg.routing);
+    let mut routed = vec![0u32; shape.placement_len()];
+    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
+    let mut mine = vec![0u32; l * s];
+    let zeros = vec![0u32; l * s];
     for w in 0..t_len {
         let counts = &trace.counts[w * l * n..(w + 1) * l * n];
         // Score window w under the placement live during it.
@@ -434,50 +407,62 @@ pub fn simulate_with(
         if driving && w == cycle_start && w + h + a >= t_len {
             driving = false;
         }
-        if driving {
-            {
-                let mut d = data.lock().map_err(|_| "simulation state poisoned")?;
-                route_window(&shape, &live, counts, cfg.routing, &mut d.counts);
-                d.plan_time = None;
+        if !driving {
+            progress(w + 1, t_len);
+            continue;
+        }
+        router.route(counts, &mut routed);
+        for m in machines.iter_mut() {
+            let rank = m.rank();
+            for layer in 0..l {
+                let base = layer * per + rank * s;
+                mine[layer * s..(layer + 1) * s].copy_from_slice(&routed[base..base + s]);
             }
-            start.wait();
-            end.wait();
-            let mut d = data.lock().map_err(|_| "simulation state poisoned")?;
-            if let Some(e) = d.error.take() {
-                failure = Some(e);
-                driving = false;
+            world.exchange_done(m);
+            m.handle_forward(&mine, 0).map_err(|e| e.to_string())?;
+        }
+        world.drive(&mut machines)?;
+        let taken = machines[0].take_events().plan_taken.is_some();
+        // Update iterations between windows: the layer-by-layer update is part of the delay.
+        let mut updates = 0usize;
+        while machines[0].is_updating() {
+            updates += 1;
+            if updates > 2 * l + 2 {
+                return Err(format!(
+                    "simulation livelock: the layer update after window {w} did not end within {} \
+                     iterations",
+                    2 * l + 2
+                ));
             }
-            if let Some(secs) = d.plan_time.take() {
-                // The plan taken after window w is live from window w + 1.
-                log.push(LogEntry {
-                    cycle: log.len(),
-                    active_from_window: w + 1,
-                    placement: d.placement.clone(),
-                    heat_windows: Some((cycle_start, cycle_start + h)),
-                    policy_time_s: Some(secs),
-                });
-                cycle_start = w + 1;
+            for m in machines.iter_mut() {
+                world.exchange_done(m);
+                m.handle_forward(&zeros, 0).map_err(|e| e.to_string())?;
             }
-            live.clone_from(&d.placement);
+            world.drive(&mut machines)?;
+        }
+        for m in machines.iter_mut() {
+            let _ = m.take_events();
+        }
+        if taken {
+            // The plan taken after window w is live from window w + 1.
+            log.push(LogEntry {
+                cycle: log.len(),
+                active_from_window: w + 1,
+                placement: machines[0].placement().to_vec(),
+                heat_windows: Some((cycle_start, cycle_start + h)),
+                policy_time_s: Some(world.plan_time),
+            });
+            cycle_start = w + 1;
+        }
+        if live != machines[0].placement() {
+            live.copy_from_slice(machines[0].placement());
+            router.rebuild(&live);
         }
         progress(w + 1, t_len);
     }
-    {
-        let mut d = data.lock().map_err(|_| "simulation state poisoned")?;
-        d.stop = true;
-    }
-    start.wait();
-    let (mut failed_layers, mut plans, mut plan_failures) = (0, 0, 0);
-    for th in threads {
-        th.join().map_err(|_| "a rank thread panicked")?;
-    }
-    if let Ok(d) = data.lock() {
-        (failed_layers, plans, plan_failures) = (d.failed, d.plans, d.plan_failures);
-    }
-    let first_plan_failure = planner.first_failure();
-    if let Some(e) = failure {
-        return Err(e);
-    }
+    let stats = machines[0].stats();
+    let (failed_layers, plans, plan_failures) =
+        (stats.layers_failed, stats.plans_taken, stats.plan_failures);
 
     // Metrics.
     let layer_mean: Vec<f64> = par
@@ -533,86 +518,450 @@ pub fn simulate_with(
         failed_layers,
         plans,
         plan_failures,
-        first_plan_failure,
+        first_plan_failure: world.first_failure.take(),
         log,
         par,
         lower_bound: lb,
     })
 }
 
-/// What the driver and the rank threads share.
-struct WindowData {
-    /// `[L][R][S]` routed counts of the current window.
-    counts: Vec<u32>,
-    stop: bool,
-    /// Rank 0's live placement after the window (and its update iterations).
-    placement: Vec<u16>,
-    /// Set when a plan was taken after this window: the policy's wall time.
-    plan_time: Option<f64>,
-    failed: u64,
-    /// Rank 0's plans taken and plan failures so far.
-    plans: u64,
-    plan_failures: u64,
-    error: Option<String>,
+/// What a rank posted to the collective of the current round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Posted {
+    Gather,
+    Flag(bool, Vote),
+    Digest,
 }
 
-fn rank_loop(
-    mut ctrl: Controller<HostTransport>,
-    data: &Mutex<WindowData>,
-    start: &Barrier,
-    end: &Barrier,
-) {
-    let shape = *ctrl.shape();
-    let (l, s, rank) = (shape.layers(), shape.slots_per_rank(), ctrl.rank());
-    let per = shape.slots_per_layer();
-    let mut mine = vec![0u32; l * s];
-    let zeros = vec![0u32; l * s];
-    loop {
-        start.wait();
-        {
-            let Ok(d) = data.lock() else { return };
-            if d.stop {
-                return;
+/// Rounds of [`SimWorld::drive`] before it declares a livelock: one iteration needs at most a
+/// layer vote, a heat gather, a readiness flag and a digest agreement.
+const MAX_ROUNDS: usize = 16;
+
+/// The simulator's side of the rank machines: an in-memory collective, the policy called in
+/// place (one planner shared by every rank, as ranks of one process may share one), and
+/// transfers that always arrive.
+struct SimWorld {
+    shape: Shape,
+    /// The first policy failure, with its cycle (for the report).
+    first_failure: Option<String>,
+    policy: Box<dyn eplb_policies::Policy + Send>,
+    scratch: Vec<u64>,
+    /// The policy state after the last cycle every rank took.
+    state: Vec<u64>,
+    /// The state after the cycle being planned (kept iff every rank takes it).
+    working: Vec<u64>,
+    gathered: Vec<u64>,
+    gather_len: usize,
+    loads: Vec<f64>,
+    samples: Vec<f64>,
+    plan: Vec<u16>,
+    changed: Vec<bool>,
+    par_before: Vec<f64>,
+    par_after: Vec<f64>,
+    /// The cycle planned last and whether its plan is valid.
+    planned: Option<(u64, bool)>,
+    settled: u64,
+    /// Wall time of the last policy call (0 when it failed).
+    plan_time: f64,
+    /// Per rank: the layer launched and whether its exchange can succeed.
+    launched: Vec<Option<(u16, bool)>>,
+    /// `(cycle, layer, ok)` of the last layer whose transfers were planned.
+    layer_ok: Option<(u64, u16, bool)>,
+    posted: Vec<Option<Posted>>,
+    digests: Vec<u64>,
+    /// Per rank: it submitted a request this round.
+    asked: Vec<bool>,
+}
+
+impl SimWorld {
+    fn new(
+        shape: Shape,
+        heat_interval: u32,
+        policy: Box<dyn eplb_policies::Policy + Send>,
+    ) -> Result<Self, String> {
+        let (w, _) =
+            eplb_core::heat::layout_for_interval(heat_interval).map_err(|e| e.to_string())?;
+        let (l, r, s, n) = (
+            shape.layers(),
+            shape.ranks(),
+            shape.slots_per_rank(),
+            shape.experts(),
+        );
+        let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
+        let scratch = vec![0u64; lens.scratch];
+        let state = vec![0u64; lens.state];
+        Ok(Self {
+            first_failure: None,
+            shape,
+            scratch,
+            working: state.clone(),
+            state,
+            policy,
+            gathered: vec![0; r * w * l * s],
+            gather_len: 0,
+            loads: vec![0.0; l * n],
+            samples: vec![0.0; w * l * n],
+            plan: vec![0; shape.placement_len()],
+            changed: vec![false; l],
+            par_before: vec![0.0; l],
+            par_after: vec![0.0; l],
+            planned: None,
+            settled: 0,
+            plan_time: 0.0,
+            launched: vec![None; r],
+            layer_ok: None,
+            posted: vec![None; r],
+            digests: vec![0; 2 * r],
+            asked: vec![false; r],
+        })
+    }
+
+    /// Reports the exchange a rank launched before this iteration.
+    fn exchange_done(&mut self, m: &mut RankMachine) {
+        if let Some((layer, ok)) = self.launched.get_mut(m.rank()).and_then(Option::take) {
+            m.handle_exchanged(layer, ok);
+        }
+    }
+
+    /// Runs every machine's actions until all are idle: local actions at once, collectives when
+    /// every rank has posted the same one. A rank that never joins a collective its peers wait
+    /// in, or more than [`MAX_ROUNDS`] rounds, fails the run (a livelock).
+    fn drive(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
+        for _ in 0..MAX_ROUNDS {
+            let mut any = false;
+            for m in machines.iter_mut() {
+                let p = self.run_local(m)?;
+                any |= p.is_some();
+                self.posted[m.rank()] = p;
             }
-            for layer in 0..l {
-                let base = layer * per + rank * s;
-                mine[layer * s..(layer + 1) * s].copy_from_slice(&d.counts[base..base + s]);
+            self.hand_plans(machines)?;
+            if !any {
+                return Ok(());
+            }
+            let first = self.posted[0];
+            if let Some(rank) = self.posted.iter().position(|p| *p != first) {
+                return Err(format!(
+                    "simulation livelock: rank 0 waits in {first:?}, rank {rank} in {:?}",
+                    self.posted[rank]
+                ));
+            }
+            match first {
+                Some(Posted::Gather) => machines.iter_mut().for_each(|m| m.handle_gathered(true)),
+                Some(Posted::Flag(..)) => {
+                    // Every rank posted the same flag (checked above): the AND is that flag.
+                    let all = matches!(first, Some(Posted::Flag(true, _)));
+                    machines.iter_mut().for_each(|m| m.handle_agreed(Some(all)));
+                }
+                Some(Posted::Digest) => {
+                    let d = &self.digests;
+                    machines.iter_mut().for_each(|m| m.handle_digests(Some(d)));
+                }
+                None => return Ok(()),
             }
         }
-        let mut plan_time = None;
-        let mut error = None;
-        ctrl.before_forward();
-        match ctrl.after_forward(&mine, 0) {
-            Ok(rep) => {
-                if rep.plan_taken.is_some() {
-                    plan_time = Some(ctrl.current_plan().map_or(0.0, |p| p.elapsed.as_secs_f64()));
+        Err(format!(
+            "simulation livelock: the ranks still exchange after {MAX_ROUNDS} collectives in one \
+             iteration"
+        ))
+    }
+
+    /// Executes `m`'s local actions; returns the collective it then waits in, if any.
+    fn run_local(&mut self, m: &mut RankMachine) -> Result<Option<Posted>, String> {
+        let rank = m.rank();
+        loop {
+            let action = m.poll();
+            match action {
+                None => return Ok(None),
+                Some(Action::GatherHeat { send }) => {
+                    if rank == 0 {
+                        self.gather_len = send.len();
+                    }
+                    let len = self.gather_len;
+                    let dst = self.gathered.get_mut(rank * len..(rank + 1) * len);
+                    match dst {
+                        Some(d) if send.len() == len => d.copy_from_slice(send),
+                        _ => {
+                            return Err(format!(
+                                "rank {rank} gathers {} heat words, rank 0 {len}",
+                                send.len()
+                            ));
+                        }
+                    }
+                    return Ok(Some(Posted::Gather));
+                }
+                Some(Action::AgreeFlag { flag, on }) => return Ok(Some(Posted::Flag(flag, on))),
+                Some(Action::AgreeDigest { digest }) => {
+                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&digest);
+                    return Ok(Some(Posted::Digest));
+                }
+                Some(Action::SubmitPlan { cycle, seed }) => self.plan_for(m, cycle, seed)?,
+                Some(Action::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                }) => {
+                    if cycle > self.settled {
+                        self.settled = cycle;
+                        if taken {
+                            core::mem::swap(&mut self.state, &mut self.working);
+                        } else if resync {
+                            self.state.fill(0);
+                        }
+                    }
+                }
+                Some(Action::Record { .. }) | Some(Action::Abort { .. }) => {}
+                Some(Action::Launch { layer }) => {
+                    let ok = self.layer_plannable(m, layer);
+                    self.launched[rank] = Some((layer, ok));
+                }
+                Some(Action::Commit { layer }) => m.handle_committed(layer, true),
+            }
+        }
+    }
+
+    /// Whether the transfers of `layer` can be planned (once per cycle and layer).
+    fn layer_plannable(&mut self, m: &RankMachine, layer: u16) -> bool {
+        let key = (m.cycle_number(), layer);
+        if let Some((c, l, ok)) = self.layer_ok
+            && (c, l) == key
+        {
+            return ok;
+        }
+        let per = self.shape.slots_per_layer();
+        let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
+        let ok = match plan_layer(
+            &self.shape,
+            usize::from(layer),
+            &m.placement()[range.clone()],
+            &m.plan()[range],
+        ) {
+            Ok(_) => true,
+            Err(e) => {
+                log::error!("eplb simulate: layer {layer}: {e}");
+                false
+            }
+        };
+        self.layer_ok = Some((key.0, key.1, ok));
+        ok
+    }
+
+    /// Runs the policy for `cycle` (once for all ranks); the plan is handed to every rank that
+    /// asked for it by [`SimWorld::hand_plans`].
+    fn plan_for(&mut self, m: &mut RankMachine, cycle: u64, seed: u64) -> Result<(), String> {
+        if self.planned.map(|p| p.0) != Some(cycle) {
+            let ok = self.compute(m, seed)?;
+            self.planned = Some((cycle, ok));
+        }
+        self.asked[m.rank()] = true;
+        Ok(())
+    }
+
+    /// Hands the plan (validated once) to the ranks that submitted a request this round.
+    fn hand_plans(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
+        let Some((cycle, ok)) = self.planned else {
+            return Ok(());
+        };
+        if !self.asked.iter().any(|&a| a) {
+            return Ok(());
+        }
+        let plan = if ok {
+            Some(Placement::new(self.shape, &self.plan).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        for (m, asked) in machines.iter_mut().zip(self.asked.iter_mut()) {
+            if core::mem::take(asked) {
+                m.handle_plan(cycle, plan);
+            }
+        }
+        Ok(())
+    }
+
+    fn compute(&mut self, m: &RankMachine, seed: u64) -> Result<bool, String> {
+        let (l, s, n) = (
+            self.shape.layers(),
+            self.shape.slots_per_rank(),
+            self.shape.experts(),
+        );
+        let t = (self.gather_len / (l * s)).max(1);
+        let r = self.shape.ranks();
+        let gathered = &self.gathered[..r * self.gather_len];
+        let samples = &mut self.samples[..t * l * n];
+        m.fold_heat(gathered, &mut self.loads, samples)
+            .map_err(|e| e.to_string())?;
+        self.working.copy_from_slice(&self.state);
+        let shape = self.shape;
+        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<f64, String> {
+            let current = Placement::new(shape, m.placement()).map_err(|e| e.to_string())?;
+            let samples = eplb_policies::Samples::new(&shape, t, &self.samples[..t * l * n])
+                .map_err(|e| e.to_string())?;
+            let input = eplb_policies::Input::new(current, &self.loads, Some(samples), seed)
+                .map_err(|e| e.to_string())?;
+            let started = Instant::now();
+            eplb_policies::rebalance(
+                self.policy.as_mut(),
+                &input,
+                &mut self.scratch,
+                &mut self.working,
+                eplb_policies::Output {
+                    placement: &mut self.plan,
+                    changed: &mut self.changed,
+                    par_before: &mut self.par_before,
+                    par_after: &mut self.par_after,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(started.elapsed().as_secs_f64())
+        }))
+        .unwrap_or_else(|_| Err("policy panicked".into()));
+        match outcome {
+            Ok(secs) => {
+                self.plan_time = secs;
+                Ok(true)
+            }
+            Err(e) => {
+                log::error!("eplb simulate: cycle {}: {e}", m.cycle_number());
+                if self.first_failure.is_none() {
+                    self.first_failure = Some(format!("cycle {}: {e}", m.cycle_number()));
+                }
+                self.plan_time = 0.0;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// [`route_window`] with the holders of every expert kept per placement: rebuilt when the
+/// placement changes, so a window costs `O(L * N * copies)` instead of `O(L * N * R * S)`.
+struct Router {
+    routing: Routing,
+    shape: Shape,
+    /// `[L][N + 1]` offsets into `holders`.
+    start: Vec<u32>,
+    /// Global slot indices within the layer, per expert in the order the routing model uses.
+    holders: Vec<u32>,
+    seen: Vec<u32>,
+    shares: Vec<(u64, u64)>,
+    order: Vec<usize>,
+}
+
+impl Router {
+    fn new(shape: &Shape, placement: &[u16], routing: Routing) -> Self {
+        let mut r = Self {
+            routing,
+            shape: *shape,
+            start: vec![0; shape.layers() * (shape.experts() + 1)],
+            holders: Vec::with_capacity(shape.placement_len()),
+            seen: vec![0; shape.experts()],
+            shares: Vec::with_capacity(shape.ranks() * shape.slots_per_rank()),
+            order: Vec::with_capacity(shape.ranks() * shape.slots_per_rank()),
+        };
+        r.rebuild(placement);
+        r
+    }
+
+    fn rebuild(&mut self, placement: &[u16]) {
+        let (n, ranks, s, per) = (
+            self.shape.experts(),
+            self.shape.ranks(),
+            self.shape.slots_per_rank(),
+            self.shape.slots_per_layer(),
+        );
+        self.holders.clear();
+        for (l, layer) in placement.chunks_exact(per).enumerate() {
+            let starts = &mut self.start[l * (n + 1)..(l + 1) * (n + 1)];
+            // The slots each expert is routed to, in order.
+            let mut pick = |f: &mut dyn FnMut(usize, usize)| match self.routing {
+                Routing::Log2Phy => {
+                    self.seen.fill(u32::MAX);
+                    for rank in 0..ranks {
+                        for slot in (0..s).rev() {
+                            let j = rank * s + slot;
+                            let e = usize::from(layer[j]);
+                            if e < n && self.seen[e] != rank as u32 {
+                                self.seen[e] = rank as u32;
+                                f(e, j);
+                            }
+                        }
+                    }
+                }
+                Routing::Even => {
+                    for (j, &e) in layer.iter().enumerate() {
+                        if usize::from(e) < n {
+                            f(usize::from(e), j);
+                        }
+                    }
+                }
+            };
+            let mut count = vec![0u32; n + 1];
+            pick(&mut |e, _| count[e + 1] += 1);
+            for e in 0..n {
+                count[e + 1] += count[e];
+            }
+            let base = self.holders.len() as u32;
+            for (o, c) in starts.iter_mut().zip(&count) {
+                *o = base + c;
+            }
+            let total = count[n] as usize;
+            let at = self.holders.len();
+            self.holders.resize(at + total, 0);
+            let mut fill = count.clone();
+            let holders = &mut self.holders[at..];
+            pick(&mut |e, j| {
+                holders[fill[e] as usize] = j as u32;
+                fill[e] += 1;
+            });
+        }
+    }
+
+    /// Per-slot whole-token counts `[L][R][S]` of one window, exactly as [`route_window`].
+    fn route(&mut self, counts: &[u64], out: &mut [u32]) {
+        let (n, r, per) = (
+            self.shape.experts(),
+            self.shape.ranks(),
+            self.shape.slots_per_layer(),
+        );
+        out.fill(0);
+        for (l, w) in counts.chunks_exact(n).enumerate() {
+            let starts = &self.start[l * (n + 1)..(l + 1) * (n + 1)];
+            for (e, &c) in w.iter().enumerate() {
+                if c == 0 {
+                    continue;
+                }
+                let hs = &self.holders[starts[e] as usize..starts[e + 1] as usize];
+                let d = hs.len();
+                self.shares.clear();
+                match self.routing {
+                    Routing::Log2Phy => self.shares.extend((0..d).map(|j| {
+                        let m = metrics::log2phy_sources(r, d, j) as u64;
+                        (c * m / r as u64, c * m % r as u64)
+                    })),
+                    Routing::Even => self
+                        .shares
+                        .extend((0..d).map(|_| (c / d as u64, c % d as u64))),
+                }
+                let base = l * per;
+                let mut rest = c - self.shares.iter().map(|s| s.0).sum::<u64>();
+                for (&h, &(q, _)) in hs.iter().zip(&self.shares) {
+                    let o = &mut out[base + h as usize];
+                    *o = o.saturating_add(q as u32);
+                }
+                if rest > 0 {
+                    self.order.clear();
+                    self.order.extend(0..d);
+                    let shares = &self.shares;
+                    self.order
+                        .sort_by(|&a, &b| shares[b].1.cmp(&shares[a].1).then(a.cmp(&b)));
+                    for &j in &self.order {
+                        if rest == 0 {
+                            break;
+                        }
+                        let o = &mut out[base + hs[j] as usize];
+                        *o = o.saturating_add(1);
+                        rest -= 1;
+                    }
                 }
             }
-            Err(e) => error = Some(e.to_string()),
         }
-        // Update iterations between windows: the layer-by-layer update is part of the delay.
-        while error.is_none() && ctrl.is_updating() {
-            ctrl.before_forward();
-            if let Err(e) = ctrl.after_forward(&zeros, 0) {
-                error = Some(e.to_string());
-            }
-        }
-        if rank == 0 {
-            if let Ok(mut d) = data.lock() {
-                d.placement.copy_from_slice(ctrl.placement());
-                d.plan_time = plan_time;
-                d.failed = ctrl.stats().layers_failed;
-                d.plans = ctrl.stats().plans_taken;
-                d.plan_failures = ctrl.stats().plan_failures;
-                if error.is_some() {
-                    d.error = error;
-                }
-            }
-        } else if let Some(e) = error
-            && let Ok(mut d) = data.lock()
-        {
-            d.error = Some(e);
-        }
-        end.wait();
     }
 }

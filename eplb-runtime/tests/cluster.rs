@@ -11,6 +11,7 @@ use eplb_policies::{Error as PolicyError, Input, Policy, PolicyKind};
 use eplb_runtime::controller::{Controller, ControllerConfig, ControllerStats, RunMode};
 use eplb_runtime::planner::Planner;
 use eplb_runtime::policies::policy_for;
+use eplb_runtime::rank::Health;
 use eplb_runtime::transport::host::{Fault, HostTransport, HostWorld, canonical_expert_bytes};
 
 const R: usize = 8;
@@ -25,7 +26,7 @@ fn cfg(mode: RunMode, stage: HeatStage) -> ControllerConfig {
         mode,
         seed: 7,
         replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: None,
+        max_collective_failures: 3,
     }
 }
 
@@ -64,7 +65,7 @@ struct Outcome {
 /// Runs `iters` iterations on R rank threads. `planner_per_rank`: each rank gets its own
 /// planner (as in a real deployment) instead of one shared.
 fn run(
-    make: &dyn Fn() -> Box<dyn Policy + Send>,
+    make: &dyn Fn(usize) -> Box<dyn Policy + Send>,
     mode: RunMode,
     stage: HeatStage,
     iters: usize,
@@ -78,7 +79,7 @@ fn run(
     for &(l, r, f) in faults {
         world.inject(l, r, f);
     }
-    let shared = Arc::new(Planner::spawn(make(), shape));
+    let shared = Arc::new(Planner::spawn(make(0), shape));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
             let rows: Vec<Vec<u16>> = initial
@@ -87,7 +88,7 @@ fn run(
                 .collect();
             let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let planner = if planner_per_rank {
-                Arc::new(Planner::spawn(make(), shape))
+                Arc::new(Planner::spawn(make(rank), shape))
             } else {
                 Arc::clone(&shared)
             };
@@ -144,7 +145,7 @@ fn assert_agree(out: &[Outcome]) {
 fn every_policy_moves_weights_byte_exact() {
     for kind in PolicyKind::ALL {
         let out = run(
-            &|| policy_for(kind).unwrap(),
+            &|_| policy_for(kind).unwrap(),
             RunMode::Dynamic,
             HeatStage::All,
             60,
@@ -165,7 +166,7 @@ fn every_policy_moves_weights_byte_exact() {
 #[test]
 fn ranks_with_their_own_planners_agree() {
     let out = run(
-        &|| policy_for(PolicyKind::Default).unwrap(),
+        &|_| policy_for(PolicyKind::Default).unwrap(),
         RunMode::Dynamic,
         HeatStage::All,
         50,
@@ -181,7 +182,7 @@ fn failed_or_timed_out_exchange_keeps_the_old_layer_everywhere() {
     for fault in [Fault::Fail, Fault::Timeout] {
         // Layer 0 fails on rank 3 every cycle; other layers move.
         let out = run(
-            &|| policy_for(PolicyKind::Default).unwrap(),
+            &|_| policy_for(PolicyKind::Default).unwrap(),
             RunMode::Dynamic,
             HeatStage::All,
             40,
@@ -231,7 +232,7 @@ impl Policy for Panics {
 #[test]
 fn panicking_policy_changes_nothing() {
     let out = run(
-        &|| Box::new(Panics),
+        &|_| Box::new(Panics),
         RunMode::Dynamic,
         HeatStage::All,
         40,
@@ -339,4 +340,325 @@ fn record_mode_never_moves_a_weight() {
     // Every recorded plan was made against the live (initial) placement, so with the same heat
     // pattern they agree; and they differ from it (the heat is skewed).
     assert!(rec.iter().all(|p| *p != initial));
+}
+
+/// Fails its first call, then plans as `inner` does.
+struct FailOnce {
+    inner: Box<dyn Policy + Send>,
+    failed: bool,
+}
+
+impl Policy for FailOnce {
+    fn kind(&self) -> PolicyKind {
+        self.inner.kind()
+    }
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        self.inner.scratch_len(shape)
+    }
+    fn state_len(&self, shape: &Shape) -> usize {
+        self.inner.state_len(shape)
+    }
+    fn colocates(&self) -> bool {
+        self.inner.colocates()
+    }
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), PolicyError> {
+        if !self.failed {
+            self.failed = true;
+            return Err(PolicyError::Core(eplb_core::Error::ZeroDimension {
+                what: "injected failure",
+            }));
+        }
+        self.inner.place(input, scratch, state, out)
+    }
+}
+
+#[test]
+fn one_ranks_planner_failing_once_never_makes_ranks_diverge() {
+    // Issue 16, item 5: per-rank planners as deployed; rank 3's fails its first plan. Every rank
+    // drops that cycle, every policy state stays where it was, and the later cycles agree.
+    for kind in PolicyKind::ALL {
+        let out = run(
+            &|rank| {
+                let p = policy_for(kind).unwrap();
+                if rank == 3 {
+                    Box::new(FailOnce {
+                        inner: p,
+                        failed: false,
+                    })
+                } else {
+                    p
+                }
+            },
+            RunMode::Dynamic,
+            HeatStage::All,
+            80,
+            true,
+            &[],
+        );
+        assert_agree(&out);
+        for (rank, o) in out.iter().enumerate() {
+            let st = o.stats;
+            assert_eq!(st.plan_failures, 1, "{kind} rank {rank}: {st:?}");
+            assert_eq!(st.digest_mismatches, 0, "{kind} rank {rank}: {st:?}");
+            assert_eq!(st.collective_failures, 0, "{kind} rank {rank}: {st:?}");
+            assert_eq!(st.layers_failed, 0, "{kind} rank {rank}: {st:?}");
+            assert!(st.plans_taken >= 3, "{kind} rank {rank}: {st:?}");
+        }
+        if kind != PolicyKind::Swift && kind != PolicyKind::FlashLb {
+            assert!(out[0].stats.layers_committed > 0, "{kind}: nothing moved");
+        }
+    }
+}
+
+/// Plans as `inner`, but every `ranks`-th call (from `offset`) first sleeps `delay`: with one
+/// planner per rank and `offset = rank`, the plan is late on a different rank each cycle.
+struct LateOnTurn {
+    inner: Box<dyn Policy + Send>,
+    calls: usize,
+    offset: usize,
+    ranks: usize,
+    delay: Duration,
+}
+
+impl Policy for LateOnTurn {
+    fn kind(&self) -> PolicyKind {
+        self.inner.kind()
+    }
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        self.inner.scratch_len(shape)
+    }
+    fn state_len(&self, shape: &Shape) -> usize {
+        self.inner.state_len(shape)
+    }
+    fn colocates(&self) -> bool {
+        self.inner.colocates()
+    }
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), PolicyError> {
+        if self.calls % self.ranks == self.offset {
+            std::thread::sleep(self.delay);
+        }
+        self.calls += 1;
+        self.inner.place(input, scratch, state, out)
+    }
+}
+
+#[test]
+fn a_plan_late_on_another_rank_each_cycle_never_stalls_or_diverges() {
+    for kind in [PolicyKind::Incremental, PolicyKind::FlashLb] {
+        let out = run(
+            &|rank| {
+                Box::new(LateOnTurn {
+                    inner: policy_for(kind).unwrap(),
+                    calls: 0,
+                    offset: rank % 4,
+                    ranks: 4,
+                    delay: Duration::from_millis(40),
+                })
+            },
+            RunMode::Dynamic,
+            HeatStage::All,
+            200,
+            true,
+            &[],
+        );
+        assert_agree(&out);
+        let st = out[0].stats;
+        assert!(st.plans_taken >= 5, "{kind}: {st:?}");
+        assert!(st.late_iterations > 0, "{kind}: never late: {st:?}");
+        assert_eq!(st.digest_mismatches, 0, "{kind}: {st:?}");
+        assert_eq!(st.plan_failures, 0, "{kind}: {st:?}");
+        assert_eq!(st.collective_failures, 0, "{kind}: {st:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
+    // Rank 5 launches its first layer exchange and never answers again. Its peers time out (300
+    // ms per collective), keep the old placement of that layer, and after 3 consecutive failed
+    // collectives suspend balancing: no more collectives, `after_forward` reports it. They
+    // resume only when told to, and suspend again while rank 5 stays away.
+    const DEAD: usize = 5;
+    let shape = common::small_shape();
+    let mut initial = vec![0u16; shape.placement_len()];
+    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let world = HostWorld::new(R, Duration::from_millis(300));
+    let planner = Arc::new(Planner::spawn(
+        policy_for(PolicyKind::Default).unwrap(),
+        shape,
+    ));
+    let threads: Vec<_> = (0..R)
+        .map(|rank| {
+            let rows: Vec<Vec<u16>> = initial
+                .chunks_exact(shape.slots_per_layer())
+                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
+                .collect();
+            let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
+            let mut cc = cfg(RunMode::Dynamic, HeatStage::All);
+            cc.max_collective_failures = 3;
+            let mut c =
+                Controller::new(shape, initial.clone(), cc, transport, Arc::clone(&planner))
+                    .unwrap();
+            std::thread::spawn(move || {
+                let mut before_launch = None;
+                let mut suspended_at = None;
+                let mut collectives_when_suspended = 0;
+                for it in 0..400 {
+                    if it == 200 {
+                        assert!(c.health() != Health::Running, "rank {rank}: not suspended");
+                        c.resume();
+                    }
+                    let updating = c.is_updating();
+                    if updating && before_launch.is_none() {
+                        before_launch = Some(c.placement().to_vec());
+                    }
+                    c.before_forward();
+                    if rank == DEAD && updating {
+                        return (
+                            rank,
+                            c.placement().to_vec(),
+                            c.stats(),
+                            before_launch,
+                            None,
+                            0,
+                        );
+                    }
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
+                    let rep = c.after_forward(&counts, 64).unwrap();
+                    if rep.suspended && suspended_at.is_none() {
+                        suspended_at = Some(it);
+                        collectives_when_suspended = c.stats().collectives;
+                    }
+                    if it < 200 && suspended_at.is_some() {
+                        assert_eq!(
+                            c.stats().collectives,
+                            collectives_when_suspended,
+                            "rank {rank}: a collective while suspended"
+                        );
+                    }
+                }
+                check_weights(&c);
+                (
+                    rank,
+                    c.placement().to_vec(),
+                    c.stats(),
+                    before_launch,
+                    suspended_at,
+                    c.stats().collective_failures,
+                )
+            })
+        })
+        .collect();
+    let out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let survivors: Vec<_> = out.iter().filter(|o| o.0 != DEAD).collect();
+    let dead = out.iter().find(|o| o.0 == DEAD).unwrap();
+    for s in &survivors {
+        assert_eq!(s.1, survivors[0].1, "survivors disagree on the placement");
+        assert_eq!(
+            s.1, dead.1,
+            "rank {}: a layer moved without rank {DEAD}",
+            s.0
+        );
+        assert!(s.4.is_some(), "rank {}: never suspended", s.0);
+        // 3 failures, suspended; resumed; 3 more, suspended again.
+        assert_eq!(s.5, 6, "rank {}: {:?}", s.0, s.2);
+        assert!(s.2.layers_failed >= 1, "rank {}: {:?}", s.0, s.2);
+    }
+}
+
+#[test]
+fn one_call_builds_each_ranks_controller_from_the_config() {
+    // Dynamic: each rank gets the default layout, its own planner with the configured policy,
+    // and moves weights. Record: rank 0 writes the expert map, nothing moves.
+    use eplb_runtime::config::EplbConfig;
+    use eplb_runtime::modes::ModelInfo;
+    let model = ModelInfo {
+        layers: 4,
+        experts: 16,
+        ranks: R as u16,
+        ranks_per_node: R as u16,
+        groups: 1,
+        max_num_seqs: 8,
+        speculative_tokens: 0,
+        tp_size: 1,
+    };
+    let dir = common::tmp("from-config");
+    let map = dir.join("recorded.json");
+    let env = std::collections::BTreeMap::from([
+        ("DYNAMIC_EPLB".to_string(), "true".to_string()),
+        ("EXPERT_MAP_RECORD".to_string(), "true".to_string()),
+    ]);
+    for record in [false, true] {
+        let text = if record {
+            format!(
+                r#"{{"expert_map_record_path": {:?}, "num_redundant_experts": 8,
+                    "expert_heat_collection_interval": 4, "algorithm_execution_interval": 2,
+                    "eplb_policy_type": "default"}}"#,
+                map.display().to_string()
+            )
+        } else {
+            r#"{"dynamic_eplb": true, "num_redundant_experts": 8,
+                "expert_heat_collection_interval": 4, "algorithm_execution_interval": 2,
+                "eplb_policy_type": "default"}"#
+                .to_string()
+        };
+        let cfg = EplbConfig::from_json_str(&text, &env).unwrap();
+        let shape = common::small_shape();
+        let mut initial = vec![0u16; shape.placement_len()];
+        Layout::Default.fill(&shape, &mut initial).unwrap();
+        let world = HostWorld::new(R, Duration::from_millis(300));
+        let threads: Vec<_> = (0..R)
+            .map(|rank| {
+                let rows: Vec<Vec<u16>> = initial
+                    .chunks_exact(shape.slots_per_layer())
+                    .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
+                    .collect();
+                let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
+                let mut c = Controller::from_config(&cfg, &model, t).unwrap();
+                assert_eq!(*c.shape(), shape);
+                std::thread::spawn(move || {
+                    let mut it = 0;
+                    while it < 40 || (c.stats().plans_taken < 2 && it < 2000) {
+                        c.before_forward();
+                        let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
+                        let rep = c.after_forward(&counts, 64).unwrap();
+                        if rep.plan_late {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        it += 1;
+                    }
+                    check_weights(&c);
+                    (c.placement().to_vec(), c.stats())
+                })
+            })
+            .collect();
+        let out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for o in &out {
+            assert_eq!(o.0, out[0].0);
+            assert!(o.1.plans_taken >= 2, "{:?}", o.1);
+        }
+        if record {
+            assert_eq!(out[0].0, initial, "record mode moved a weight");
+            assert!(map.is_file(), "rank 0 wrote no expert map");
+        } else {
+            assert!(out[0].1.layers_committed > 0, "{:?}", out[0].1);
+        }
+    }
+    // A mode that runs no controller is an error that says so.
+    let off = EplbConfig::default();
+    let t = HostTransport::new(HostWorld::new(1, Duration::from_millis(10)), 0, &[], BYTES);
+    let err = Controller::from_config(&off, &model, t).unwrap_err();
+    assert!(err.contains("runs no controller"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -124,7 +124,7 @@ fn run(base: i32, iters: usize, inject: &dyn Fn(&FakeCann)) -> Vec<Outcome> {
         mode: RunMode::Dynamic,
         seed: 7,
         replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: None,
+        max_collective_failures: 3,
     };
     let threads: Vec<_> = transports
         .into_iter()

@@ -301,7 +301,7 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
         mode: RunMode::Dynamic,
         seed: 11,
         replica_choice: ReplicaChoice::Plain,
-        wait_for_plan: None,
+        max_collective_failures: 3,
     };
     let threads: Vec<_> = (0..R)
         .map(|rank| {

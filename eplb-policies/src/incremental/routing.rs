@@ -53,9 +53,9 @@ impl Ranks {
         if d == 0 || r == 0 {
             return 0.0;
         }
-        let k = (r - 1 - j.min(r - 1)) / d;
+        let m = eplb_core::metrics::log2phy_sources(r, d, j);
         // Through i64: a direct conversion (usize to f64 is not one instruction on x86_64).
-        (k + 1) as i64 as f64 * self.inv
+        m as i64 as f64 * self.inv
     }
 }
 

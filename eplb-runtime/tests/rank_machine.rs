@@ -1,0 +1,297 @@
+//! The rank machine driven on one thread, `R` machines at once, with an in-memory collective and
+//! a bounded driver loop that fails on livelock (quinn's `drive_bounded`).
+
+mod common;
+
+use eplb_core::{HeatStage, Layout, Phase, Placement, Shape, StageClassifier};
+use eplb_runtime::controller::RunMode;
+use eplb_runtime::rank::{Action, Health, MachineConfig, RankMachine};
+
+const H: u32 = 5;
+const A: u32 = 2;
+
+fn cfg() -> MachineConfig {
+    MachineConfig {
+        heat_interval: H,
+        algo_interval: A,
+        stage: HeatStage::All,
+        classifier: StageClassifier::new(1, 0),
+        mode: RunMode::Dynamic,
+        seed: 0,
+        max_collective_failures: 3,
+    }
+}
+
+/// A per-rank planner: `(rank, cycle, current) -> Some(new)`, or `None` for a failure.
+type PlanFn = Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>;
+
+/// `R` machines, a planner per rank (`plan(rank, cycle, current) -> Some(new)` or `None` for a
+/// failure) and a collective that fails while `fail_collectives` is set.
+struct Cluster {
+    shape: Shape,
+    machines: Vec<RankMachine>,
+    plan: PlanFn,
+    fail_collectives: bool,
+    settles: Vec<(usize, u64, bool, bool)>,
+    launched: Vec<Option<u16>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Posted {
+    Gather,
+    Flag(bool),
+    Digest([u64; 2]),
+}
+
+impl Cluster {
+    fn new(plan: PlanFn) -> Self {
+        let shape = common::small_shape();
+        let mut p = vec![0u16; shape.placement_len()];
+        Layout::Default.fill(&shape, &mut p).unwrap();
+        let machines = (0..shape.ranks())
+            .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
+            .collect();
+        Self {
+            shape,
+            machines,
+            plan,
+            fail_collectives: false,
+            settles: Vec::new(),
+            launched: vec![None; shape.ranks()],
+        }
+    }
+
+    /// One forward on every rank, then every action until all are idle.
+    fn iterate(&mut self) {
+        let counts: Vec<u32> = (0..self.shape.layers() * self.shape.slots_per_rank())
+            .map(|i| (i % 7) as u32 + 1)
+            .collect();
+        for (m, launched) in self.machines.iter_mut().zip(&mut self.launched) {
+            if let Some(l) = launched.take() {
+                m.handle_exchanged(l, true);
+            }
+            m.handle_forward(&counts, 0).unwrap();
+        }
+        for _round in 0..16 {
+            let mut posted = Vec::new();
+            for r in 0..self.machines.len() {
+                posted.push(self.run_local(r));
+            }
+            if posted.iter().all(Option::is_none) {
+                return;
+            }
+            assert!(
+                posted
+                    .iter()
+                    .all(|p| std::mem::discriminant(p) == std::mem::discriminant(&posted[0])),
+                "ranks wait in different collectives: {posted:?}"
+            );
+            let fail = self.fail_collectives;
+            let digests: Vec<u64> = posted
+                .iter()
+                .flat_map(|p| match p {
+                    Some(Posted::Digest(d)) => d.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            let all = posted.iter().all(|p| *p != Some(Posted::Flag(false)));
+            for (m, p) in self.machines.iter_mut().zip(&posted) {
+                match p {
+                    Some(Posted::Gather) => m.handle_gathered(!fail),
+                    Some(Posted::Flag(_)) => m.handle_agreed((!fail).then_some(all)),
+                    Some(Posted::Digest(_)) => m.handle_digests((!fail).then_some(&digests)),
+                    None => {}
+                }
+            }
+        }
+        panic!("livelock: still exchanging after 16 collectives in one iteration");
+    }
+
+    fn run_local(&mut self, r: usize) -> Option<Posted> {
+        let shape = self.shape;
+        loop {
+            let m = &mut self.machines[r];
+            let action = m.poll();
+            match action {
+                None => return None,
+                Some(Action::GatherHeat { send }) => {
+                    assert!(!send.is_empty());
+                    return Some(Posted::Gather);
+                }
+                Some(Action::AgreeFlag { flag, .. }) => return Some(Posted::Flag(flag)),
+                Some(Action::AgreeDigest { digest }) => return Some(Posted::Digest(digest)),
+                Some(Action::SubmitPlan { cycle, .. }) => {
+                    let current = m.placement().to_vec();
+                    let new = (self.plan)(r, cycle, &current);
+                    let m = &mut self.machines[r];
+                    match &new {
+                        Some(p) => m.handle_plan(cycle, Some(Placement::new(shape, p).unwrap())),
+                        None => m.handle_plan(cycle, None),
+                    }
+                }
+                Some(Action::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                }) => self.settles.push((r, cycle, taken, resync)),
+                Some(Action::Launch { layer }) => self.launched[r] = Some(layer),
+                Some(Action::Commit { layer }) => m.handle_committed(layer, true),
+                Some(Action::Record { .. }) | Some(Action::Abort { .. }) => {}
+            }
+        }
+    }
+
+    fn collectives(&self) -> u64 {
+        self.machines.iter().map(|m| m.stats().collectives).sum()
+    }
+}
+
+/// Reverses every rank row of the layers `0..k` (a change every rank can serve).
+fn shuffle(current: &[u16], shape: &Shape, k: usize) -> Vec<u16> {
+    let mut p = current.to_vec();
+    let per = shape.slots_per_layer();
+    for layer in p.chunks_exact_mut(per).take(k) {
+        layer.reverse();
+    }
+    p
+}
+
+#[test]
+fn no_collective_while_collecting_planning_or_between_cycles() {
+    let shape = common::small_shape();
+    let mut c = Cluster::new(Box::new(move |_, _, cur| Some(shuffle(cur, &shape, 2))));
+    let mut busy = 0;
+    for _ in 0..200 {
+        let phase = c.machines[0].cycle().phase();
+        let before = c.collectives();
+        c.iterate();
+        let ran = c.collectives() - before;
+        let quiet = match phase {
+            Phase::Collecting { counted } => counted + 1 < H,
+            Phase::Planning { waited } => waited + 1 < A,
+            Phase::Due | Phase::Updating { .. } => false,
+        };
+        if quiet {
+            assert_eq!(ran, 0, "a collective in {phase:?}");
+        }
+        busy += usize::from(ran > 0);
+    }
+    let m = c.machines[0].stats();
+    assert!(m.layers_committed >= 2 * 10, "{m:?}");
+    // Each cycle: the snapshot (gather), the due iteration (ready + digest) and one iteration
+    // per changed layer (its vote): collectives on 4 of its H + A + 2 = 9 iterations.
+    assert!(busy <= 200 * 4 / 9 + 4, "{busy} busy iterations");
+    // Per rank and cycle exactly 1 gather + 1 readiness flag + 1 digest + 2 layer votes.
+    assert_eq!(
+        m.collectives,
+        5 * m.plans_taken + u64::from(c.machines[0].is_updating())
+    );
+    let p0 = c.machines[0].placement().to_vec();
+    assert!(c.machines.iter().all(|m| m.placement() == p0));
+}
+
+#[test]
+fn a_digest_mismatch_abandons_the_cycle_on_every_rank_and_resyncs_the_policy() {
+    let shape = common::small_shape();
+    // Rank 2 plans otherwise in cycle 1 only.
+    let mut c = Cluster::new(Box::new(move |r, cycle, cur| {
+        Some(shuffle(
+            cur,
+            &shape,
+            if r == 2 && cycle == 1 { 1 } else { 2 },
+        ))
+    }));
+    let start = c.machines[0].placement().to_vec();
+    for _ in 0..(H + A) {
+        c.iterate();
+    }
+    for m in &c.machines {
+        assert_eq!(m.stats().digest_mismatches, 1);
+        assert_eq!(m.stats().layers_committed, 0);
+        assert_eq!(m.placement(), start.as_slice());
+    }
+    assert!(
+        c.settles
+            .iter()
+            .all(|&(_, cycle, taken, resync)| cycle == 1 && !taken && resync)
+    );
+    assert_eq!(c.settles.len(), shape.ranks());
+    // The next cycle agrees and moves.
+    for _ in 0..(H + A + 3) {
+        c.iterate();
+    }
+    let p0 = c.machines[0].placement().to_vec();
+    assert_ne!(p0, start);
+    assert!(
+        c.machines
+            .iter()
+            .all(|m| m.placement() == p0 && m.stats().layers_committed == 2)
+    );
+}
+
+#[test]
+fn a_plan_failing_on_one_rank_is_dropped_everywhere() {
+    let shape = common::small_shape();
+    let mut c = Cluster::new(Box::new(move |r, cycle, cur| {
+        (r != 3 || cycle != 1).then(|| shuffle(cur, &shape, 2))
+    }));
+    for _ in 0..(H + A) {
+        c.iterate();
+    }
+    assert!(c.machines.iter().all(|m| m.stats().plan_failures == 1));
+    assert!(
+        c.settles
+            .iter()
+            .all(|&(_, _, taken, resync)| !taken && !resync)
+    );
+    for _ in 0..(H + A + 3) {
+        c.iterate();
+    }
+    assert!(c.machines.iter().all(|m| m.stats().layers_committed == 2));
+}
+
+#[test]
+fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
+    let shape = common::small_shape();
+    let mut c = Cluster::new(Box::new(move |_, _, cur| Some(shuffle(cur, &shape, 2))));
+    c.fail_collectives = true;
+    for _ in 0..3 * H {
+        c.iterate();
+    }
+    for m in &c.machines {
+        assert_eq!(m.health(), Health::Suspended { failures: 3 });
+        assert_eq!(m.stats().collective_failures, 3);
+    }
+    let before = c.collectives();
+    for _ in 0..500 {
+        c.iterate();
+    }
+    assert_eq!(
+        c.collectives(),
+        before,
+        "a suspended machine asks for no collective"
+    );
+    c.fail_collectives = false;
+    c.machines.iter_mut().for_each(RankMachine::handle_resume);
+    for _ in 0..(H + A + 3) {
+        c.iterate();
+    }
+    for m in &c.machines {
+        assert_eq!(m.health(), Health::Running);
+        assert_eq!(m.stats().layers_committed, 2);
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let shape = common::small_shape();
+    let mut p = vec![0u16; shape.placement_len()];
+    Layout::Default.fill(&shape, &mut p).unwrap();
+    assert!(RankMachine::new(shape, 8, &p, cfg()).is_err());
+    assert!(RankMachine::new(shape, 0, &p[1..], cfg()).is_err());
+    let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();
+    let e = m.handle_forward(&[1, 2, 3], 0).unwrap_err();
+    assert!(e.to_string().contains("expected 12 values, got 3"), "{e}");
+    let mut loads = vec![0.0; 4];
+    assert!(m.fold_heat(&[0; 3], &mut loads, &mut []).is_err());
+}
