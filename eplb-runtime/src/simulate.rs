@@ -587,7 +587,8 @@ impl SimWorld {
             shape.slots_per_rank(),
             shape.experts(),
         );
-        let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
+        let lens =
+            eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
         let scratch = vec![0u64; lens.scratch];
         let state = vec![0u64; lens.state];
         Ok(Self {
