@@ -406,6 +406,38 @@ where
     finish(result, io.out.as_bytes())
 }
 
+/// `eplb simulate ARGS --json` in this process, for bindings: `args` are the subcommand's
+/// arguments (without the program name, `simulate` and `--json`), and the result is the JSON
+/// text the command prints (one object, the very bytes, so no float is re-rounded), or its
+/// error message (a usage error included). Warnings still go to standard error, as the command
+/// prints them.
+pub fn simulate_json<I, T>(args: I) -> Result<String, String>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let argv: Vec<std::ffi::OsString> = ["eplb", "simulate"]
+        .into_iter()
+        .map(std::ffi::OsString::from)
+        .chain(args.into_iter().map(Into::into))
+        .chain(std::iter::once("--json".into()))
+        .collect();
+    let cli = Cli::try_parse_from(&argv).map_err(|e| {
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or("bad arguments");
+        first.strip_prefix("error: ").unwrap_or(first).to_owned()
+    })?;
+    let Command::Simulate(a) = cli.command else {
+        return Err("not a simulate command".into());
+    };
+    let mut io = Io {
+        limit: cli.max_input_bytes,
+        out: String::new(),
+    };
+    simulate_cmd(&a, &mut io)?;
+    Ok(io.out.trim().to_owned())
+}
+
 /// Writes a command's standard output, then its error if any. A closed pipe (EPIPE) ends the
 /// command quietly with its own status; any other write error is `error: stdout: ...`, exit 1.
 fn finish(result: Result<ExitCode, String>, out: &[u8]) -> ExitCode {

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from typing import Any, NamedTuple, Optional
 
@@ -258,12 +256,6 @@ def write_map(path, placement) -> None:
         raise
 
 
-# The child imports this very package (the parent's location first on its path).
-_CLI_CHILD = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from eplb import _native; "
-    "sys.exit(_native.cli(sys.argv[2:]))"
-)
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli_args(options: dict) -> list:
@@ -291,22 +283,12 @@ def simulate(trace, **options) -> dict:
     Options are the CLI's, with underscores: ``ranks``, ``redundant``, ``policy``,
     ``heat_interval``, ``algo_interval``, ``ranks_per_node``, ``groups``, ``initial``,
     ``routing``, ``seed``, ``placements_log``, ``model``, ``quant``, ``link``, ... (``True`` for
-    a flag). It runs the CLI's own code in a child process (the simulator starts a thread per
-    rank; none is left in this process). Errors raise :class:`EplbError` with the CLI's message.
+    a flag). It runs the CLI's own code in this process, on one thread, with the GIL released.
+    Errors raise :class:`EplbError` with the CLI's message.
     """
-    argv = ["simulate", "--trace", os.fspath(trace), *_cli_args(options), "--json"]
-    proc = subprocess.run(
-        [sys.executable, "-c", _CLI_CHILD, _PACKAGE_PARENT, *argv],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        errors = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
-        msg = "; ".join(errors) if errors else "\n".join(lines[-20:])
-        raise EplbError(f"simulate: {msg or f'exit status {proc.returncode}'}")
-    out = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    if not out:
-        raise EplbError("simulate: the CLI printed nothing")
-    return json.loads(out[-1])
+    argv = ["--trace", os.fspath(trace), *_cli_args(options)]
+    try:
+        text = _native.simulate_json(argv)
+    except EplbError as e:
+        raise EplbError(f"simulate: {e}") from None
+    return json.loads(text)

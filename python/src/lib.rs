@@ -739,21 +739,11 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     })
 }
 
-/// Runs the `eplb` command line in this process (`argv` without the program name); returns its
-/// exit code. Used by `eplb.simulate` in a child process, so that it returns exactly what
-/// `eplb simulate --json` prints.
+/// `eplb simulate ARGS --json` in this process (GIL released): the JSON text it prints.
+/// `eplb.simulate` parses it, so it returns exactly the CLI's dict.
 #[pyfunction]
-fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
-    guarded(py, move || {
-        let code = eplb_runtime::cli::run(std::iter::once("eplb".to_owned()).chain(argv));
-        Ok(if code == std::process::ExitCode::SUCCESS {
-            0
-        } else if code == std::process::ExitCode::from(2) {
-            2
-        } else {
-            1
-        })
-    })
+fn simulate_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
+    guarded(py, move || eplb_runtime::cli::simulate_json(argv))
 }
 
 /// Policy names and the parameters each takes.
@@ -783,7 +773,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_map, m)?)?;
     m.add_function(wrap_pyfunction!(validate_map, m)?)?;
     m.add_function(wrap_pyfunction!(map_json, m)?)?;
-    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate_json, m)?)?;
     m.add_function(wrap_pyfunction!(policy_params, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
