@@ -329,6 +329,7 @@ pub fn simulate_with(
         mode: RunMode::Dynamic,
         seed: cfg.seed,
         max_collective_failures: 3,
+        atomic_collectives: true,
     };
     let mut machines = (0..r)
         .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
@@ -502,6 +503,8 @@ enum Posted {
     Gather,
     Flag(bool, Vote),
     Digest,
+    Vote(u16),
+    Placement,
 }
 
 /// Rounds of [`SimWorld::drive`] before it declares a livelock: one iteration needs at most a
@@ -623,6 +626,16 @@ impl SimWorld {
                     let d = &self.digests;
                     machines.iter_mut().for_each(|m| m.handle_digests(Some(d)));
                 }
+                Some(Posted::Vote(_)) => {
+                    let d = &self.digests;
+                    machines.iter_mut().for_each(|m| m.handle_votes(Some(d)));
+                }
+                Some(Posted::Placement) => {
+                    let d = &self.digests;
+                    machines
+                        .iter_mut()
+                        .for_each(|m| m.handle_placements(Some(d)));
+                }
                 None => return Ok(()),
             }
         }
@@ -661,6 +674,14 @@ impl SimWorld {
                     self.digests[2 * rank..2 * rank + 2].copy_from_slice(&digest);
                     return Ok(Some(Posted::Digest));
                 }
+                Some(Action::VoteLayer { layer, words }) => {
+                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&words);
+                    return Ok(Some(Posted::Vote(layer)));
+                }
+                Some(Action::AgreePlacement { digest }) => {
+                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&digest);
+                    return Ok(Some(Posted::Placement));
+                }
                 Some(Action::SubmitPlan { cycle, seed }) => self.plan_for(m, cycle, seed)?,
                 Some(Action::Settle {
                     cycle,
@@ -682,6 +703,7 @@ impl SimWorld {
                     self.launched[rank] = Some((layer, ok));
                 }
                 Some(Action::Commit { layer }) => m.handle_committed(layer, true),
+                Some(Action::SendOnly { .. }) => {}
             }
         }
     }
