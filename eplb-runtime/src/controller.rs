@@ -169,7 +169,8 @@ pub struct Controller<T: Transport> {
     /// The planner's answer that was handed to the machine last (shared, not copied).
     plan: Option<Arc<crate::planner::Outcome>>,
     launch_due: Option<u16>,
-    in_flight: Option<(RankPlan, Result<(), TransportError>)>,
+    /// The layer launched: its rank plan, the launch result, and whether it was waited for.
+    in_flight: Option<(RankPlan, Result<(), TransportError>, bool)>,
 }
 
 impl<T: Transport> fmt::Debug for Controller<T> {
@@ -220,6 +221,7 @@ impl<T: Transport> Controller<T> {
                 mode: cfg.mode,
                 seed: cfg.seed,
                 max_collective_failures: cfg.max_collective_failures,
+                atomic_collectives: transport.atomic_collectives(),
             },
         )?;
         let (w, _) = eplb_core::heat::layout_for_interval(cfg.heat_interval)?;
@@ -402,12 +404,40 @@ impl<T: Transport> Controller<T> {
                     Err(TransportError::Invalid {
                         what: e.to_string(),
                     }),
+                    false,
                 ));
                 return;
             }
         };
         let launched = self.transport.launch(&rank_plan);
-        self.in_flight = Some((rank_plan, launched));
+        self.in_flight = Some((rank_plan, launched, false));
+    }
+
+    /// Sends this rank's part of `layer` without receiving (the kept exchange stays in flight).
+    fn send_only(&mut self, layer: u16) {
+        let shape = *self.machine.shape();
+        let (per, l, rank) = (
+            shape.slots_per_layer(),
+            usize::from(layer),
+            self.machine.rank(),
+        );
+        let range = l * per..(l + 1) * per;
+        let (Some(old), Some(new)) = (
+            self.machine.placement().get(range.clone()),
+            self.machine.plan().get(range),
+        ) else {
+            return;
+        };
+        match plan_layer(&shape, l, old, new) {
+            Ok(mut lp) if rank < lp.ranks.len() => {
+                let rank_plan = lp.ranks.swap_remove(rank);
+                if let Err(e) = self.transport.launch_sends(&rank_plan) {
+                    log::error!("eplb rank {rank}: layer {layer} sends: {e}");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log::error!("eplb rank {rank}: layer {layer}: {e}"),
+        }
     }
 
     /// After a forward: `slot_counts` are this rank's tokens per slot (`[L][S]`),
@@ -429,7 +459,8 @@ impl<T: Transport> Controller<T> {
             // The engine skipped before_forward: launch now, wait below.
             self.before_forward();
         }
-        if let Some((rank_plan, launched)) = &self.in_flight {
+        if let Some((rank_plan, launched, waited @ false)) = &mut self.in_flight {
+            *waited = true;
             let local = launched
                 .clone()
                 .and_then(|()| self.transport.wait(rank_plan));
@@ -454,7 +485,7 @@ impl<T: Transport> Controller<T> {
             plan_taken: ev.plan_taken,
             plan_late: ev.plan_late,
             cycle_done: ev.cycle_done,
-            suspended: matches!(self.machine.health(), Health::Suspended { .. }),
+            suspended: self.machine.health() != Health::Running,
         })
     }
 
@@ -512,6 +543,22 @@ impl<T: Transport> Controller<T> {
                     let all = r.is_ok().then_some(self.digests.as_slice());
                     self.machine.handle_digests(all);
                 }
+                Action::VoteLayer { layer, words } => {
+                    let r = self.transport.all_gather(&words, &mut self.digests);
+                    if let Err(e) = &r {
+                        log::error!("eplb rank {rank}: layer {layer} vote failed: {e}");
+                    }
+                    let all = r.is_ok().then_some(self.digests.as_slice());
+                    self.machine.handle_votes(all);
+                }
+                Action::AgreePlacement { digest } => {
+                    let r = self.transport.all_gather(&digest, &mut self.digests);
+                    if let Err(e) = &r {
+                        log::error!("eplb rank {rank}: placement check failed: {e}");
+                    }
+                    let all = r.is_ok().then_some(self.digests.as_slice());
+                    self.machine.handle_placements(all);
+                }
                 Action::Settle {
                     cycle,
                     taken,
@@ -534,9 +581,10 @@ impl<T: Transport> Controller<T> {
                     }
                 }
                 Action::Launch { layer } => self.launch_due = Some(layer),
+                Action::SendOnly { layer } => self.send_only(layer),
                 Action::Commit { layer } => {
                     let committed = match self.in_flight.take() {
-                        Some((rank_plan, _)) if rank_plan.layer == usize::from(layer) => {
+                        Some((rank_plan, _, _)) if rank_plan.layer == usize::from(layer) => {
                             match self.transport.commit(&rank_plan) {
                                 Ok(()) => true,
                                 Err(e) => {
@@ -556,11 +604,11 @@ impl<T: Transport> Controller<T> {
                     }
                 }
                 Action::Abort { layer } => {
-                    if let Some((rank_plan, _)) = self.in_flight.take() {
-                        if rank_plan.layer == usize::from(layer) {
-                            self.transport.abort(&rank_plan);
+                    if let Some(f) = self.in_flight.take() {
+                        if f.0.layer == usize::from(layer) {
+                            self.transport.abort(&f.0);
                         } else {
-                            self.in_flight = Some((rank_plan, Ok(())));
+                            self.in_flight = Some(f);
                         }
                     }
                     if self.launch_due == Some(layer) {

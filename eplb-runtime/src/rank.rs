@@ -19,10 +19,13 @@
 //! | [`Action::GatherHeat`] | all-gather `send` (`[T][L][S]` words) from every rank, rank-major | [`RankMachine::handle_gathered`] |
 //! | [`Action::SubmitPlan`] | fold the gathered heat ([`RankMachine::fold_heat`]) and ask the planner | [`RankMachine::handle_plan`] when the plan is ready or failed (any time later) |
 //! | [`Action::AgreeFlag`] | all-reduce one flag (logical AND) | [`RankMachine::handle_agreed`] |
+//! | [`Action::VoteLayer`] | all-gather the two words `words` from every rank | [`RankMachine::handle_votes`] |
 //! | [`Action::AgreeDigest`] | all-gather the two words `digest` from every rank | [`RankMachine::handle_digests`] |
 //! | [`Action::Settle`] | tell the planner whether every rank took the cycle (the policy state advances or rolls back) | none |
 //! | [`Action::Record`] | hand [`RankMachine::plan`] to the record sink | none |
+//! | [`Action::AgreePlacement`] | all-gather the two words `digest` from every rank | [`RankMachine::handle_placements`] |
 //! | [`Action::Launch`] | start the layer's exchange (rows from [`RankMachine::placement`] and [`RankMachine::plan`]) before the next forward | [`RankMachine::handle_exchanged`] after it |
+//! | [`Action::SendOnly`] | send this rank's part of the layer's exchange, receive nothing | none |
 //! | [`Action::Commit`] | install the layer | [`RankMachine::handle_committed`] |
 //! | [`Action::Abort`] | forget the layer's exchange | none |
 //!
@@ -65,6 +68,10 @@ pub struct MachineConfig {
     pub seed: u64,
     /// Consecutive collective failures after which balancing is suspended (at least 1).
     pub max_collective_failures: u32,
+    /// The collectives fail on every rank or on none (the host transport's guarantee). When
+    /// `false`, a rank that voted yes on a layer and saw the vote fail keeps the exchange until
+    /// its peers tell it what they did ([`RankMachine::handle_votes`]).
+    pub atomic_collectives: bool,
 }
 
 /// What an [`Action::AgreeFlag`] votes on.
@@ -72,8 +79,16 @@ pub struct MachineConfig {
 pub enum Vote {
     /// "I have this cycle's plan (ready or failed)".
     PlanReady,
-    /// "My exchange of this layer succeeded".
-    Layer(u16),
+}
+
+/// Word 1 of a layer vote: this rank's outcome of the previous vote of the walk.
+pub mod outcome {
+    /// The previous layer was aborted here.
+    pub const ABORTED: u64 = 0;
+    /// The previous layer was committed here.
+    pub const COMMITTED: u64 = 1;
+    /// No previous vote in this walk, or its outcome is unknown here.
+    pub const UNKNOWN: u64 = 2;
 }
 
 /// One thing the driver must do.
@@ -102,6 +117,17 @@ pub enum Action<'a> {
         flag: bool,
         /// What it is about.
         on: Vote,
+    },
+    /// The vote on `layer`'s exchange: all-gather the two words `words` (`[my exchange
+    /// succeeded (1) or not (0), my outcome of the previous vote` ([`outcome`])`]`) into a
+    /// rank-major buffer of `2 * ranks` words, then call [`RankMachine::handle_votes`]. The layer
+    /// commits iff every rank's word 0 is 1. Word 1 lets a rank whose previous vote failed locally
+    /// learn what its peers did.
+    VoteLayer {
+        /// The layer.
+        layer: u16,
+        /// This rank's words.
+        words: [u64; 2],
     },
     /// All-gather the two words `digest` (`[cycle, placement hash]`, hash [`FAILED_PLAN`] when
     /// the plan failed here) into a rank-major buffer of `2 * ranks` words, then call
@@ -134,6 +160,22 @@ pub enum Action<'a> {
         /// The layer.
         layer: u16,
     },
+    /// At the end of a layer walk (and on resume): all-gather the two words `digest`
+    /// (`[cycle, hash of the live placement]`) into a rank-major buffer of `2 * ranks` words,
+    /// then call [`RankMachine::handle_placements`]. A rank that did not learn the outcome of a
+    /// layer vote (its collective failed after its peers' succeeded) learns it here.
+    AgreePlacement {
+        /// This rank's digest.
+        digest: [u64; 2],
+    },
+    /// Send this rank's part of `layer`'s exchange but receive nothing (a previous layer's
+    /// received data is still kept, its outcome unknown here); no answer. The machine votes no
+    /// on this layer after the forward, so that the peers' receives complete and the walk stays
+    /// in step.
+    SendOnly {
+        /// The layer.
+        layer: u16,
+    },
     /// Every rank's exchange succeeded: install `layer`, then call
     /// [`RankMachine::handle_committed`].
     Commit {
@@ -157,6 +199,9 @@ pub enum Health {
         /// Consecutive failures that led here.
         failures: u32,
     },
+    /// The placement check found ranks holding different placements that this rank cannot
+    /// reconcile; no collectives until resumed.
+    Diverged,
 }
 
 /// Counters of one machine.
@@ -202,7 +247,9 @@ enum Awaiting {
     Nothing,
     Gathered,
     Agreed(Vote),
+    Votes(u16),
     Digests,
+    Placements,
     Committed(u16),
 }
 
@@ -210,6 +257,8 @@ enum Awaiting {
 enum LayerJob {
     Idle,
     Launched(u16),
+    /// Not exchanged (a previous layer's outcome is unknown here): votes no after the forward.
+    Skipped(u16),
     Exchanged(u16, bool),
     Commit(u16),
     Abort(u16),
@@ -222,6 +271,7 @@ enum Task {
     Submit,
     AgreeReady,
     AgreeDigest,
+    CheckPlacement,
     Settle {
         taken: bool,
         record: bool,
@@ -344,6 +394,24 @@ pub fn placement_hash(placement: &[u16]) -> u64 {
     if h == FAILED_PLAN { 1 } else { h }
 }
 
+/// [`placement_hash`] of `placement` with layer `layer` taken from `plan`.
+fn placement_hash_with_layer(placement: &[u16], plan: &[u16], shape: &Shape, layer: u16) -> u64 {
+    let per = shape.slots_per_layer();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (l, (old, new)) in placement
+        .chunks_exact(per)
+        .zip(plan.chunks_exact(per))
+        .enumerate()
+    {
+        let rows = if l == usize::from(layer) { new } else { old };
+        for &v in rows {
+            h ^= u64::from(v);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    if h == FAILED_PLAN { 1 } else { h }
+}
+
 /// One rank's cycle.
 #[derive(Debug, Clone)]
 pub struct RankMachine {
@@ -361,6 +429,16 @@ pub struct RankMachine {
     awaiting: Awaiting,
     layer: LayerJob,
     due: Option<u16>,
+    /// A layer whose vote this rank could not learn (its exchange data is kept).
+    unsure: Option<u16>,
+    /// This cycle walks layers: check the placement at its end.
+    walked: bool,
+    /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
+    last_outcome: u64,
+    /// The unsure layer once its outcome is known: `(layer, committed)`.
+    resolved: Option<(u16, bool)>,
+    /// The layer this rank launched last (its exchange data is live in the driver).
+    launched: Option<u16>,
     task: Task,
     events: Events,
     consecutive_failures: u32,
@@ -405,6 +483,11 @@ impl RankMachine {
             awaiting: Awaiting::Nothing,
             layer: LayerJob::Idle,
             due: None,
+            unsure: None,
+            walked: false,
+            last_outcome: outcome::UNKNOWN,
+            resolved: None,
+            launched: None,
             task: Task::Idle,
             events: Events::default(),
             consecutive_failures: 0,
@@ -470,6 +553,9 @@ impl RankMachine {
             self.shape.layers() * self.shape.slots_per_rank(),
             slot_counts.len(),
         )?;
+        if let LayerJob::Skipped(l) = self.layer {
+            self.layer = LayerJob::Exchanged(l, false);
+        }
         if let LayerJob::Launched(l) = self.layer {
             log::error!(
                 "eplb rank {}: layer {l}: no exchange result reported; counted as failed",
@@ -477,7 +563,7 @@ impl RankMachine {
             );
             self.layer = LayerJob::Exchanged(l, false);
         }
-        if matches!(self.health, Health::Suspended { .. }) {
+        if self.health != Health::Running {
             return Ok(());
         }
         let matched = self
@@ -498,7 +584,12 @@ impl RankMachine {
             Step::Wait => {}
             Step::UpdateLayer(l) => self.layer_due(l),
             Step::PlanDue => self.task = Task::AgreeReady,
-            Step::CycleDone => self.end_cycle(),
+            Step::CycleDone => {
+                if core::mem::take(&mut self.walked) {
+                    self.task = Task::CheckPlacement;
+                }
+                self.end_cycle();
+            }
         }
         Ok(())
     }
@@ -598,13 +689,70 @@ impl RankMachine {
                     self.events.plan_late = true;
                 }
             }
-            Vote::Layer(l) => {
-                self.layer = if ok && all {
-                    LayerJob::Commit(l)
-                } else {
-                    LayerJob::Abort(l)
-                };
+        }
+    }
+
+    /// A [`Action::VoteLayer`] finished: every rank's two words, rank-major, or `None` when the
+    /// collective failed here.
+    ///
+    /// A rank that voted yes and saw the collective fail cannot know whether its peers committed:
+    /// it keeps the exchange (no commit, no abort), votes no on the next layer without
+    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or, at the end
+    /// of the walk, from the placement check).
+    pub fn handle_votes(&mut self, all: Option<&[u64]>) {
+        let Awaiting::Votes(l) = self.awaiting else {
+            return;
+        };
+        self.awaiting = Awaiting::Nothing;
+        let all = all.filter(|a| a.len() == 2 * self.shape.ranks());
+        let mine = matches!(self.layer, LayerJob::Exchanged(_, true));
+        let ok = self.collective_done(all.is_some(), "layer vote", false);
+        if let (Some(u), Some(all)) = (self.unsure, all) {
+            // Word 1 of the peers is their outcome of the vote on `u`: anyone who committed it
+            // saw every rank say yes.
+            let committed = all
+                .chunks_exact(2)
+                .any(|w| w.get(1) == Some(&outcome::COMMITTED));
+            self.unsure = None;
+            self.resolved = Some((u, committed));
+        }
+        let Some(all) = all else {
+            if mine && self.unsure.is_none() && !self.cfg.atomic_collectives {
+                log::error!(
+                    "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
+                     exchange is kept until the peers tell",
+                    self.rank
+                );
+                self.unsure = Some(l);
+                self.last_outcome = outcome::UNKNOWN;
+                self.layer = LayerJob::Idle;
+            } else {
+                self.last_outcome = outcome::ABORTED;
+                self.layer = self.abort_or_drop(l);
             }
+            return;
+        };
+        let yes = ok && all.chunks_exact(2).all(|w| w.first() == Some(&1));
+        self.last_outcome = if yes {
+            outcome::COMMITTED
+        } else {
+            outcome::ABORTED
+        };
+        self.layer = if yes {
+            LayerJob::Commit(l)
+        } else {
+            self.abort_or_drop(l)
+        };
+    }
+
+    /// The job that ends a failed layer: an abort if this rank launched it, else a drop.
+    fn abort_or_drop(&mut self, l: u16) -> LayerJob {
+        if self.launched == Some(l) {
+            LayerJob::Abort(l)
+        } else {
+            self.stats.layers_failed += 1;
+            self.events.failed = Some(l);
+            LayerJob::Idle
         }
     }
 
@@ -686,9 +834,60 @@ impl RankMachine {
         };
         self.events.plan_taken = Some(self.changed.iter().filter(|&&c| c).count());
         match self.cycle.on_plan(&self.changed) {
-            Step::UpdateLayer(l) => self.layer_due(l),
+            Step::UpdateLayer(l) => {
+                self.walked = true;
+                self.layer_due(l);
+            }
             _ => self.end_cycle(),
         }
+    }
+
+    /// The placement check finished: every rank's `[cycle, hash of its live placement]`,
+    /// rank-major, or `None` when the collective failed. A layer whose vote this rank could not
+    /// learn is committed when every other rank holds it, aborted when none does. Placements that
+    /// still differ stop balancing ([`Health::Diverged`]).
+    pub fn handle_placements(&mut self, all: Option<&[u64]>) {
+        if self.awaiting != Awaiting::Placements {
+            return;
+        }
+        self.awaiting = Awaiting::Nothing;
+        let all = all.filter(|a| a.len() == 2 * self.shape.ranks());
+        if !self.collective_done(all.is_some(), "placement check", false) {
+            return;
+        }
+        let all = all.unwrap_or(&[]);
+        let mine = [self.cycle_no, placement_hash(&self.placement)];
+        let others = |d: [u64; 2]| {
+            all.chunks_exact(2)
+                .enumerate()
+                .all(|(r, x)| r == self.rank || x == d)
+        };
+        if let Some(l) = self.unsure {
+            let with = [
+                self.cycle_no,
+                placement_hash_with_layer(&self.placement, &self.plan, &self.shape, l),
+            ];
+            if others(with) {
+                self.unsure = None;
+                self.layer = LayerJob::Commit(l);
+                return;
+            }
+            if others(mine) {
+                self.unsure = None;
+                self.layer = LayerJob::Abort(l);
+                return;
+            }
+        } else if others(mine) {
+            return;
+        }
+        log::error!(
+            "eplb rank {}: the ranks hold different placements after cycle {}; balancing stopped \
+             until the engine resumes it",
+            self.rank,
+            self.cycle_no
+        );
+        self.health = Health::Diverged;
+        self.abandon_cycle();
     }
 
     /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
@@ -705,6 +904,7 @@ impl RankMachine {
         }
         self.awaiting = Awaiting::Nothing;
         self.layer = LayerJob::Idle;
+        self.launched = None;
         if !ok {
             log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
             self.stats.layers_failed += 1;
@@ -722,12 +922,14 @@ impl RankMachine {
         self.events.committed = Some(layer);
     }
 
-    /// The engine resumes balancing after a suspension: a fresh cycle starts.
+    /// The engine resumes balancing after a suspension (on every rank at the same iteration):
+    /// the ranks first check that they hold the same placement, then a fresh cycle starts.
     pub fn handle_resume(&mut self) {
-        if let Health::Suspended { .. } = self.health {
+        if self.health != Health::Running {
             log::info!("eplb rank {}: balancing resumed", self.rank);
             self.health = Health::Running;
             self.consecutive_failures = 0;
+            self.task = Task::CheckPlacement;
         }
     }
 
@@ -738,11 +940,11 @@ impl RankMachine {
         }
         match self.layer {
             LayerJob::Exchanged(layer, ok) => {
-                self.awaiting = Awaiting::Agreed(Vote::Layer(layer));
+                self.awaiting = Awaiting::Votes(layer);
                 self.stats.collectives += 1;
-                return Some(Action::AgreeFlag {
-                    flag: ok,
-                    on: Vote::Layer(layer),
+                return Some(Action::VoteLayer {
+                    layer,
+                    words: [u64::from(ok), self.last_outcome],
                 });
             }
             LayerJob::Commit(layer) => {
@@ -751,17 +953,39 @@ impl RankMachine {
             }
             LayerJob::Abort(layer) => {
                 self.layer = LayerJob::Idle;
+                self.launched = None;
                 self.stats.layers_failed += 1;
                 self.events.failed = Some(layer);
                 return Some(Action::Abort { layer });
             }
             LayerJob::Idle => {
+                if let Some((layer, committed)) = self.resolved.take() {
+                    log::info!(
+                        "eplb rank {}: layer {layer}: the peers {} it",
+                        self.rank,
+                        if committed { "committed" } else { "aborted" }
+                    );
+                    self.layer = if committed {
+                        LayerJob::Commit(layer)
+                    } else {
+                        LayerJob::Abort(layer)
+                    };
+                    return self.poll();
+                }
                 if let Some(layer) = self.due.take() {
-                    self.layer = LayerJob::Launched(layer);
-                    return Some(Action::Launch { layer });
+                    if self.unsure.is_some() {
+                        // No receive while a layer's outcome is unknown: send only, vote "no"
+                        // after the forward, when the peers vote.
+                        self.layer = LayerJob::Skipped(layer);
+                        return Some(Action::SendOnly { layer });
+                    } else {
+                        self.layer = LayerJob::Launched(layer);
+                        self.launched = Some(layer);
+                        return Some(Action::Launch { layer });
+                    }
                 }
             }
-            LayerJob::Launched(_) => {}
+            LayerJob::Launched(_) | LayerJob::Skipped(_) => {}
         }
         let task = core::mem::replace(&mut self.task, Task::Idle);
         match task {
@@ -790,6 +1014,13 @@ impl RankMachine {
                 self.stats.collectives += 1;
                 Some(Action::AgreeDigest {
                     digest: self.digest(),
+                })
+            }
+            Task::CheckPlacement => {
+                self.awaiting = Awaiting::Placements;
+                self.stats.collectives += 1;
+                Some(Action::AgreePlacement {
+                    digest: [self.cycle_no, placement_hash(&self.placement)],
                 })
             }
             Task::Settle {
@@ -869,10 +1100,12 @@ impl RankMachine {
             self.task = Task::Idle;
         }
         match self.layer {
-            LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => self.layer = LayerJob::Abort(l),
+            LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => self.layer = self.abort_or_drop(l),
+            LayerJob::Skipped(_) => self.layer = LayerJob::Idle,
             _ => {}
         }
         self.due = None;
+        self.walked = false;
     }
 
     fn end_cycle(&mut self) {

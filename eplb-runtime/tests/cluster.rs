@@ -662,3 +662,135 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
     assert!(err.contains("runs no controller"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A host endpoint whose collectives are not atomic: with `fail`, this rank's first layer vote
+/// (the first two-word gather after a launch) succeeds for its peers but reports a timeout here.
+struct OneSided {
+    inner: HostTransport,
+    fail: bool,
+    armed: bool,
+    done: bool,
+}
+
+impl eplb_runtime::transport::Transport for OneSided {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn ranks(&self) -> usize {
+        self.inner.ranks()
+    }
+    fn all_gather(
+        &mut self,
+        local: &[u64],
+        out: &mut [u64],
+    ) -> Result<(), eplb_runtime::transport::TransportError> {
+        let r = self.inner.all_gather(local, out);
+        if self.fail && self.armed && !self.done && local.len() == 2 {
+            self.done = true;
+            return Err(eplb_runtime::transport::TransportError::Timeout {
+                what: "layer vote (injected, one side only)".into(),
+            });
+        }
+        r
+    }
+    fn all_agree(&mut self, flag: bool) -> Result<bool, eplb_runtime::transport::TransportError> {
+        self.inner.all_agree(flag)
+    }
+    fn launch(
+        &mut self,
+        plan: &eplb_runtime::transfer::RankPlan,
+    ) -> Result<(), eplb_runtime::transport::TransportError> {
+        self.armed = true;
+        self.inner.launch(plan)
+    }
+    fn launch_sends(
+        &mut self,
+        plan: &eplb_runtime::transfer::RankPlan,
+    ) -> Result<(), eplb_runtime::transport::TransportError> {
+        self.inner.launch_sends(plan)
+    }
+    fn wait(
+        &mut self,
+        plan: &eplb_runtime::transfer::RankPlan,
+    ) -> Result<(), eplb_runtime::transport::TransportError> {
+        self.inner.wait(plan)
+    }
+    fn commit(
+        &mut self,
+        plan: &eplb_runtime::transfer::RankPlan,
+    ) -> Result<(), eplb_runtime::transport::TransportError> {
+        self.inner.commit(plan)
+    }
+    fn abort(&mut self, plan: &eplb_runtime::transfer::RankPlan) {
+        self.inner.abort(plan)
+    }
+}
+
+#[test]
+fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
+    // Rank 3's first layer vote times out on rank 3 alone, after its peers saw every rank say
+    // yes and committed. Rank 3 keeps the exchange, learns at the next vote that its peers
+    // committed, and commits too: every rank ends on one placement, and every slot holds it.
+    let shape = common::small_shape();
+    let mut initial = vec![0u16; shape.placement_len()];
+    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let world = HostWorld::new(R, Duration::from_millis(300));
+    let planner = Arc::new(Planner::spawn(
+        policy_for(PolicyKind::Default).unwrap(),
+        shape,
+    ));
+    let threads: Vec<_> = (0..R)
+        .map(|rank| {
+            let rows: Vec<Vec<u16>> = initial
+                .chunks_exact(shape.slots_per_layer())
+                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
+                .collect();
+            let t = OneSided {
+                inner: HostTransport::new(Arc::clone(&world), rank, &rows, BYTES),
+                fail: rank == 3,
+                armed: false,
+                done: false,
+            };
+            let mut c = Controller::new(
+                shape,
+                initial.clone(),
+                cfg(RunMode::Dynamic, HeatStage::All),
+                t,
+                Arc::clone(&planner),
+            )
+            .unwrap();
+            std::thread::spawn(move || {
+                let mut it = 0;
+                while it < 60 || (c.stats().plans_taken < 3 && it < 1200) {
+                    c.before_forward();
+                    let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, 0);
+                    let rep = c.after_forward(&counts, 64).unwrap();
+                    if rep.plan_late {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    it += 1;
+                }
+                let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
+                for l in 0..shape.layers() {
+                    let row = &c.placement()[l * per + rank * s..l * per + (rank + 1) * s];
+                    for (slot, &e) in row.iter().enumerate() {
+                        assert_eq!(
+                            c.transport().inner.slot(l, slot).unwrap(),
+                            canonical_expert_bytes(l, e, BYTES).as_slice(),
+                            "rank {rank} layer {l} slot {slot} does not hold expert {e}"
+                        );
+                    }
+                }
+                (c.placement().to_vec(), c.stats(), c.health())
+            })
+        })
+        .collect();
+    let out: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (rank, o) in out.iter().enumerate() {
+        assert_eq!(o.0, out[0].0, "rank {rank} holds another placement");
+        assert_eq!(o.2, Health::Running, "rank {rank}: {:?}", o.1);
+        assert!(o.1.layers_committed > 0, "rank {rank}: {:?}", o.1);
+    }
+    assert_eq!(out[3].1.collective_failures, 1, "{:?}", out[3].1);
+    assert!(out.iter().all(|o| o.1.digest_mismatches == 0));
+}

@@ -317,6 +317,16 @@ impl Transport for HostTransport {
         Ok(())
     }
 
+    fn launch_sends(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        // A launch here only sends; receives happen in `wait`.
+        self.launch(plan)
+    }
+
+    fn atomic_collectives(&self) -> bool {
+        // A rank that times out withdraws its part, so no rank completes a round without it.
+        true
+    }
+
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
         let parts = self.collective(&[u64::from(flag)])?;
         Ok(parts.iter().all(|p| p.first() == Some(&1)))

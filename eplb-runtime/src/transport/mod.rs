@@ -71,9 +71,24 @@ pub trait Transport: Send {
     /// `true` iff every rank passed `true`.
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError>;
 
+    /// Whether a collective fails on every rank or on none. Backends that cannot promise it
+    /// (a rank may see a timeout after its peers saw success) keep the default `false`, and the
+    /// rank machine then resolves an unknown vote outcome with its peers.
+    fn atomic_collectives(&self) -> bool {
+        false
+    }
+
     /// Starts this rank's sends and receives of one layer. Receives land in spare buffers,
     /// never in live slots.
     fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError>;
+
+    /// Sends this rank's part of `plan`'s layer and receives nothing, leaving the receive buffers
+    /// as they are (a rank whose previous layer's outcome is unknown keeps that layer's data).
+    /// The default sends nothing: the peers' receives from this rank then time out.
+    fn launch_sends(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        let _ = plan;
+        Ok(())
+    }
 
     /// Waits for the launched exchange of `plan`'s layer.
     fn wait(&mut self, plan: &RankPlan) -> Result<(), TransportError>;
