@@ -286,8 +286,10 @@ enum RoutingArg {
     Even,
 }
 
+/// The options `simulate` and `report` share: the trace, the shape, the cycle, the start, the
+/// routing model, the seed and the cost model.
 #[derive(Debug, Args)]
-struct SimulateArgs {
+struct ReplayArgs {
     /// An eplb-trace/v1 trace with windows.
     #[arg(long)]
     trace: PathBuf,
@@ -297,12 +299,6 @@ struct SimulateArgs {
     /// Redundant experts.
     #[arg(long)]
     redundant: u32,
-    /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
-    #[arg(long)]
-    policy: String,
-    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
-    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
-    params: Vec<Param>,
     /// Heat windows per cycle (H >= 1).
     #[arg(long)]
     heat_interval: u32,
@@ -320,11 +316,82 @@ struct SimulateArgs {
     /// Seed of randomised policies.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    cost: CostArgs,
+}
+
+/// A trace read for replay, with the simulator's settings and the cost basis.
+struct Replay {
+    trace: SimTrace,
+    /// The trace's own name, if it has one.
+    name: Option<String>,
+    /// The name of the model the trace names, if any.
+    model: Option<String>,
+    basis: CostBasis,
+    cfg: SimConfig,
+}
+
+impl ReplayArgs {
+    /// Reads the trace (bounded) and builds the settings for `policy`.
+    fn load(&self, io: &Io, policy: SimPolicy) -> Result<Replay, String> {
+        let initial = parse_initial(&self.initial)?;
+        self.cost.resolve()?;
+        let bytes = io.read(&self.trace)?;
+        let (preset, model) = trace_model(&bytes);
+        let basis = self.cost.resolve_for_trace(preset)?;
+        let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", self.trace.display()))?;
+        warn_heat(&heat, &self.trace);
+        let counts = heat.counts_u64().ok_or_else(|| {
+            format!(
+                "{}: counts must be whole token counts",
+                self.trace.display()
+            )
+        })?;
+        let trace = SimTrace {
+            windows: heat.windows(),
+            layers: heat.layers(),
+            experts: heat.experts(),
+            counts,
+        };
+        let cfg = SimConfig {
+            ranks: self.ranks,
+            redundant: self.redundant,
+            ranks_per_node: self.topo.ranks_per_node,
+            groups: self.topo.groups,
+            policy,
+            heat_interval: self.heat_interval,
+            algo_interval: self.algo_interval,
+            initial,
+            routing: match self.routing {
+                RoutingArg::Log2phy => Routing::Log2Phy,
+                RoutingArg::Even => Routing::Even,
+            },
+            seed: self.seed,
+            expert_bytes: 64,
+        };
+        Ok(Replay {
+            trace,
+            name: heat.name().map(str::to_owned),
+            model,
+            basis,
+            cfg,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    #[command(flatten)]
+    replay: ReplayArgs,
+    /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
+    #[arg(long)]
+    policy: String,
+    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+    params: Vec<Param>,
     /// Write the eplb-placements/v1 log here.
     #[arg(long)]
     placements_log: Option<PathBuf>,
-    #[command(flatten)]
-    cost: CostArgs,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -332,15 +399,8 @@ struct SimulateArgs {
 
 #[derive(Debug, Args)]
 struct ReportArgs {
-    /// An eplb-trace/v1 trace with windows.
-    #[arg(long)]
-    trace: PathBuf,
-    /// EP ranks.
-    #[arg(long)]
-    ranks: u16,
-    /// Redundant experts.
-    #[arg(long)]
-    redundant: u32,
+    #[command(flatten)]
+    replay: ReplayArgs,
     /// `all`, or a comma-separated list of static, 0..4, random, default, swift, flashlb,
     /// incremental, deepseek (static is always run as the baseline).
     #[arg(long, default_value = "all")]
@@ -349,25 +409,6 @@ struct ReportArgs {
     /// (at least one must).
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
     params: Vec<Param>,
-    /// Heat windows per cycle (H >= 1).
-    #[arg(long)]
-    heat_interval: u32,
-    /// Windows between the snapshot and the new placement (A >= 1).
-    #[arg(long)]
-    algo_interval: u32,
-    #[command(flatten)]
-    topo: Topology,
-    /// `default` or `random:SEED`.
-    #[arg(long, default_value = "default")]
-    initial: String,
-    /// Routing model of the metrics.
-    #[arg(long, value_enum, default_value = "log2phy")]
-    routing: RoutingArg,
-    /// Seed of randomised policies.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    #[command(flatten)]
-    cost: CostArgs,
     /// Where to write the HTML page (atomically).
     #[arg(long)]
     out: PathBuf,
@@ -874,40 +915,16 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
             return Err("--param: policy `static` takes no parameters".to_owned());
         }
     };
-    let initial = parse_initial(&a.initial)?;
-    a.cost.resolve()?;
     if let Some(log) = &a.placements_log {
-        crate::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])?;
+        crate::fsio::refuse_overwrite_input(log, &[a.replay.trace.as_path()])?;
     }
-    let bytes = io.read(&a.trace)?;
-    let basis = a.cost.resolve_for_trace(trace_model(&bytes).0)?;
-    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
-    warn_heat(&heat, &a.trace);
-    let counts = heat
-        .counts_u64()
-        .ok_or_else(|| format!("{}: counts must be whole token counts", a.trace.display()))?;
-    let trace = SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts,
-    };
-    let cfg = SimConfig {
-        ranks: a.ranks,
-        redundant: a.redundant,
-        ranks_per_node: a.topo.ranks_per_node,
-        groups: a.topo.groups,
-        policy,
-        heat_interval: a.heat_interval,
-        algo_interval: a.algo_interval,
-        initial,
-        routing: match a.routing {
-            RoutingArg::Log2phy => Routing::Log2Phy,
-            RoutingArg::Even => Routing::Even,
-        },
-        seed: a.seed,
-        expert_bytes: 64,
-    };
+    let Replay {
+        trace,
+        name,
+        basis,
+        cfg,
+        ..
+    } = a.replay.load(io, policy)?;
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut shown = false;
@@ -933,7 +950,7 @@ fn simulate_cmd(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         errln!();
     }
     if let Some(path) = &a.placements_log {
-        write_placements_log(path, &r, policy.name(), heat.name())?;
+        write_placements_log(path, &r, policy.name(), name.as_deref())?;
     }
     let costs = sequence_cost(
         &r.shape,
@@ -976,9 +993,7 @@ fn report_cmd(
 ) -> Result<ExitCode, String> {
     use crate::report::{PolicyList, ReportJob, shell_quote};
     let policies = PolicyList::parse(&a.policies)?;
-    let initial = parse_initial(&a.initial)?;
-    a.cost.resolve()?;
-    crate::fsio::refuse_overwrite_input(&a.out, &[a.trace.as_path()])?;
+    crate::fsio::refuse_overwrite_input(&a.out, &[a.replay.trace.as_path()])?;
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
     {
@@ -988,50 +1003,27 @@ fn report_cmd(
             dir.display()
         ));
     }
-    let bytes = io.read(&a.trace)?;
-    let (preset, model_name) = trace_model(&bytes);
-    let basis = a.cost.resolve_for_trace(preset)?;
-    let heat = load_heat(&bytes, None).map_err(|e| format!("{}: {e}", a.trace.display()))?;
-    warn_heat(&heat, &a.trace);
-    let counts = heat
-        .counts_u64()
-        .ok_or_else(|| format!("{}: counts must be whole token counts", a.trace.display()))?;
-    let trace = SimTrace {
-        windows: heat.windows(),
-        layers: heat.layers(),
-        experts: heat.experts(),
-        counts,
-    };
-    let base = SimConfig {
-        ranks: a.ranks,
-        redundant: a.redundant,
-        ranks_per_node: a.topo.ranks_per_node,
-        groups: a.topo.groups,
-        policy: SimPolicy::Static,
-        heat_interval: a.heat_interval,
-        algo_interval: a.algo_interval,
-        initial,
-        routing: match a.routing {
-            RoutingArg::Log2phy => Routing::Log2Phy,
-            RoutingArg::Even => Routing::Even,
-        },
-        seed: a.seed,
-        expert_bytes: 64,
-    };
+    let Replay {
+        trace,
+        name,
+        model,
+        basis,
+        cfg: base,
+    } = a.replay.load(io, SimPolicy::Static)?;
     let words: Vec<String> = argv
         .iter()
         .map(|w| w.to_string_lossy().into_owned())
         .collect();
-    let trace_name = heat.name().map(str::to_owned).unwrap_or_else(|| {
-        a.trace.file_name().map_or_else(
-            || a.trace.display().to_string(),
+    let trace_name = name.unwrap_or_else(|| {
+        a.replay.trace.file_name().map_or_else(
+            || a.replay.trace.display().to_string(),
             |f| f.to_string_lossy().into_owned(),
         )
     });
     let report = crate::report::run(ReportJob {
         trace: &trace,
         trace_name,
-        trace_model: model_name,
+        trace_model: model,
         base,
         policies,
         params: a.params.clone(),
