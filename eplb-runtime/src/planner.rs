@@ -57,8 +57,6 @@ pub struct PlanRequest {
 pub struct Plan {
     /// The cycle it answers.
     pub cycle: u64,
-    /// The placement it was planned against.
-    pub current: Vec<u16>,
     /// The new placement `[L][R][S]`.
     pub placement: Vec<u16>,
     /// Per layer: changed.
@@ -356,7 +354,6 @@ pub fn plan_once(
     let elapsed = started.elapsed();
     Ok(Plan {
         cycle: req.cycle,
-        current: req.current.clone(),
         placement,
         changed,
         par_before,

@@ -342,13 +342,28 @@ fn record_mode_never_moves_a_weight() {
     assert!(rec.iter().all(|p| *p != initial));
 }
 
-/// Fails its first call, then plans as `inner` does.
-struct FailOnce {
+/// A policy that plans as `inner` does after `hook` has seen the call's number (from 0): the
+/// hook can fail the call or delay it.
+struct Hooked<F> {
     inner: Box<dyn Policy + Send>,
-    failed: bool,
+    calls: usize,
+    hook: F,
 }
 
-impl Policy for FailOnce {
+impl<F: FnMut(usize) -> Result<(), PolicyError> + Send> Hooked<F> {
+    fn boxed(inner: Box<dyn Policy + Send>, hook: F) -> Box<dyn Policy + Send>
+    where
+        F: 'static,
+    {
+        Box::new(Self {
+            inner,
+            calls: 0,
+            hook,
+        })
+    }
+}
+
+impl<F: FnMut(usize) -> Result<(), PolicyError> + Send> Policy for Hooked<F> {
     fn kind(&self) -> PolicyKind {
         self.inner.kind()
     }
@@ -368,12 +383,9 @@ impl Policy for FailOnce {
         state: &mut [u64],
         out: &mut [u16],
     ) -> Result<(), PolicyError> {
-        if !self.failed {
-            self.failed = true;
-            return Err(PolicyError::Core(eplb_core::Error::ZeroDimension {
-                what: "injected failure",
-            }));
-        }
+        let call = self.calls;
+        self.calls += 1;
+        (self.hook)(call)?;
         self.inner.place(input, scratch, state, out)
     }
 }
@@ -387,9 +399,12 @@ fn one_ranks_planner_failing_once_never_makes_ranks_diverge() {
             &|rank| {
                 let p = policy_for(kind).unwrap();
                 if rank == 3 {
-                    Box::new(FailOnce {
-                        inner: p,
-                        failed: false,
+                    // Fails its first call.
+                    Hooked::boxed(p, |call| match call {
+                        0 => Err(PolicyError::Core(eplb_core::Error::ZeroDimension {
+                            what: "injected failure",
+                        })),
+                        _ => Ok(()),
                     })
                 } else {
                     p
@@ -416,55 +431,19 @@ fn one_ranks_planner_failing_once_never_makes_ranks_diverge() {
     }
 }
 
-/// Plans as `inner`, but every `ranks`-th call (from `offset`) first sleeps `delay`: with one
-/// planner per rank and `offset = rank`, the plan is late on a different rank each cycle.
-struct LateOnTurn {
-    inner: Box<dyn Policy + Send>,
-    calls: usize,
-    offset: usize,
-    ranks: usize,
-    delay: Duration,
-}
-
-impl Policy for LateOnTurn {
-    fn kind(&self) -> PolicyKind {
-        self.inner.kind()
-    }
-    fn scratch_len(&self, shape: &Shape) -> usize {
-        self.inner.scratch_len(shape)
-    }
-    fn state_len(&self, shape: &Shape) -> usize {
-        self.inner.state_len(shape)
-    }
-    fn colocates(&self) -> bool {
-        self.inner.colocates()
-    }
-    fn place(
-        &mut self,
-        input: &Input<'_>,
-        scratch: &mut [u64],
-        state: &mut [u64],
-        out: &mut [u16],
-    ) -> Result<(), PolicyError> {
-        if self.calls % self.ranks == self.offset {
-            std::thread::sleep(self.delay);
-        }
-        self.calls += 1;
-        self.inner.place(input, scratch, state, out)
-    }
-}
-
 #[test]
 fn a_plan_late_on_another_rank_each_cycle_never_stalls_or_diverges() {
     for kind in [PolicyKind::Incremental, PolicyKind::FlashLb] {
         let out = run(
             &|rank| {
-                Box::new(LateOnTurn {
-                    inner: policy_for(kind).unwrap(),
-                    calls: 0,
-                    offset: rank % 4,
-                    ranks: 4,
-                    delay: Duration::from_millis(40),
+                // Every 4th call, from `rank % 4`, first sleeps: with one planner per rank,
+                // the plan is late on a different rank each cycle.
+                let offset = rank % 4;
+                Hooked::boxed(policy_for(kind).unwrap(), move |call| {
+                    if call % 4 == offset {
+                        std::thread::sleep(Duration::from_millis(40));
+                    }
+                    Ok(())
                 })
             },
             RunMode::Dynamic,

@@ -44,6 +44,20 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     format!("cannot draw the chart: {e}")
 }
 
+/// Every chart's legend: upper right, on a light box.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .label_font((FONT, 15))
+        .draw()
+        .map_err(err)
+}
+
 /// Draws into a fresh SVG string of `w` x `h` pixels.
 fn svg(
     w: u32,
@@ -179,14 +193,7 @@ pub fn par_lines(
                 )
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.5))
-            .label_font((FONT, 15))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         Ok(())
     })
 }
@@ -257,14 +264,7 @@ pub fn fetch_bars(series: &[FetchSeries<'_>], cycles: usize) -> Result<String, S
                 .label(s.label.as_str())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.5))
-            .label_font((FONT, 15))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         Ok(())
     })
 }
@@ -434,14 +434,7 @@ pub fn rank_bars(
             .map_err(err)?
             .label(format!("mean rank load ({mean:.1})"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.5))
-            .label_font((FONT, 15))
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         Ok(())
     })
 }
