@@ -1,18 +1,51 @@
-//! The cold start: a layer far from balance is first rebuilt constructively, then the local
-//! search polishes it. Replica counts go greedily to the expert with the largest estimated load
-//! per copy; the copies are packed longest-processing-time first (heaviest copy to the lightest
-//! rank that has room and does not hold the expert); the packed ranks are then matched to the
-//! current ranks, heaviest first, each to the free current rank it shares the most experts
-//! with, so that few slots change.
+//! The cold start: a layer far from balance is rebuilt constructively (the local search
+//! polishes it from the next call on). Four phases, each on the even split of an expert's
+//! estimated load over its copies:
 //!
-//! Cost per layer: `O((R S - N) N)` for the counts, `O(N log N + R S R)` for the packing and
-//! `O(R^2 S)` for the matching.
+//! 1. **Counts.** One copy each, then each spare slot to the expert with the largest load per
+//!    copy (from a heap).
+//! 2. **Refinement**, with two slots per rank. The counts that minimise the largest copy are
+//!    not the ones that pack best there: a rank holds one hot copy and one cold expert, and the
+//!    sizes must complement each other. Each round takes the experts of the larger copies of
+//!    the [`RECEIVERS`] heaviest pairs and tries giving each one more copy taken from each of
+//!    the [`DONORS`] experts whose copies grow least by losing one; the best move that lowers
+//!    the heaviest pair is taken, for at most [`ROUNDS`] rounds. A move is valued in `O(N)`
+//!    without packing: with two slots, the packing below pairs the `k`-th largest copy with
+//!    the `k`-th smallest.
+//! 3. **Packing**, longest processing time first: experts by load per copy, heaviest first;
+//!    each copy to the lightest rank that has room and does not hold the expert (a min-heap
+//!    of the ranks with room; the ranks that took a copy of the expert sit out until its
+//!    copies are placed). In the final packing a rank that holds the expert now is taken
+//!    instead when it is at most [`STICK`] of the mean heavier, which costs no fetch.
+//! 4. **Matching** of the packed ranks to the current ranks, by shared experts: first every
+//!    packed rank that can keep all `S` of its experts on a free current rank, then `S - 1`,
+//!    and so on, heaviest packed rank first at each level, each to the free current rank
+//!    sharing most (ties to the lower rank, found among the holders of its experts). Then each
+//!    packed rank left without a sharing rank looks for an augmenting path (breadth first):
+//!    it takes a sharing rank whose packed rank moves, keeping as many experts, to another,
+//!    and so on until a free one; each path keeps one more expert. The rest take the remaining
+//!    ranks in order. So few slots change.
+//!
+//! Cost per layer: `O(A log N)` for the counts (`A = R S - N` spare slots);
+//! `O(ROUNDS RECEIVERS DONORS N)` for the refinement; `O(N log N + R S log R + R S H)` for the
+//! packing; `O(S^2 R H)` for the greedy matching and `O(R S^2 H)` per augmenting path (at most
+//! `R`), with `H` the most current holders of an expert. So a rebuilt layer costs
+//! `O(N log N + R S log R + S^2 R^2 H)` at worst, and far less in practice (few packed ranks
+//! are left without a sharing rank): `BENCHMARKS.md` has the measured calls.
 
 use super::*;
 
 /// How much heavier (as a fraction of the mean rank load) a rank that holds an expert now may
 /// be than the lightest one and still take the expert's copy, which then costs no fetch.
 const STICK: f64 = 0.01;
+/// Rounds of the count refinement.
+const ROUNDS: usize = 24;
+/// Receivers tried per round: the experts of the larger copies of the heaviest pairs.
+const RECEIVERS: usize = 3;
+/// Donors tried per receiver: the experts whose load per copy grows least when they lose one.
+const DONORS: usize = 8;
+/// No rank (a free heap position).
+const NONE: u16 = u16::MAX;
 
 /// Rebuilds `row` (one layer, `[R][S]`, whose holders `layer_state` left in `w.mask`) as a
 /// balanced target matched to it, if that lowers the heaviest rank's estimated load and costs
@@ -26,94 +59,405 @@ pub(super) fn construct(
 ) -> Option<usize> {
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
     let mw = mask_words(shape);
-    let est = &*w.est;
-    let mean = est.iter().sum::<f64>() / r.max(1) as f64;
-    let per_copy = |cnt: &[u16], e: usize| {
-        est.get(e).copied().unwrap_or(0.0) / f64::from(cnt.get(e).copied().unwrap_or(1).max(1))
-    };
-    // Replica counts: one copy each, then each spare slot to the largest load per copy.
-    let cnt = &mut *w.c_cnt;
-    cnt.fill(1);
-    for _ in 0..(r * s).checked_sub(n)? {
-        let mut pick = None;
-        let mut most = f64::MIN;
-        for e in 0..n {
-            if usize::from(cnt.get(e).copied().unwrap_or(0)) >= r {
-                continue;
-            }
-            let v = per_copy(cnt, e);
-            if v > most {
-                most = v;
-                pick = Some(e);
-            }
-        }
-        *cnt.get_mut(pick?)? += 1;
+    let mean = w.est.iter().sum::<f64>() / r.max(1) as f64;
+    if mean <= 0.0 || !mean.is_finite() {
+        return None;
     }
-    // Packing: experts by load per copy, heaviest first; each copy to the lightest rank with
-    // room that does not hold the expert yet (ties to the lower rank).
-    let ord = &mut *w.c_ord;
-    for (k, o) in ord.iter_mut().enumerate() {
-        *o = k as u16;
+    counts(w, n, r, (r * s).checked_sub(n)?)?;
+    order_by_copy(w, n, true)?;
+    if s == 2 {
+        refine(w, n, r)?;
     }
-    ord.sort_unstable_by(|&x, &y| {
-        let (x, y) = (usize::from(x), usize::from(y));
-        per_copy(cnt, y)
-            .total_cmp(&per_copy(cnt, x))
-            .then(x.cmp(&y))
-    });
-    let (tl, fill, last, tgt) = (
-        &mut *w.c_load,
-        &mut *w.c_fill,
-        &mut *w.c_last,
-        &mut *w.c_tgt,
-    );
-    tl.fill(0.0);
-    fill.fill(0);
-    last.fill(u16::MAX);
-    for &e in ord.iter() {
-        let u = per_copy(cnt, usize::from(e));
-        for _ in 0..cnt.get(usize::from(e)).copied().unwrap_or(0) {
-            let mut pick = None;
-            let mut lo = f64::INFINITY;
-            for q in 0..r {
-                let room = usize::from(fill.get(q).copied().unwrap_or(u16::MAX)) < s;
-                let load = tl.get(q).copied().unwrap_or(f64::INFINITY);
-                if room && last.get(q) != Some(&e) && load < lo {
-                    lo = load;
-                    pick = Some(q);
-                }
-            }
-            // A rank that holds the expert now, if it is nearly as light: no fetch.
-            let mut stay = None;
-            let mut lo_stay = lo + STICK * mean;
-            for q in 0..r {
-                let room = usize::from(fill.get(q).copied().unwrap_or(u16::MAX)) < s;
-                let load = tl.get(q).copied().unwrap_or(f64::INFINITY);
-                if room
-                    && last.get(q) != Some(&e)
-                    && load <= lo_stay
-                    && holds(w.mask, mw, usize::from(e), q)
-                {
-                    lo_stay = load;
-                    stay = Some(q);
-                }
-            }
-            let q = stay.or(pick)?;
-            let k = usize::from(*fill.get(q)?);
-            *tgt.get_mut(q * s + k)? = e;
-            *fill.get_mut(q)? += 1;
-            *tl.get_mut(q)? += u;
-            *last.get_mut(q)? = e;
-        }
-    }
-    let target_max = tl.iter().fold(0.0f64, |m, &x| m.max(x));
+    pack(w, n, r, s, Some((mw, STICK * mean)))?;
+
+    let target_max = w.c_load.iter().fold(0.0f64, |m, &x| m.max(x));
     let current_max = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
     if target_max >= current_max {
         return None;
     }
-    // Matching: target ranks by load, heaviest first, each to the free current rank holding
-    // most of its experts (ties to the lower rank).
-    let (tord, map) = (&mut *w.c_rord, &mut *w.c_map);
+    let fetches = matching(w, s, mw)?;
+    if fetches > budget {
+        return None;
+    }
+    for t in 0..r {
+        let q = usize::from(*w.c_map.get(t)?);
+        let (src, dst) = (
+            w.c_tgt.get(t * s..(t + 1) * s)?,
+            row.get_mut(q * s..(q + 1) * s)?,
+        );
+        dst.copy_from_slice(src);
+    }
+    Some(fetches)
+}
+
+/// The estimated load of each copy of `e` with `cnt` copies.
+fn per_copy(est: &[f64], cnt: &[u16], e: usize) -> f64 {
+    est.get(e).copied().unwrap_or(0.0) / f64::from(cnt.get(e).copied().unwrap_or(1).max(1))
+}
+
+/// Phase 1: `w.c_cnt`, one copy each and `spare` more, each to the expert with the largest
+/// load per copy (ties to the lower expert), at most `r` copies each. `None` if the spare
+/// slots cannot all be given.
+fn counts(w: &mut Work<'_>, n: usize, r: usize, spare: usize) -> Option<()> {
+    let (est, cnt, heap) = (&*w.est, &mut *w.c_cnt, &mut *w.c_ord);
+    cnt.fill(1);
+    for (k, h) in heap.iter_mut().enumerate() {
+        *h = k as u16;
+    }
+    // A max-heap of experts by load per copy: `above(x, y)` when `x` goes first.
+    let mut len = n;
+    for k in (0..n / 2).rev() {
+        sift_down(heap, len, k, |x, y| above(est, cnt, x, y));
+    }
+    for _ in 0..spare {
+        let e = usize::from(*heap.first()?);
+        let c = cnt.get_mut(e)?;
+        *c += 1;
+        if usize::from(*c) >= r {
+            len = len.checked_sub(1)?;
+            heap.swap(0, len);
+        }
+        if len == 0 {
+            return None;
+        }
+        sift_down(heap, len, 0, |x, y| above(est, cnt, x, y));
+    }
+    Some(())
+}
+
+/// Whether expert `x` goes before `y`: more load per copy, ties to the lower expert.
+fn above(est: &[f64], cnt: &[u16], x: u16, y: u16) -> bool {
+    let (x, y) = (usize::from(x), usize::from(y));
+    per_copy(est, cnt, x)
+        .total_cmp(&per_copy(est, cnt, y))
+        .then(y.cmp(&x))
+        .is_gt()
+}
+
+/// Phase 2, for two slots per rank: moves copies between experts while that lowers the
+/// heaviest pair (see the module documentation). Leaves the refined counts in `w.c_cnt`.
+///
+/// With two slots, longest processing time first pairs the `k`-th largest copy with the
+/// `k`-th smallest (the first `R` copies open one rank each; each later copy goes to the
+/// lightest open rank, which holds the smallest of them), so a round values each donor in
+/// `O(N)` by that pairing over the experts' runs of equal copies, without packing.
+fn refine(w: &mut Work<'_>, n: usize, r: usize) -> Option<()> {
+    for _ in 0..ROUNDS {
+        let (mut best, receivers) = pairing(w, n, r)?;
+        let mut pick = None;
+        for &e in receivers.iter().flatten() {
+            if usize::from(*w.c_cnt.get(e)?) >= r {
+                continue;
+            }
+            for &f in donors(w, n, e).iter().flatten() {
+                shift_copy(w.c_cnt, e, f)?;
+                let max = pairing(w, n, r).map_or(f64::INFINITY, |(m, _)| m);
+                shift_copy(w.c_cnt, f, e)?;
+                if max < best {
+                    best = max;
+                    pick = Some((e, f));
+                }
+            }
+        }
+        let Some((e, f)) = pick else { break };
+        shift_copy(w.c_cnt, e, f)?;
+    }
+    Some(())
+}
+
+/// The heaviest pair when the `2R` copies of `w.c_cnt` are paired largest with smallest, and
+/// the experts of the larger copies of the [`RECEIVERS`] heaviest pairs with distinct such
+/// experts (heaviest first). Sorts `w.c_ord`.
+fn pairing(w: &mut Work<'_>, n: usize, r: usize) -> Option<(f64, [Option<usize>; RECEIVERS])> {
+    order_by_copy(w, n, false)?;
+    let (ord, cnt, u) = (&*w.c_ord, &*w.c_cnt, &*w.c_u);
+    let run = |k: usize| -> Option<(usize, f64, usize)> {
+        let e = usize::from(*ord.get(k)?);
+        Some((e, *u.get(e)?, usize::from(*cnt.get(e)?)))
+    };
+    let (mut hi, mut lo) = (0, n.checked_sub(1)?);
+    let (mut eh, mut uh, mut left_h) = run(hi)?;
+    let (_, mut ul, mut left_l) = run(lo)?;
+    // The heaviest pairs by larger expert, heaviest first (an expert once, at its heaviest).
+    let mut top: [(f64, Option<usize>); RECEIVERS] = [(f64::MIN, None); RECEIVERS];
+    let mut pairs = r;
+    while pairs > 0 {
+        while left_h == 0 {
+            hi += 1;
+            (eh, uh, left_h) = run(hi)?;
+        }
+        while left_l == 0 {
+            lo = lo.checked_sub(1)?;
+            (_, ul, left_l) = run(lo)?;
+        }
+        let (m, v) = (left_h.min(left_l).min(pairs), uh + ul);
+        if let Some(k) = top.iter().position(|&(x, e)| e == Some(eh) || v > x) {
+            // Drop `eh`'s later entry, or the last, and insert at `k`.
+            let end = top
+                .iter()
+                .skip(k)
+                .position(|&(_, e)| e == Some(eh))
+                .map_or(RECEIVERS - 1, |j| k + j);
+            if top.get(k).is_some_and(|&(x, e)| e != Some(eh) || v > x) {
+                top.copy_within(k..end, k + 1);
+                *top.get_mut(k)? = (v, Some(eh));
+            }
+        }
+        left_h -= m;
+        left_l -= m;
+        pairs -= m;
+    }
+    Some((top.first()?.0, top.map(|(_, e)| e)))
+}
+
+/// Gives `e` one more copy, taken from `f`.
+fn shift_copy(cnt: &mut [u16], e: usize, f: usize) -> Option<()> {
+    *cnt.get_mut(f)? = cnt.get(f)?.checked_sub(1)?;
+    *cnt.get_mut(e)? += 1;
+    Some(())
+}
+
+/// The [`DONORS`] experts other than `e` with at least two copies whose load per copy grows
+/// least when they lose one (ascending; ties to the lower expert).
+fn donors(w: &Work<'_>, n: usize, e: usize) -> [Option<usize>; DONORS] {
+    let mut out = [None; DONORS];
+    let grown = |f: usize| {
+        let c = w.c_cnt.get(f).copied().unwrap_or(1);
+        w.est.get(f).copied().unwrap_or(0.0) / f64::from(c.saturating_sub(1).max(1))
+    };
+    for f in 0..n {
+        if f == e || w.c_cnt.get(f).copied().unwrap_or(0) < 2 {
+            continue;
+        }
+        let g = grown(f);
+        // Insert into the sorted list, dropping the last.
+        let mut k = DONORS;
+        while k > 0
+            && out
+                .get(k - 1)
+                .copied()
+                .flatten()
+                .is_none_or(|x| grown(x) > g)
+        {
+            k -= 1;
+        }
+        if k < DONORS {
+            out.copy_within(k..DONORS - 1, k + 1);
+            if let Some(x) = out.get_mut(k) {
+                *x = Some(f);
+            }
+        }
+    }
+    out
+}
+
+/// `w.c_u`, the load per copy of each expert, and `w.c_ord`, the experts by it, heaviest
+/// first (ties to the lower expert): sorted when `fresh`, else by insertion from the last
+/// order, which a refinement round changes in two places.
+fn order_by_copy(w: &mut Work<'_>, n: usize, fresh: bool) -> Option<()> {
+    let (est, cnt, u, ord) = (&*w.est, &*w.c_cnt, &mut *w.c_u, &mut *w.c_ord);
+    for e in 0..n {
+        *u.get_mut(e)? = per_copy(est, cnt, e);
+    }
+    let first = |x: u16, y: u16| {
+        let (ux, uy) = (
+            u.get(usize::from(x)).copied().unwrap_or(0.0),
+            u.get(usize::from(y)).copied().unwrap_or(0.0),
+        );
+        ux.total_cmp(&uy).then(y.cmp(&x)).is_gt()
+    };
+    if fresh {
+        for (k, o) in ord.iter_mut().enumerate() {
+            *o = k as u16;
+        }
+        ord.sort_unstable_by(|&x, &y| {
+            if first(x, y) {
+                core::cmp::Ordering::Less
+            } else if first(y, x) {
+                core::cmp::Ordering::Greater
+            } else {
+                core::cmp::Ordering::Equal
+            }
+        });
+        return Some(());
+    }
+    for i in 1..ord.len() {
+        let mut k = i;
+        while k > 0 && first(*ord.get(k)?, *ord.get(k - 1)?) {
+            ord.swap(k - 1, k);
+            k -= 1;
+        }
+    }
+    Some(())
+}
+
+/// Phase 3: packs `w.c_cnt` copies into `w.c_tgt` (`[R][S]`, packed rank-major), with the
+/// packed ranks' loads in `w.c_load`; with `stick = Some((mw, tol))` a rank that holds the
+/// expert now (in `w.mask`) takes its copy when within `tol` of the lightest. Returns the
+/// heaviest packed rank's load, or `None` when some copy finds no rank.
+fn pack(
+    w: &mut Work<'_>,
+    n: usize,
+    r: usize,
+    s: usize,
+    stick: Option<(usize, f64)>,
+) -> Option<f64> {
+    order_by_copy(w, n, false)?;
+    let (cnt, u, ord) = (&*w.c_cnt, &*w.c_u, &*w.c_ord);
+    let (load, fill, heap, pos, held) = (
+        &mut *w.c_load,
+        &mut *w.c_fill,
+        &mut *w.c_heap,
+        &mut *w.c_pos,
+        &mut *w.c_hold,
+    );
+    load.fill(0.0);
+    fill.fill(0);
+    // A min-heap of the ranks with room, by load (ties to the lower rank), with positions.
+    for (k, (h, p)) in heap.iter_mut().zip(pos.iter_mut()).enumerate() {
+        *h = k as u16;
+        *p = k as u16;
+    }
+    let mut len = r;
+    for &e in ord.iter() {
+        let e = usize::from(e);
+        let ue = u.get(e).copied().unwrap_or(0.0);
+        let mut nheld = 0;
+        for _ in 0..cnt.get(e).copied().unwrap_or(0) {
+            let lightest = usize::from(*heap.first().filter(|_| len > 0)?);
+            let mut q = lightest;
+            if let Some((mw, tol)) = stick {
+                // A current holder with room, within `tol` of the lightest: no fetch.
+                let mut bar = load.get(lightest).copied().unwrap_or(0.0) + tol;
+                let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+                for (wi, &m) in words.iter().enumerate() {
+                    let mut bits = m;
+                    while bits != 0 {
+                        let h = wi * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        let lh = load.get(h).copied().unwrap_or(f64::INFINITY);
+                        if pos.get(h).is_some_and(|&p| p != NONE) && lh < bar {
+                            bar = lh;
+                            q = h;
+                        }
+                    }
+                }
+            }
+            // Take q out of the heap; it sits out until e's copies are placed.
+            let at = usize::from(*pos.get(q)?);
+            len -= 1;
+            heap.swap(at, len);
+            *pos.get_mut(usize::from(*heap.get(at)?))? = at as u16;
+            *pos.get_mut(q)? = NONE;
+            if at < len {
+                fix(heap, pos, len, at, load);
+            }
+            let k = usize::from(*fill.get(q)?);
+            *w.c_tgt.get_mut(q * s + k)? = e as u16;
+            *fill.get_mut(q)? += 1;
+            *load.get_mut(q)? += ue;
+            if usize::from(*fill.get(q)?) < s {
+                *held.get_mut(nheld)? = q as u16;
+                nheld += 1;
+            }
+        }
+        for &q in held.get(..nheld)? {
+            *heap.get_mut(len)? = q;
+            *pos.get_mut(usize::from(q))? = len as u16;
+            len += 1;
+            fix(heap, pos, len, len - 1, load);
+        }
+    }
+    Some(load.iter().fold(0.0f64, |m, &x| m.max(x)))
+}
+
+/// Whether rank `a` goes before rank `b` in the packing heap: lighter, ties to the lower rank.
+fn lighter(load: &[f64], a: u16, b: u16) -> bool {
+    let l = |x: u16| load.get(usize::from(x)).copied().unwrap_or(f64::INFINITY);
+    l(a).total_cmp(&l(b)).then(a.cmp(&b)).is_lt()
+}
+
+/// Restores the heap order around position `at` (up, then down), keeping `pos`.
+fn fix(heap: &mut [u16], pos: &mut [u16], len: usize, mut at: usize, load: &[f64]) {
+    while at > 0 {
+        let up = (at - 1) / 2;
+        let (Some(&x), Some(&y)) = (heap.get(at), heap.get(up)) else {
+            return;
+        };
+        if !lighter(load, x, y) {
+            break;
+        }
+        heap.swap(at, up);
+        set_pos(pos, heap, at);
+        set_pos(pos, heap, up);
+        at = up;
+    }
+    loop {
+        let (l, rt) = (2 * at + 1, 2 * at + 2);
+        let mut m = at;
+        for c in [l, rt] {
+            if c < len
+                && let (Some(&x), Some(&y)) = (heap.get(c), heap.get(m))
+                && lighter(load, x, y)
+            {
+                m = c;
+            }
+        }
+        if m == at {
+            return;
+        }
+        heap.swap(at, m);
+        set_pos(pos, heap, at);
+        set_pos(pos, heap, m);
+        at = m;
+    }
+}
+
+fn set_pos(pos: &mut [u16], heap: &[u16], at: usize) {
+    if let Some(&x) = heap.get(at)
+        && let Some(p) = pos.get_mut(usize::from(x))
+    {
+        *p = at as u16;
+    }
+}
+
+/// Sifts position `at` of the max-heap `heap[..len]` down, `first(x, y)` when `x` goes first.
+fn sift_down(heap: &mut [u16], len: usize, mut at: usize, first: impl Fn(u16, u16) -> bool) {
+    loop {
+        let (l, rt) = (2 * at + 1, 2 * at + 2);
+        let mut m = at;
+        for c in [l, rt] {
+            if c < len
+                && let (Some(&x), Some(&y)) = (heap.get(c), heap.get(m))
+                && first(x, y)
+            {
+                m = c;
+            }
+        }
+        if m == at {
+            return;
+        }
+        heap.swap(at, m);
+        at = m;
+    }
+}
+
+/// Phase 4: maps each packed rank `t` to a current rank `w.c_map[t]` (module documentation).
+/// Returns the fetches: the packed experts the matched rank does not hold now.
+fn matching(w: &mut Work<'_>, s: usize, mw: usize) -> Option<usize> {
+    let tl = &*w.c_load;
+    let m = Match {
+        mask: w.mask,
+        tgt: w.c_tgt,
+        mw,
+        s,
+    };
+    let (tord, map, owner, keep) = (
+        &mut *w.c_rord,
+        &mut *w.c_map,
+        &mut *w.c_fill,
+        &mut *w.c_keep,
+    );
     for (k, o) in tord.iter_mut().enumerate() {
         *o = k as u16;
     }
@@ -121,45 +465,142 @@ pub(super) fn construct(
         let load = |k: u16| tl.get(usize::from(k)).copied().unwrap_or(0.0);
         load(y).total_cmp(&load(x)).then(x.cmp(&y))
     });
-    // `last` marks the current ranks already taken.
-    last.fill(0);
-    let mut fetches = 0usize;
-    for &t in tord.iter() {
-        let t = usize::from(t);
-        let experts = tgt.get(t * s..(t + 1) * s)?;
-        let mut pick = None;
-        let mut most = 0usize;
-        for q in 0..r {
-            if last.get(q) != Some(&0) {
+    map.fill(NONE);
+    owner.fill(NONE);
+    keep.fill(0);
+    // Greedy by levels: the packed ranks that keep all S experts first.
+    for level in (1..=s).rev() {
+        for &t in tord.iter() {
+            let t = usize::from(t);
+            if *map.get(t)? != NONE {
                 continue;
             }
-            let shared = experts
-                .iter()
-                .filter(|&&e| holds(w.mask, mw, usize::from(e), q))
-                .count();
-            if pick.is_none() || shared > most {
-                most = shared;
-                pick = Some(q);
-                if shared == s {
+            // The free current rank sharing most (ties to the lower rank).
+            let (mut pick, mut most) = (None, 0usize);
+            m.candidates(t, |q, shared| {
+                let free = owner.get(q).is_some_and(|&o| o == NONE);
+                if free && (shared > most || (shared == most && pick.is_some_and(|p| q < p))) {
+                    most = shared;
+                    pick = Some(q);
+                }
+                false
+            })?;
+            if let Some(q) = pick.filter(|_| most >= level) {
+                *owner.get_mut(q)? = t as u16;
+                *map.get_mut(t)? = q as u16;
+                *keep.get_mut(t)? = most as u16;
+            }
+        }
+    }
+    // Augmenting paths: a packed rank left without a sharing rank takes one from a packed rank
+    // that moves, without keeping fewer, to another (breadth first; each path gains a keep).
+    let (queue, seen, prev) = (&mut *w.c_hold, &mut *w.c_pos, &mut *w.c_heap);
+    seen.fill(0);
+    let mut stamp = 0u16;
+    for &t0 in tord.iter() {
+        let t0 = usize::from(t0);
+        if *map.get(t0)? != NONE {
+            continue;
+        }
+        stamp = stamp.checked_add(1)?;
+        *queue.first_mut()? = t0 as u16;
+        *seen.get_mut(t0)? = stamp;
+        let (mut head, mut tail) = (0, 1);
+        let mut found = None;
+        while head < tail && found.is_none() {
+            let t = usize::from(*queue.get(head)?);
+            head += 1;
+            let need = usize::from(*keep.get(t)?).max(1);
+            let at = *map.get(t)?;
+            m.candidates(t, |q, shared| {
+                if shared < need || usize::from(at) == q {
+                    return false;
+                }
+                let Some(&o) = owner.get(q) else { return false };
+                if o == NONE {
+                    found = Some((t, q));
+                    return true;
+                }
+                let o = usize::from(o);
+                if seen.get(o).is_some_and(|&x| x != stamp)
+                    && let (Some(x), Some(p), Some(slot)) =
+                        (seen.get_mut(o), prev.get_mut(o), queue.get_mut(tail))
+                {
+                    *x = stamp;
+                    *p = t as u16;
+                    *slot = o as u16;
+                    tail += 1;
+                }
+                false
+            })?;
+        }
+        // Walk the path back: each packed rank takes the rank it reached, its old one goes on.
+        if let Some((mut t, mut q)) = found {
+            loop {
+                let old = *map.get(t)?;
+                *map.get_mut(t)? = q as u16;
+                *owner.get_mut(q)? = t as u16;
+                *keep.get_mut(t)? = m.shared(t, q) as u16;
+                if t == t0 {
                     break;
+                }
+                q = usize::from(old);
+                t = usize::from(*prev.get(t)?);
+            }
+        }
+    }
+    // The rest, heaviest first, to the free ranks in order.
+    let mut next = 0;
+    for &t in tord.iter() {
+        let t = usize::from(t);
+        if *map.get(t)? != NONE {
+            continue;
+        }
+        while *owner.get(next)? != NONE {
+            next += 1;
+        }
+        *owner.get_mut(next)? = t as u16;
+        *map.get_mut(t)? = next as u16;
+    }
+    Some(keep.iter().map(|&k| s - usize::from(k).min(s)).sum())
+}
+
+/// The packed ranks and the current holders, for the matching.
+struct Match<'m> {
+    mask: &'m [u64],
+    tgt: &'m [u16],
+    mw: usize,
+    s: usize,
+}
+
+impl Match<'_> {
+    /// The experts of packed rank `t` that current rank `q` holds.
+    fn shared(&self, t: usize, q: usize) -> usize {
+        let experts = self.tgt.get(t * self.s..(t + 1) * self.s).unwrap_or(&[]);
+        experts
+            .iter()
+            .filter(|&&x| holds(self.mask, self.mw, usize::from(x), q))
+            .count()
+    }
+
+    /// Calls `f(q, shared)` for each current rank `q` holding an expert of packed rank `t`
+    /// (once per such expert), until `f` returns `true`.
+    fn candidates(&self, t: usize, mut f: impl FnMut(usize, usize) -> bool) -> Option<()> {
+        let experts = self.tgt.get(t * self.s..(t + 1) * self.s)?;
+        for &e in experts {
+            let e = usize::from(e);
+            let words = self.mask.get(e * self.mw..(e + 1) * self.mw)?;
+            for (wi, &m) in words.iter().enumerate() {
+                let mut bits = m;
+                while bits != 0 {
+                    let q = wi * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if f(q, self.shared(t, q)) {
+                        return Some(());
+                    }
                 }
             }
         }
-        let q = pick?;
-        *last.get_mut(q)? = 1;
-        *map.get_mut(t)? = q as u16;
-        fetches += s - most;
+        Some(())
     }
-    if fetches > budget {
-        return None;
-    }
-    for t in 0..r {
-        let q = usize::from(*map.get(t)?);
-        let (src, dst) = (
-            tgt.get(t * s..(t + 1) * s)?,
-            row.get_mut(q * s..(q + 1) * s)?,
-        );
-        dst.copy_from_slice(src);
-    }
-    Some(fetches)
 }

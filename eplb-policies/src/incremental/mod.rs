@@ -33,13 +33,23 @@
 //!    whose heaviest rank cannot be lowered enough is left as it is.
 //!
 //! **Cold start** (opt-in, `cold_start`; off by default). A layer whose heaviest rank carries
-//! more than `cold_start` times the mean rank load is first rebuilt: replica counts go greedily
-//! to the largest estimated load per copy, the copies are packed heaviest first onto the
-//! lightest rank with room that does not hold the expert (a rank that holds it now is kept when
-//! it is within 1% of the mean of the lightest, which costs no fetch), and the packed ranks are
-//! matched, heaviest first, to the current rank sharing most of their experts. The rebuild is
-//! taken only if it lowers the heaviest rank's load and fits the fetch budgets; the local
-//! search then polishes it (`min_gain` = 100 keeps the rebuild alone).
+//! more than `cold_start` times the mean rank load (the start-up layout under skewed heat, or
+//! a placement the traffic has left far behind) is first rebuilt constructively
+//! (`construct.rs`): replica counts go greedily to the largest estimated load per copy and,
+//! with two slots per rank, are then refined against the packing (there the counts with the
+//! smallest largest copy are not the ones that pack best), the copies are packed heaviest
+//! first onto the lightest rank with room that does not hold the expert (a rank that holds it
+//! now is taken when within 1% of the mean of the lightest, which costs no fetch), and the
+//! packed ranks are matched to the current ranks by shared experts (greedy, then augmenting
+//! paths), so that few slots change. The rebuild is kept only if it lowers the heaviest
+//! rank's value by at least `min_gain` of the mean per fetch, as any move must, within the
+//! fetch budgets; a rebuilt layer is left as built for this call (the search polishes it from
+//! the next call on), any other layer goes to the search. One call from the default layout
+//! with `cold_start=1` then lands near balance in a few milliseconds, with fewer fetches than
+//! FlashLB (`BENCHMARKS.md`, "The incremental policy at wide EP"). It is off by default
+//! because in the serving loop a rebuild that pays on average still fetches more than the
+//! search's best moves do (dsv3_drift_perm R64: 4% more fetches at threshold 2.5; esft_chain
+//! R16: 0.6% more).
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -131,9 +141,10 @@ pub struct Params {
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
     /// `cold_start`: a layer whose heaviest rank carries more than this multiple of the mean
-    /// rank load is first rebuilt constructively (replica counts, LPT packing, matched to the
-    /// current ranks) when that lowers its heaviest rank within the fetch budgets, then
-    /// polished by the search. The default, infinity, never rebuilds (today's behaviour).
+    /// rank load is first rebuilt constructively (replica counts refined against the packing,
+    /// LPT packing, matched to the current ranks), kept when that lowers its heaviest rank's
+    /// value by at least `min_gain` of the mean per fetch within the fetch budgets; the search
+    /// polishes a rebuilt layer from the next call on. The default, infinity, never rebuilds.
     pub cold_start: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
     /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller

@@ -128,18 +128,26 @@ work! {
         order: u16 = u16s(r),
         /// Scratch of `common::keep_slots`.
         keep: u16 = u16s(2 * s),
-        /// The cold start (`construct`): replica counts and experts by load per copy (`[N]`),
-        /// the packed ranks' loads, fill and last expert (reused as the taken marks of the
-        /// matching) (`[R]`), the packed ranks (`[R][S]`), their order and their current rank
-        /// (`[R]`).
+        /// The cold start (`construct`): replica counts, experts by load per copy (a heap
+        /// while counting) and their load per copy (`[N]`); the packed ranks' loads and fill
+        /// (reused as the taken marks of the matching), the heap of packed ranks with room,
+        /// their heap positions and the ranks that sit out an expert (`[R]`), the packed
+        /// ranks (`[R][S]`), their order and their current rank (`[R]`).
         c_cnt: u16 = u16s(n),
         c_ord: u16 = u16s(n),
+        c_u: f64 = f64s(n),
         c_load: f64 = f64s(r),
         c_fill: u16 = u16s(r),
-        c_last: u16 = u16s(r),
+        c_heap: u16 = u16s(r),
+        c_pos: u16 = u16s(r),
+        c_hold: u16 = u16s(r),
         c_tgt: u16 = u16s(r * s),
         c_rord: u16 = u16s(r),
         c_map: u16 = u16s(r),
+        /// The matching: per packed rank, the experts its current rank keeps.
+        c_keep: u16 = u16s(r),
+        /// The layer before a rebuild, restored when the rebuild does not pay.
+        c_old: u16 = u16s(r * s),
     }
     scalars {
         /// Rows in `xc` and `y`.
