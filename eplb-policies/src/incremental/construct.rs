@@ -26,24 +26,25 @@
 //!    and so on until a free one; each path keeps one more expert. The rest take the remaining
 //!    ranks in order. So few slots change.
 //!
-//! Cost per layer: `O(A log N)` for the counts (`A = R S - N` spare slots);
-//! `O(ROUNDS RECEIVERS DONORS N)` for the refinement; `O(N log N + R S log R + R S H)` for the
-//! packing; `O(S^2 R H)` for the greedy matching and `O(R S^2 H)` per augmenting path (at most
-//! `R`), with `H` the most current holders of an expert. So a rebuilt layer costs
-//! `O(N log N + R S log R + S^2 R^2 H)` at worst, and far less in practice (few packed ranks
-//! are left without a sharing rank): `BENCHMARKS.md` has the measured calls.
+//! Cost per layer, with `H <= R` the most current holders of an expert: `O(A log N)` for the
+//! counts (`A = R S - N` spare slots); `O(ROUNDS RECEIVERS DONORS N)` for the refinement;
+//! `O(N log N + R S (log R + H))` for the packing; `O(S^3 R H)` for the greedy matching and
+//! at most `AUGMENT_WORK R S` candidate checks of `O(S)` for the augmenting paths. So a
+//! rebuilt layer costs `O(N log N + R S log R + S^3 R H)`, at most `O(N log N + S^3 R^2)`.
 
 use super::*;
 
 /// How much heavier (as a fraction of the mean rank load) a rank that holds an expert now may
 /// be than the lightest one and still take the expert's copy, which then costs no fetch.
-const STICK: f64 = 0.01;
+const STICK: f64 = 0.02;
 /// Rounds of the count refinement.
 const ROUNDS: usize = 24;
 /// Receivers tried per round: the experts of the larger copies of the heaviest pairs.
 const RECEIVERS: usize = 3;
 /// Donors tried per receiver: the experts whose load per copy grows least when they lose one.
 const DONORS: usize = 8;
+/// Candidate checks the matching's augmenting paths may make, per slot of the layer.
+const AUGMENT_WORK: usize = 16;
 /// No rank (a free heap position).
 const NONE: u16 = u16::MAX;
 
@@ -319,6 +320,7 @@ fn pack(
         *p = k as u16;
     }
     let mut len = r;
+    let mut top = 0.0f64;
     for &e in ord.iter() {
         let e = usize::from(e);
         let ue = u.get(e).copied().unwrap_or(0.0);
@@ -327,8 +329,10 @@ fn pack(
             let lightest = usize::from(*heap.first().filter(|_| len > 0)?);
             let mut q = lightest;
             if let Some((mw, tol)) = stick {
-                // A current holder with room, within `tol` of the lightest: no fetch.
-                let mut bar = load.get(lightest).copied().unwrap_or(0.0) + tol;
+                // A current holder with room, within `tol` of the lightest and not above the
+                // heaviest rank so far once it takes the copy: no fetch.
+                let ll = load.get(lightest).copied().unwrap_or(0.0);
+                let mut bar = (ll + tol).min(top.max(ll + ue) - ue);
                 let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
                 for (wi, &m) in words.iter().enumerate() {
                     let mut bits = m;
@@ -343,6 +347,7 @@ fn pack(
                     }
                 }
             }
+            top = top.max(load.get(q).copied().unwrap_or(0.0) + ue);
             // Take q out of the heap; it sits out until e's copies are placed.
             let at = usize::from(*pos.get(q)?);
             len -= 1;
@@ -494,13 +499,18 @@ fn matching(w: &mut Work<'_>, s: usize, mw: usize) -> Option<usize> {
     }
     // Augmenting paths: a packed rank left without a sharing rank takes one from a packed rank
     // that moves, without keeping fewer, to another (breadth first; each path gains a keep).
+    // The searches share a budget of candidate checks, so the bound stays O(R S^2 H).
     let (queue, seen, prev) = (&mut *w.c_hold, &mut *w.c_pos, &mut *w.c_heap);
     seen.fill(0);
     let mut stamp = 0u16;
+    let mut work = AUGMENT_WORK * tord.len() * s;
     for &t0 in tord.iter() {
         let t0 = usize::from(t0);
         if *map.get(t0)? != NONE {
             continue;
+        }
+        if work == 0 {
+            break;
         }
         stamp = stamp.checked_add(1)?;
         *queue.first_mut()? = t0 as u16;
@@ -513,6 +523,10 @@ fn matching(w: &mut Work<'_>, s: usize, mw: usize) -> Option<usize> {
             let need = usize::from(*keep.get(t)?).max(1);
             let at = *map.get(t)?;
             m.candidates(t, |q, shared| {
+                if work == 0 {
+                    return true;
+                }
+                work -= 1;
                 if shared < need || usize::from(at) == q {
                     return false;
                 }

@@ -34,22 +34,21 @@
 //!
 //! **Cold start** (opt-in, `cold_start`; off by default). A layer whose heaviest rank carries
 //! more than `cold_start` times the mean rank load (the start-up layout under skewed heat, or
-//! a placement the traffic has left far behind) is first rebuilt constructively
-//! (`construct.rs`): replica counts go greedily to the largest estimated load per copy and,
-//! with two slots per rank, are then refined against the packing (there the counts with the
-//! smallest largest copy are not the ones that pack best), the copies are packed heaviest
-//! first onto the lightest rank with room that does not hold the expert (a rank that holds it
-//! now is taken when within 1% of the mean of the lightest, which costs no fetch), and the
-//! packed ranks are matched to the current ranks by shared experts (greedy, then augmenting
-//! paths), so that few slots change. The rebuild is kept only if it lowers the heaviest
-//! rank's value by at least `min_gain` of the mean per fetch, as any move must, within the
-//! fetch budgets; a rebuilt layer is left as built for this call (the search polishes it from
-//! the next call on), any other layer goes to the search. One call from the default layout
-//! with `cold_start=1` then lands near balance in a few milliseconds, with fewer fetches than
-//! FlashLB (`BENCHMARKS.md`, "The incremental policy at wide EP"). It is off by default
-//! because in the serving loop a rebuild that pays on average still fetches more than the
-//! search's best moves do (dsv3_drift_perm R64: 4% more fetches at threshold 2.5; esft_chain
-//! R16: 0.6% more).
+//! a placement the traffic has left far behind) is rebuilt constructively (`construct.rs`):
+//! replica counts go greedily to the largest estimated load per copy and, with two slots per
+//! rank, are then refined against the packing (there the counts with the smallest largest
+//! copy are not the ones that pack best); the copies are packed heaviest first onto the
+//! lightest rank with room that does not hold the expert (a rank that holds it now is taken
+//! when within 2% of the mean of the lightest and not above the heaviest so far, which costs
+//! no fetch); and the packed ranks are matched to the current ranks by shared experts
+//! (greedy by levels, then augmenting paths), so that few slots change. The rebuild is taken
+//! if it lowers the heaviest rank's load within the fetch budgets; a rebuilt layer is left as
+//! built for this call (the search polishes it from the next call on), any other layer goes
+//! to the search. One call from the default layout with `cold_start=1` lands within 1% of
+//! FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
+//! incremental policy at wide EP"). It is off by default because in the serving loop the
+//! search's moves, each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64:
+//! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.02-0.2% better balance).
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -78,8 +77,8 @@
 //! copies of an expert, each accepted move fetches at least once, so a layer takes at most
 //! `min(4 R S, B + 1)` steps, each `O(R^2 + M K S D)` (the rank order, the partner table, the
 //! slot filter and the exact checks). One call is therefore
-//! `O(L (T N + min(4 R S, B + 1) (R^2 + M K S D)))`, plus `O((R S - N) N + R^2 S)` per layer
-//! for the cold start; at most `O(L (T N + 4 M R^4 S^2))` in the worst case, so the supported
+//! `O(L (T N + min(4 R S, B + 1) (R^2 + M K S D)))`, or instead `O(N log N + S^3 R^2)` for a
+//! layer the cold start rebuilds (`construct.rs`); at most `O(L (T N + 4 M R^4 S^2))` in the worst case, so the supported
 //! range of [`crate::check_range`] (`R <= 2048`, `R S <= 4096`) is refused up front by
 //! [`crate::rebalance`] and [`crate::buffer_lens`] before any work. The typical cost is far
 //! below the worst case: the filter leaves few slots per mover and most experts have one copy,
@@ -141,10 +140,11 @@ pub struct Params {
     /// At most this fraction of a layer's slots is fetched per cycle.
     pub max_fetch_fraction: f64,
     /// `cold_start`: a layer whose heaviest rank carries more than this multiple of the mean
-    /// rank load is first rebuilt constructively (replica counts refined against the packing,
-    /// LPT packing, matched to the current ranks), kept when that lowers its heaviest rank's
-    /// value by at least `min_gain` of the mean per fetch within the fetch budgets; the search
-    /// polishes a rebuilt layer from the next call on. The default, infinity, never rebuilds.
+    /// rank load is rebuilt constructively (replica counts refined against the packing, LPT
+    /// packing, matched to the current ranks) when that lowers its heaviest rank within the
+    /// fetch budgets; the search polishes a rebuilt layer from the next call on. `1` rebuilds
+    /// every layer (a one-shot plan); in a serving loop a threshold such as 4 rebuilds only
+    /// the layers far from balance. The default, infinity, never rebuilds.
     pub cold_start: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
     /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller

@@ -67,25 +67,11 @@ pub(super) fn search(
     // z over the root of T - 1: the spread term of a value per unit of centered-load norm.
     let zp = libm::sqrt(kz);
     let mut fetched = 0usize;
-    // The cold start: a layer far from balance is rebuilt when that lowers the heaviest rank's
-    // value (what the search minimises) by `min_gain` of the mean per fetch, as a move must;
-    // the search polishes it from the next call on. Otherwise the search starts from `row`.
+    // The cold start: a layer far from balance is rebuilt; the search polishes it from the
+    // next call on.
     let heaviest = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
-    if heaviest > p.cold_start * mean && w.c_old.len() == row.len() {
-        let worst = |w: &Work<'_>| w.val.iter().fold(f64::MIN, |m, &x| m.max(x));
-        let before = worst(w);
-        w.c_old.copy_from_slice(row);
-        if let Some(f) = construct(shape, w, row, budget) {
-            if layer_state(shape, p.z, w, row)
-                .is_some_and(|_| before - worst(w) >= p.min_gain * mean * f as f64)
-            {
-                return;
-            }
-            row.copy_from_slice(w.c_old);
-            if layer_state(shape, p.z, w, row).is_none() {
-                return;
-            }
-        }
+    if heaviest > p.cold_start * mean && construct(shape, w, row, budget).is_some() {
+        return;
     }
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;

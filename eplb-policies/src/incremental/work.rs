@@ -146,8 +146,6 @@ work! {
         c_map: u16 = u16s(r),
         /// The matching: per packed rank, the experts its current rank keeps.
         c_keep: u16 = u16s(r),
-        /// The layer before a rebuild, restored when the rebuild does not pay.
-        c_old: u16 = u16s(r * s),
     }
     scalars {
         /// Rows in `xc` and `y`.
