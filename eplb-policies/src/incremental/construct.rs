@@ -65,11 +65,11 @@ pub(super) fn construct(
         return None;
     }
     counts(w, n, r, (r * s).checked_sub(n)?)?;
-    order_by_copy(w, n, true)?;
+    order_by_copy(w, n)?;
     if s == 2 {
         refine(w, n, r)?;
     }
-    pack(w, n, r, s, Some((mw, STICK * mean)))?;
+    pack(w, r, s, Some((mw, STICK * mean)))?;
 
     let target_max = w.c_load.iter().fold(0.0f64, |m, &x| m.max(x));
     let current_max = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
@@ -136,51 +136,50 @@ fn above(est: &[f64], cnt: &[u16], x: u16, y: u16) -> bool {
 }
 
 /// Phase 2, for two slots per rank: moves copies between experts while that lowers the
-/// heaviest pair (see the module documentation). Leaves the refined counts in `w.c_cnt`.
+/// heaviest pair (see the module documentation). Leaves the refined counts in `w.c_cnt`, with
+/// `w.c_u` and `w.c_ord` to match.
 ///
 /// With two slots, longest processing time first pairs the `k`-th largest copy with the
 /// `k`-th smallest (the first `R` copies open one rank each; each later copy goes to the
-/// lightest open rank, which holds the smallest of them), so a round values each donor in
-/// `O(N)` by that pairing over the experts' runs of equal copies, without packing.
+/// lightest open rank, which holds the smallest of them), so a move is valued in `O(N)` by
+/// that pairing over the experts' runs of equal copies, without packing, and a walk stops at
+/// the first pair that reaches the best so far.
 fn refine(w: &mut Work<'_>, n: usize, r: usize) -> Option<()> {
     for _ in 0..ROUNDS {
-        let (mut best, receivers) = pairing(w, n, r)?;
+        let mut best = heaviest_pair(w, r, f64::INFINITY)?;
         let mut pick = None;
-        for &e in receivers.iter().flatten() {
+        for e in receivers(w, r)?.into_iter().flatten() {
             if usize::from(*w.c_cnt.get(e)?) >= r {
                 continue;
             }
-            for &f in donors(w, n, e).iter().flatten() {
-                shift_copy(w.c_cnt, e, f)?;
-                let max = pairing(w, n, r).map_or(f64::INFINITY, |(m, _)| m);
-                shift_copy(w.c_cnt, f, e)?;
-                if max < best {
-                    best = max;
+            for f in donors(w, n, e).into_iter().flatten() {
+                shift_copy(w, e, f)?;
+                let max = heaviest_pair(w, r, best);
+                shift_copy(w, f, e)?;
+                if let Some(m) = max.filter(|&m| m < best) {
+                    best = m;
                     pick = Some((e, f));
                 }
             }
         }
         let Some((e, f)) = pick else { break };
-        shift_copy(w.c_cnt, e, f)?;
+        shift_copy(w, e, f)?;
     }
     Some(())
 }
 
-/// The heaviest pair when the `2R` copies of `w.c_cnt` are paired largest with smallest, and
-/// the experts of the larger copies of the [`RECEIVERS`] heaviest pairs with distinct such
-/// experts (heaviest first). Sorts `w.c_ord`.
-fn pairing(w: &mut Work<'_>, n: usize, r: usize) -> Option<(f64, [Option<usize>; RECEIVERS])> {
-    order_by_copy(w, n, false)?;
+/// Calls `visit(value, e)` for each run of pairs when the `2R` copies of `w.c_cnt` are paired
+/// largest with smallest (in `w.c_ord` order), with `e` the expert of the larger copies,
+/// until `visit` returns `true`.
+fn pairs(w: &Work<'_>, r: usize, mut visit: impl FnMut(f64, usize) -> bool) -> Option<()> {
     let (ord, cnt, u) = (&*w.c_ord, &*w.c_cnt, &*w.c_u);
     let run = |k: usize| -> Option<(usize, f64, usize)> {
         let e = usize::from(*ord.get(k)?);
         Some((e, *u.get(e)?, usize::from(*cnt.get(e)?)))
     };
-    let (mut hi, mut lo) = (0, n.checked_sub(1)?);
+    let (mut hi, mut lo) = (0, ord.len().checked_sub(1)?);
     let (mut eh, mut uh, mut left_h) = run(hi)?;
     let (_, mut ul, mut left_l) = run(lo)?;
-    // The heaviest pairs by larger expert, heaviest first (an expert once, at its heaviest).
-    let mut top: [(f64, Option<usize>); RECEIVERS] = [(f64::MIN, None); RECEIVERS];
     let mut pairs = r;
     while pairs > 0 {
         while left_h == 0 {
@@ -191,7 +190,36 @@ fn pairing(w: &mut Work<'_>, n: usize, r: usize) -> Option<(f64, [Option<usize>;
             lo = lo.checked_sub(1)?;
             (_, ul, left_l) = run(lo)?;
         }
-        let (m, v) = (left_h.min(left_l).min(pairs), uh + ul);
+        if visit(uh + ul, eh) {
+            return Some(());
+        }
+        let m = left_h.min(left_l).min(pairs);
+        left_h -= m;
+        left_l -= m;
+        pairs -= m;
+    }
+    Some(())
+}
+
+/// The heaviest pair, or the first pair found at `bar` or above.
+fn heaviest_pair(w: &Work<'_>, r: usize, bar: f64) -> Option<f64> {
+    let mut max = f64::MIN;
+    pairs(w, r, |v, _| {
+        max = max.max(v);
+        max >= bar
+    })?;
+    Some(max)
+}
+
+/// The experts of the larger copies of the [`RECEIVERS`] heaviest pairs with distinct such
+/// experts, heaviest first (an expert once, at its heaviest pair).
+fn receivers(w: &Work<'_>, r: usize) -> Option<[Option<usize>; RECEIVERS]> {
+    let mut top: [(f64, Option<usize>); RECEIVERS] = [(f64::MIN, None); RECEIVERS];
+    pairs(w, r, |v, eh| {
+        let Some(last) = top.last() else { return true };
+        if v <= last.0 && !top.iter().any(|&(_, e)| e == Some(eh)) {
+            return false;
+        }
         if let Some(k) = top.iter().position(|&(x, e)| e == Some(eh) || v > x) {
             // Drop `eh`'s later entry, or the last, and insert at `k`.
             let end = top
@@ -201,20 +229,24 @@ fn pairing(w: &mut Work<'_>, n: usize, r: usize) -> Option<(f64, [Option<usize>;
                 .map_or(RECEIVERS - 1, |j| k + j);
             if top.get(k).is_some_and(|&(x, e)| e != Some(eh) || v > x) {
                 top.copy_within(k..end, k + 1);
-                *top.get_mut(k)? = (v, Some(eh));
+                if let Some(t) = top.get_mut(k) {
+                    *t = (v, Some(eh));
+                }
             }
         }
-        left_h -= m;
-        left_l -= m;
-        pairs -= m;
-    }
-    Some((top.first()?.0, top.map(|(_, e)| e)))
+        false
+    })?;
+    Some(top.map(|(_, e)| e))
 }
 
-/// Gives `e` one more copy, taken from `f`.
-fn shift_copy(cnt: &mut [u16], e: usize, f: usize) -> Option<()> {
-    *cnt.get_mut(f)? = cnt.get(f)?.checked_sub(1)?;
-    *cnt.get_mut(e)? += 1;
+/// Gives `e` one more copy, taken from `f`, and keeps `w.c_u` and `w.c_ord` to match.
+fn shift_copy(w: &mut Work<'_>, e: usize, f: usize) -> Option<()> {
+    *w.c_cnt.get_mut(f)? = w.c_cnt.get(f)?.checked_sub(1)?;
+    *w.c_cnt.get_mut(e)? += 1;
+    for x in [e, f] {
+        *w.c_u.get_mut(x)? = per_copy(w.est, w.c_cnt, x);
+        reposition(w, x)?;
+    }
     Some(())
 }
 
@@ -252,58 +284,69 @@ fn donors(w: &Work<'_>, n: usize, e: usize) -> [Option<usize>; DONORS] {
     out
 }
 
-/// `w.c_u`, the load per copy of each expert, and `w.c_ord`, the experts by it, heaviest
-/// first (ties to the lower expert): sorted when `fresh`, else by insertion from the last
-/// order, which a refinement round changes in two places.
-fn order_by_copy(w: &mut Work<'_>, n: usize, fresh: bool) -> Option<()> {
+/// `w.c_u`, the load per copy of each expert, `w.c_ord`, the experts by it, heaviest first
+/// (ties to the lower expert), and their positions `w.c_at`, from scratch.
+fn order_by_copy(w: &mut Work<'_>, n: usize) -> Option<()> {
     let (est, cnt, u, ord) = (&*w.est, &*w.c_cnt, &mut *w.c_u, &mut *w.c_ord);
     for e in 0..n {
         *u.get_mut(e)? = per_copy(est, cnt, e);
     }
-    let first = |x: u16, y: u16| {
-        let (ux, uy) = (
-            u.get(usize::from(x)).copied().unwrap_or(0.0),
-            u.get(usize::from(y)).copied().unwrap_or(0.0),
-        );
-        ux.total_cmp(&uy).then(y.cmp(&x)).is_gt()
-    };
-    if fresh {
-        for (k, o) in ord.iter_mut().enumerate() {
-            *o = k as u16;
-        }
-        ord.sort_unstable_by(|&x, &y| {
-            if first(x, y) {
-                core::cmp::Ordering::Less
-            } else if first(y, x) {
-                core::cmp::Ordering::Greater
-            } else {
-                core::cmp::Ordering::Equal
-            }
-        });
-        return Some(());
+    for (k, o) in ord.iter_mut().enumerate() {
+        *o = k as u16;
     }
-    for i in 1..ord.len() {
-        let mut k = i;
-        while k > 0 && first(*ord.get(k)?, *ord.get(k - 1)?) {
-            ord.swap(k - 1, k);
-            k -= 1;
+    let u = &*u;
+    ord.sort_unstable_by(|&x, &y| {
+        if first(u, x, y) {
+            core::cmp::Ordering::Less
+        } else if first(u, y, x) {
+            core::cmp::Ordering::Greater
+        } else {
+            core::cmp::Ordering::Equal
         }
+    });
+    for (k, &e) in ord.iter().enumerate() {
+        *w.c_at.get_mut(usize::from(e))? = k as u16;
     }
     Some(())
+}
+
+/// Moves expert `x`, whose key in `w.c_u` changed, to its place in `w.c_ord` (positions in
+/// `w.c_at`).
+fn reposition(w: &mut Work<'_>, x: usize) -> Option<()> {
+    let (u, ord, at) = (&*w.c_u, &mut *w.c_ord, &mut *w.c_at);
+    let mut k = usize::from(*at.get(x)?);
+    let xs = x as u16;
+    while k > 0 && first(u, xs, *ord.get(k - 1)?) {
+        let y = *ord.get(k - 1)?;
+        *ord.get_mut(k)? = y;
+        *at.get_mut(usize::from(y))? = k as u16;
+        k -= 1;
+    }
+    while k + 1 < ord.len() && first(u, *ord.get(k + 1)?, xs) {
+        let y = *ord.get(k + 1)?;
+        *ord.get_mut(k)? = y;
+        *at.get_mut(usize::from(y))? = k as u16;
+        k += 1;
+    }
+    *ord.get_mut(k)? = xs;
+    *at.get_mut(x)? = k as u16;
+    Some(())
+}
+
+/// Whether expert `x` goes before `y` in `w.c_ord`: more load per copy, ties to the lower.
+fn first(u: &[f64], x: u16, y: u16) -> bool {
+    let (ux, uy) = (
+        u.get(usize::from(x)).copied().unwrap_or(0.0),
+        u.get(usize::from(y)).copied().unwrap_or(0.0),
+    );
+    ux.total_cmp(&uy).then(y.cmp(&x)).is_gt()
 }
 
 /// Phase 3: packs `w.c_cnt` copies into `w.c_tgt` (`[R][S]`, packed rank-major), with the
 /// packed ranks' loads in `w.c_load`; with `stick = Some((mw, tol))` a rank that holds the
 /// expert now (in `w.mask`) takes its copy when within `tol` of the lightest. Returns the
 /// heaviest packed rank's load, or `None` when some copy finds no rank.
-fn pack(
-    w: &mut Work<'_>,
-    n: usize,
-    r: usize,
-    s: usize,
-    stick: Option<(usize, f64)>,
-) -> Option<f64> {
-    order_by_copy(w, n, false)?;
+fn pack(w: &mut Work<'_>, r: usize, s: usize, stick: Option<(usize, f64)>) -> Option<f64> {
     let (cnt, u, ord) = (&*w.c_cnt, &*w.c_u, &*w.c_ord);
     let (load, fill, heap, pos, held) = (
         &mut *w.c_load,

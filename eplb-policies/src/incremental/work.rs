@@ -129,12 +129,13 @@ work! {
         /// Scratch of `common::keep_slots`.
         keep: u16 = u16s(2 * s),
         /// The cold start (`construct`): replica counts, experts by load per copy (a heap
-        /// while counting) and their load per copy (`[N]`); the packed ranks' loads and fill
+        /// while counting), their positions there and their load per copy (`[N]`); the packed ranks' loads and fill
         /// (reused as the taken marks of the matching), the heap of packed ranks with room,
         /// their heap positions and the ranks that sit out an expert (`[R]`), the packed
         /// ranks (`[R][S]`), their order and their current rank (`[R]`).
         c_cnt: u16 = u16s(n),
         c_ord: u16 = u16s(n),
+        c_at: u16 = u16s(n),
         c_u: f64 = f64s(n),
         c_load: f64 = f64s(r),
         c_fill: u16 = u16s(r),
