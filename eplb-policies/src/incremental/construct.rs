@@ -111,15 +111,15 @@ fn counts(w: &mut Work<'_>, n: usize, r: usize, spare: usize) -> Option<()> {
         sift_down(heap, len, k, |x, y| above(est, cnt, x, y));
     }
     for _ in 0..spare {
+        if len == 0 {
+            return None;
+        }
         let e = usize::from(*heap.first()?);
         let c = cnt.get_mut(e)?;
         *c += 1;
         if usize::from(*c) >= r {
             len = len.checked_sub(1)?;
             heap.swap(0, len);
-        }
-        if len == 0 {
-            return None;
         }
         sift_down(heap, len, 0, |x, y| above(est, cnt, x, y));
     }
