@@ -10,7 +10,14 @@
 //!    header and the `.a`, and runs it: byte-for-byte comparison for every policy, bad-argument
 //!    status codes, timings and buffer sizes.
 //!
-//! The whole task ([`run`]) then builds the staticlib for `aarch64-unknown-linux-gnu` and
+//! The aarch64 part ([`aarch64_check`], also run by `cargo xtask test`): when the target
+//! `aarch64-unknown-linux-gnu`, `aarch64-linux-gnu-gcc` (with the aarch64 C library) and
+//! `qemu-aarch64` are there, builds the staticlib for that target, compiles the same C test with
+//! the cross compiler and runs it under `qemu-aarch64` against the expected files the host's Rust
+//! reference wrote: the aarch64 C ABI must give the host's bytes for every case, policy and call.
+//! Without the tools it says what is missing and is skipped.
+//!
+//! The whole task ([`run`]) also builds the staticlib for `aarch64-unknown-linux-gnu` and
 //! `aarch64-unknown-none` when those targets are installed and lists the `eplb_aicpu_` symbols
 //! each archive exports (`nm`).
 
@@ -35,7 +42,19 @@ const WINDOWS: usize = 4;
 const SEED: u64 = 7;
 
 /// Cross targets the staticlib is built for when installed.
-const AICPU_TARGETS: [&str; 2] = ["aarch64-unknown-linux-gnu", "aarch64-unknown-none"];
+const AICPU_TARGETS: [&str; 2] = [ARM_TARGET, "aarch64-unknown-none"];
+
+/// The AICPU's aarch64 Linux target, whose C test runs under qemu.
+const ARM_TARGET: &str = "aarch64-unknown-linux-gnu";
+/// The C cross compiler and linker for [`ARM_TARGET`] (Debian `gcc-aarch64-linux-gnu`, with the
+/// C library of `libc6-dev-arm64-cross`).
+const ARM_CC: &str = "aarch64-linux-gnu-gcc";
+/// The user-mode emulator (Debian `qemu-user`).
+const QEMU: &str = "qemu-aarch64";
+/// Where the aarch64 C library and its loader live, for `qemu-aarch64 -L`.
+const ARM_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+/// Debian packages that provide [`ARM_CC`], its C library and [`QEMU`].
+const ARM_PACKAGES: &str = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user";
 
 /// Functions the archive must export.
 const EXPORTS: [&str; 4] = [
@@ -53,12 +72,19 @@ fn target_dir() -> PathBuf {
     root().join("target").join("aicpu")
 }
 
-/// `cargo xtask aicpu`: the host check, then the aarch64 builds and their symbols.
+/// The golden cases in the C test's format, and the Rust API's results for them, written by
+/// [`host_check`].
+pub struct Golden {
+    dir: PathBuf,
+    names: Vec<String>,
+}
+
+/// `cargo xtask aicpu`: the host check, the aarch64 builds and their symbols, the aarch64 check.
 pub fn run(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
         return Err(format!("`cargo xtask aicpu` takes no arguments, got `{a}`"));
     }
-    host_check()?;
+    let golden = host_check()?;
     let host_lib = target_dir().join("release").join("libeplb_aicpu.a");
     list_symbols("host", &host_lib)?;
     let installed = installed_targets();
@@ -69,21 +95,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             );
             continue;
         }
-        crate::run(
-            &format!("aicpu: staticlib for {target}"),
-            build_lib().args(["--target", target]),
-        )?;
-        let lib = target_dir()
-            .join(target)
-            .join("release")
-            .join("libeplb_aicpu.a");
-        list_symbols(target, &lib)?;
+        build_lib_for(target)?;
+        list_symbols(target, &lib_for(target))?;
     }
-    Ok(())
+    aarch64_check(&golden)
 }
 
 /// The host part: header check, staticlib, Rust reference, C test (see the module docs).
-pub fn host_check() -> Result<(), String> {
+pub fn host_check() -> Result<Golden, String> {
     check_header()?;
     let golden_dir = target_dir().join("golden");
     std::fs::create_dir_all(&golden_dir).map_err(|e| format!("{}: {e}", golden_dir.display()))?;
@@ -113,11 +132,94 @@ pub fn host_check() -> Result<(), String> {
             .arg(&golden_dir)
             .args(&names),
     )?;
-    let exe = compile_c_test()?;
+    let exe = target_dir().join("test_aicpu");
+    compile_c_test(
+        "cc",
+        &target_dir().join("release").join("libeplb_aicpu.a"),
+        &exe,
+    )?;
+    check_header_cxx()?;
     crate::run(
         "aicpu: C test (golden cases byte for byte, bad arguments, timings)",
         Command::new(&exe).arg(&golden_dir).args(&names),
+    )?;
+    Ok(Golden {
+        dir: golden_dir,
+        names,
+    })
+}
+
+/// The aarch64 part (see the module docs): the C test built for [`ARM_TARGET`], run under
+/// [`QEMU`] on the expected files [`host_check`] wrote. Skipped, with the reason, when the host
+/// is aarch64 already or a tool is missing.
+pub fn aarch64_check(golden: &Golden) -> Result<(), String> {
+    let host = std::env::consts::ARCH;
+    let missing = if host == "aarch64" {
+        Some("the host is aarch64: the host C test ran there".to_string())
+    } else {
+        arm_missing()
+    };
+    if let Some(why) = missing {
+        eprintln!("==> aicpu: aarch64 C test under qemu skipped ({why})");
+        return Ok(());
+    }
+    build_lib_for(ARM_TARGET)?;
+    let exe = target_dir().join(ARM_TARGET).join("test_aicpu");
+    compile_c_test(ARM_CC, &lib_for(ARM_TARGET), &exe)?;
+    crate::run(
+        &format!(
+            "aicpu: aarch64 C test under {QEMU} (the {ARM_TARGET} C ABI vs the {host} Rust \
+             API's bytes, {} cases x 6 policies x 2 calls; bad arguments)",
+            golden.names.len()
+        ),
+        Command::new(QEMU)
+            .args(["-L", ARM_SYSROOT])
+            .arg(&exe)
+            .arg("--no-timing")
+            .arg(&golden.dir)
+            .args(&golden.names),
     )
+    .map_err(|e| format!("{e}; the FAIL lines above say what differs from {host}"))?;
+    eprintln!(
+        "==> aicpu: aarch64 == {host}, bit for bit: {} golden cases x 6 policies x 2 calls",
+        golden.names.len()
+    );
+    Ok(())
+}
+
+/// Why the aarch64 C test cannot run here, if it cannot.
+fn arm_missing() -> Option<String> {
+    if !installed_targets().iter().any(|t| t == ARM_TARGET) {
+        return Some(format!(
+            "target {ARM_TARGET} is not installed: rustup target add {ARM_TARGET}"
+        ));
+    }
+    let runs = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let mut missing = Vec::new();
+    if !runs(ARM_CC) {
+        missing.push(format!("no {ARM_CC}"));
+    } else if !Command::new(ARM_CC)
+        .arg("-print-file-name=libc.so")
+        .output()
+        .is_ok_and(|o| Path::new(String::from_utf8_lossy(&o.stdout).trim()).is_absolute())
+    {
+        missing.push(format!("{ARM_CC} finds no aarch64 C library"));
+    }
+    if !runs(QEMU) {
+        missing.push(format!("no {QEMU}"));
+    }
+    let loader = Path::new(ARM_SYSROOT)
+        .join("lib")
+        .join("ld-linux-aarch64.so.1");
+    if !loader.exists() {
+        missing.push(format!("no {}", loader.display()));
+    }
+    (!missing.is_empty()).then(|| format!("{}: apt-get install {ARM_PACKAGES}", missing.join(", ")))
 }
 
 fn aicpu_cargo() -> Command {
@@ -133,15 +235,36 @@ fn build_lib() -> Command {
     c
 }
 
-/// Compiles the C test (C11, warnings as errors) and checks the header as C++11 too.
-fn compile_c_test() -> Result<PathBuf, String> {
+/// Builds the staticlib for a cross target; for [`ARM_TARGET`] with [`ARM_CC`] as its linker
+/// when that is installed (in this command's environment only).
+fn build_lib_for(target: &str) -> Result<(), String> {
+    let mut c = build_lib();
+    c.args(["--target", target]);
+    if target == ARM_TARGET
+        && Command::new(ARM_CC)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        c.env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", ARM_CC);
+    }
+    crate::run(&format!("aicpu: staticlib for {target}"), &mut c)
+}
+
+fn lib_for(target: &str) -> PathBuf {
+    target_dir()
+        .join(target)
+        .join("release")
+        .join("libeplb_aicpu.a")
+}
+
+/// Compiles the C test with the C compiler `cc` (C11, warnings as errors) against `lib`.
+fn compile_c_test(cc: &str, lib: &Path, exe: &Path) -> Result<(), String> {
     let dir = crate_dir();
     let include = dir.join("include");
-    let lib = target_dir().join("release").join("libeplb_aicpu.a");
-    let exe = target_dir().join("test_aicpu");
     crate::run(
-        "aicpu: cc test_aicpu.c + libeplb_aicpu.a",
-        Command::new("cc")
+        &format!("aicpu: {cc} test_aicpu.c + libeplb_aicpu.a"),
+        Command::new(cc)
             .args([
                 "-std=c11",
                 "-O2",
@@ -153,12 +276,16 @@ fn compile_c_test() -> Result<PathBuf, String> {
             .arg("-I")
             .arg(&include)
             .arg(dir.join("tests").join("c").join("test_aicpu.c"))
-            .arg(&lib)
+            .arg(lib)
             .args(["-lpthread", "-ldl", "-lm", "-o"])
-            .arg(&exe),
-    )?;
-    // The AICPU kernel is C++: the header must compile there too. A `cc` without a C++
-    // front end is not an error.
+            .arg(exe),
+    )
+}
+
+/// The AICPU kernel is C++: the header must compile there too. A `cc` without a C++ front end
+/// is not an error.
+fn check_header_cxx() -> Result<(), String> {
+    let include = crate_dir().join("include");
     let out = Command::new("cc")
         .args(["-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-Werror"])
         .args(["-fsyntax-only"])
@@ -173,7 +300,7 @@ fn compile_c_test() -> Result<PathBuf, String> {
     } else {
         return Err(format!("eplb_aicpu.h does not compile as C++11:\n{err}"));
     }
-    Ok(exe)
+    Ok(())
 }
 
 /// Lists the `eplb_aicpu_` symbols an archive defines and checks the exports are there.

@@ -9,7 +9,8 @@
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
 //! - `cargo xtask fuzz`: runs each decoder's fuzz target (cargo-fuzz, nightly).
 //! - `cargo xtask bench`: runs the criterion benchmarks.
-//! - `cargo xtask aicpu`: the AICPU C-ABI staticlib: C test on the golden cases, aarch64 builds.
+//! - `cargo xtask aicpu`: the AICPU C-ABI staticlib: C test on the golden cases, aarch64 builds,
+//!   the C test built for aarch64 under qemu (same bytes as x86_64).
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
 
 mod aicpu;
@@ -68,7 +69,8 @@ tasks:
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
   fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)
   bench   run the criterion benchmarks (extra args go to `cargo bench`)
-  aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds
+  aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds,
+          the C test for aarch64 under qemu-aarch64 (when installed) against the x86_64 bytes
   python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)";
 
 pub(crate) fn root() -> PathBuf {
@@ -127,7 +129,8 @@ fn test(args: &[String]) -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     no_std_proof(None)?;
-    aicpu::host_check()?;
+    let golden = aicpu::host_check()?;
+    aicpu::aarch64_check(&golden)?;
     python::test()?;
     cross(false)
 }

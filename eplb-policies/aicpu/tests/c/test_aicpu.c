@@ -1,14 +1,17 @@
 /*
  * test_aicpu.c - the C side of `cargo xtask aicpu`.
  *
- *   test_aicpu DIR CASE...
+ *   test_aicpu [--no-timing] DIR CASE...
  *
  * For each DIR/CASE.case (written by xtask from a golden JSON) and each policy 0..5, runs the
- * call protocol of examples/reference.rs through eplb_aicpu_rebalance and compares every output
- * byte for byte with DIR/CASE.pK.expected (written by the Rust API). Every buffer sits between
- * guard bytes that must be intact after each call. Then times call 1 (best of 5) per policy,
- * prints the buffer sizes of the DeepSeek-V3 shapes, and checks that bad arguments give the
- * documented status codes. Exit status 0 only when every check passed.
+ * call protocol of reference/src/main.rs through eplb_aicpu_rebalance and compares every output
+ * byte for byte with DIR/CASE.pK.expected (written by the Rust API on the host: the same files
+ * serve the host build and the aarch64 build run under qemu). A difference is reported with the
+ * output it is in and its first differing element. Every buffer sits between guard bytes that
+ * must be intact after each call. Then times call 1 (best of 5) per policy (not with
+ * --no-timing: under an emulator the times mean nothing), prints the buffer sizes of the
+ * DeepSeek-V3 shapes, and checks that bad arguments give the documented status codes. Exit
+ * status 0 only when every check passed.
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */
@@ -21,6 +24,14 @@
 #include <time.h>
 
 #include "eplb_aicpu.h"
+
+#if defined(__x86_64__)
+#define ARCH "x86_64"
+#elif defined(__aarch64__)
+#define ARCH "aarch64"
+#else
+#define ARCH "this platform"
+#endif
 
 #define NPOLICIES 6u
 #define CALLS 2u
@@ -260,6 +271,37 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Compares the `n` bytes at `got` with the next `padded` bytes of `r` (an output of `elem`-byte
+ * elements, doubles when `is_f64`); on a difference, reports `part` and its first differing
+ * element. Returns 1 when equal. */
+static unsigned same(reader *r, const void *got, size_t n, size_t padded, size_t elem, int is_f64,
+                     const char *what, const char *part) {
+    const unsigned char *want = take(r, padded);
+    if (memcmp(got, want, n) == 0) return 1;
+    size_t i = 0;
+    while (((const unsigned char *)got)[i] == want[i]) i++;
+    i /= elem;
+    if (is_f64) {
+        double g, w;
+        uint64_t gb, wb;
+        memcpy(&g, (const unsigned char *)got + i * 8, 8);
+        memcpy(&w, want + i * 8, 8);
+        memcpy(&gb, &g, 8);
+        memcpy(&wb, &w, 8);
+        fprintf(stderr,
+                "  %s: %s differs first at [%zu]: C ABI on " ARCH " %.17g (0x%016llx), Rust API "
+                "%.17g (0x%016llx)\n",
+                what, part, i, g, (unsigned long long)gb, w, (unsigned long long)wb);
+    } else {
+        uint64_t g = 0, w = 0;
+        memcpy(&g, (const unsigned char *)got + i * elem, elem);
+        memcpy(&w, want + i * elem, elem);
+        fprintf(stderr, "  %s: %s differs first at [%zu]: C ABI on " ARCH " %llu, Rust API %llu\n",
+                what, part, i, (unsigned long long)g, (unsigned long long)w);
+    }
+    return 0;
+}
+
 /* Runs the protocol for one (case, policy) and compares with the Rust API's bytes. */
 static void golden_policy(const char *dir, const char *name, const test_case *c, uint32_t policy) {
     const char *pname = POLICY_NAMES[policy];
@@ -288,19 +330,21 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
               (unsigned long long)a.result.detail);
         CHECK(buffers_intact(&b), "%s %s call %llu: a guard byte changed", name, pname,
               (unsigned long long)call + 1);
+        char what[128];
+        snprintf(what, sizeof what, "%s %s call %llu", name, pname, (unsigned long long)call + 1);
         unsigned ok = 1;
-        ok &= memcmp(guarded_ptr(&b.out), take(&r, pad8(c->p * 2)), c->p * 2) == 0;
-        ok &= memcmp(guarded_ptr(&b.changed), take(&r, pad8(l)), l) == 0;
-        ok &= memcmp(guarded_ptr(&b.before), take(&r, l * 8), l * 8) == 0;
-        ok &= memcmp(guarded_ptr(&b.after), take(&r, l * 8), l * 8) == 0;
-        ok &= memcmp(guarded_ptr(&b.state), take(&r, state_words * 8), state_words * 8) == 0;
+        ok &= same(&r, guarded_ptr(&b.out), c->p * 2, pad8(c->p * 2), 2, 0, what, "placement");
+        ok &= same(&r, guarded_ptr(&b.changed), l, pad8(l), 1, 0, what, "changed flags");
+        ok &= same(&r, guarded_ptr(&b.before), l * 8, l * 8, 8, 1, what, "PAR before");
+        ok &= same(&r, guarded_ptr(&b.after), l * 8, l * 8, 8, 1, what, "PAR after");
+        ok &= same(&r, guarded_ptr(&b.state), state_words * 8, state_words * 8, 8, 0, what,
+                   "state");
         uint64_t counts[3] = {a.result.changed_layers, a.result.colocated_rows, a.result.moves};
-        ok &= memcmp(counts, take(&r, 24), 24) == 0;
+        ok &= same(&r, counts, 24, 24, 8, 0, what, "changed layers, co-located rows, moves");
         double hot[4] = {a.result.par_mean_before, a.result.par_max_before,
                          a.result.par_mean_after, a.result.par_max_after};
-        ok &= memcmp(hot, take(&r, 32), 32) == 0;
-        CHECK(ok, "%s %s call %llu: output differs from the Rust API", name, pname,
-              (unsigned long long)call + 1);
+        ok &= same(&r, hot, 32, 32, 8, 1, what, "mean and max PAR before and after");
+        CHECK(ok, "%s: output differs from the Rust API", what);
         identical += ok;
         if (call == 0)
             printf("  %-26s %-12s changed %2u/%zu layers, moves %6llu, PAR mean %.4f -> %.4f\n",
@@ -610,8 +654,13 @@ static void memory_table(void) {
 }
 
 int main(int argc, char **argv) {
+    int timing = !(argc > 1 && strcmp(argv[1], "--no-timing") == 0);
+    if (!timing) {
+        argc--;
+        argv++;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: test_aicpu DIR CASE...\n");
+        fprintf(stderr, "usage: test_aicpu [--no-timing] DIR CASE...\n");
         return 2;
     }
     CHECK(eplb_aicpu_abi_version() == EPLB_AICPU_ABI_VERSION, "library ABI version %u",
@@ -619,17 +668,19 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     int ncases = argc - 2;
     test_case *cases = xmalloc(sizeof(test_case) * (size_t)ncases);
-    printf("golden cases, C ABI vs Rust API (2 calls each, byte for byte):\n");
+    printf("golden cases, C ABI on " ARCH " vs Rust API (2 calls each, byte for byte):\n");
     for (int i = 0; i < ncases; i++) {
         cases[i] = load_case(dir, argv[2 + i]);
         for (uint32_t p = 0; p < NPOLICIES; p++) golden_policy(dir, argv[2 + i], &cases[i], p);
     }
-    printf("time of eplb_aicpu_rebalance, call 1, best of 5:\n");
-    for (int i = 0; i < ncases; i++) {
-        printf("  %-22s", argv[2 + i]);
-        for (uint32_t p = 0; p < NPOLICIES; p++)
-            printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p),
-                   p + 1 < NPOLICIES ? "," : "\n");
+    if (timing) {
+        printf("time of eplb_aicpu_rebalance, call 1, best of 5:\n");
+        for (int i = 0; i < ncases; i++) {
+            printf("  %-22s", argv[2 + i]);
+            for (uint32_t p = 0; p < NPOLICIES; p++)
+                printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p),
+                       p + 1 < NPOLICIES ? "," : "\n");
+        }
     }
     memory_table();
     bad_arguments(&cases[0]);
