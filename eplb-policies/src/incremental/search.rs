@@ -77,6 +77,7 @@ pub(super) fn search(
             return;
         }
     }
+    let ranks = w.rr;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;
     for _ in 0..4 * r * s {
@@ -85,6 +86,7 @@ pub(super) fn search(
         let Some(&heavy) = w.order.last() else { return };
         let hp = usize::from(heavy);
         let st = Step {
+            rr: &ranks,
             s,
             mw: mask_words(shape),
             partners,
@@ -100,7 +102,7 @@ pub(super) fn search(
             fetched,
         };
         w.cp.fill(f64::NAN);
-        partner_table(w, row, p.z, &st);
+        partner_table(w, row, &st);
         let (slots, ns) = movers_by_load(w, row, hp, s);
         let movers = slots.get(..ns.min(p.movers.max(1))).unwrap_or(&[]);
         let Some(best) = best_move(w, row, p, &st, movers) else {
@@ -115,7 +117,10 @@ pub(super) fn search(
 
 /// What a step knows: the layer's sizes and budget, and the heaviest rank `hp`.
 #[derive(Clone, Copy)]
-struct Step {
+struct Step<'r> {
+    /// The rank count and its tabulated shares (a copy of `w.rr`, borrowed: the phases ask
+    /// for shares while they change `w`).
+    rr: &'r Ranks,
     /// Slots per rank.
     s: usize,
     /// Bitset words per expert.
@@ -212,10 +217,10 @@ fn layer_state(shape: &Shape, z: f64, w: &mut Work<'_>, row: &[u16]) -> Option<f
     Some(mean)
 }
 
-/// Phase 2, once per step: for each partner slot, the expert's share on its rank, the slot
-/// filter's terms, the per-slot caches reset; per partner, its largest slot loads and the least
-/// load any of its experts would bring to the heaviest rank.
-fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
+/// Phase 2, once per step: the per-expert tables of the other holders' effect reset; for each
+/// partner slot, the expert's share on its rank and the slot filter's terms; per partner, its
+/// largest slot loads and the least load any of its experts would bring to the heaviest rank.
+fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
     let Step {
         s,
         mw,
@@ -226,12 +231,18 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
         zp,
         ..
     } = *st;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
 
     // The partners' slots, once per step: each expert's share on its rank, the rank's
     // largest slot load (of any expert, and of one with another copy), and the least load
-    // any of its experts would bring to p. The other holders' effects are filled on demand.
+    // any of its experts would bring to p. The other holders' effects are tabulated per
+    // expert on demand.
+    let mut off = 0u32;
+    for (h, &c) in w.hoff.iter_mut().zip(w.copies.iter()) {
+        *h = off;
+        off = off.saturating_add(u32::from(c));
+    }
+    w.built.fill(0);
     for qi in 0..partners {
         let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
         let lq = w.load.get(q).copied().unwrap_or(0.0);
@@ -249,12 +260,7 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
             // single copy of a no rank but p holds a, so that load bounds every replicate
             // over this slot, and a slot it rules out is no target.
             let rmu = if cb >= 2 {
-                let leave = Change {
-                    e: b,
-                    remove: Some(q),
-                    add: None,
-                };
-                w.others(mw, leave, (hp, q), true, z, false).0
+                w.effect(mw, Shift::Leave, b, (hp, q), 0.0, false)
             } else {
                 f64::MAX
             };
@@ -269,11 +275,6 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
             pmin = pmin.min(m);
             if let Some(x) = w.psh.get_mut(slot) {
                 *x = sh;
-            }
-            for c in [&mut *w.rep_val, &mut *w.swap_mu, &mut *w.swap_val] {
-                if let Some(x) = c.get_mut(slot) {
-                    *x = f64::NAN;
-                }
             }
             if let Some(x) = w.rep_mu.get_mut(slot) {
                 *x = rmu;
@@ -341,7 +342,7 @@ fn best_move(
     w: &mut Work<'_>,
     row: &[u16],
     p: &Params,
-    st: &Step,
+    st: &Step<'_>,
     movers: &[u16],
 ) -> Option<Candidate> {
     let Step {
@@ -354,8 +355,7 @@ fn best_move(
         floor_gain,
         ..
     } = *st;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let mut best: Option<Candidate> = None;
 
     let need_of = |best: &Option<Candidate>| best.map_or(floor_gain, |c| c.gain.max(floor_gain));
@@ -379,6 +379,7 @@ fn best_move(
         let gaa = w.gd.get(a).copied().unwrap_or(0.0);
         let cpa = w.cp_of(hp, a);
         let nxa = w.nx.get(a).copied().unwrap_or(0.0);
+        w.a_built = 0;
         // The norm of p's centered loads without a (what a swap leaves before b comes).
         let nv = libm::sqrt((syy_p - 2.0 * spa * cpa + spa * spa * gaa).max(0.0));
         // p's change, load and value after a replicate of a, by the side of the partner
@@ -450,7 +451,7 @@ struct Mover {
 
 /// The slot filter of one mover: writes to `w.surv` the partner slots that may beat the bar of
 /// a move gaining `need` per fetch, in partner order, and returns their count.
-fn filter_slots(w: &mut Work<'_>, st: &Step, m: &Mover, need: f64) -> usize {
+fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize {
     let Step {
         s,
         partners,
@@ -470,8 +471,7 @@ fn filter_slots(w: &mut Work<'_>, st: &Step, m: &Mover, need: f64) -> usize {
         rep_p,
         ..
     } = *m;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let (bar1, bar2) = (lp - need, lp - 2.0 * need);
     // Rounding must not drop a candidate that the exact checks accept.
     let slack = if filtering() {
@@ -528,7 +528,7 @@ fn partner_moves(
     w: &mut Work<'_>,
     row: &[u16],
     p: &Params,
-    st: &Step,
+    st: &Step<'_>,
     m: &Mover,
     (qi, q, group, si): (usize, usize, usize, usize),
     best: &mut Option<Candidate>,
@@ -561,8 +561,7 @@ fn partner_moves(
         rep_p,
         ..
     } = *m;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let need_of = |best: &Option<Candidate>| best.map_or(floor_gain, |c| c.gain.max(floor_gain));
     if q == hp || holds(w.mask, mw, a, q) {
         return;
@@ -594,17 +593,8 @@ fn partner_moves(
     }
     let syy_q = w.syy.get(q).copied().unwrap_or(0.0);
     let mut cqa = f64::NAN;
-    // The other holders of a after a replicate onto q / a swap to q (lazy).
-    let ca_rep = Change {
-        e: a,
-        remove: None,
-        add: Some(q),
-    };
-    let ca_swap = Change {
-        e: a,
-        remove: Some(hp),
-        add: Some(q),
-    };
+    // The other holders of a after a replicate onto q / a swap to q (lazy, from the mover's
+    // tables).
     // A single copy of a has no holder but p: nothing to evaluate.
     let none = if ca == 1 { f64::MIN } else { f64::NAN };
     let (mut oa_rep_mu, mut oa_rep_val) = (none, none);
@@ -635,13 +625,8 @@ fn partner_moves(
                 if !b_on_p && !shared_holder(w.mask, mw, a, b, hp, q) {
                     let mp = if dp == 0.0 { f64::MIN } else { mp_rep };
                     let mq = lq + (wa * sq_rep + wb * -sqb);
-                    let cb_rep = Change {
-                        e: b,
-                        remove: Some(q),
-                        add: None,
-                    };
                     if mp.max(mq) < bar && oa_rep_mu.is_nan() {
-                        oa_rep_mu = w.others(mw, ca_rep, (hp, q), false, p.z, false).0;
+                        oa_rep_mu = w.effect(mw, Shift::Join, a, (hp, q), p.z, false);
                     }
                     let ok = mp.max(mq).max(oa_rep_mu) < bar
                         && rmu < bar
@@ -659,17 +644,12 @@ fn partner_moves(
                         let mut worst = vp.max(value(mq, var, p.z));
                         if worst < bar {
                             if oa_rep_val.is_nan() {
-                                oa_rep_val = w.others(mw, ca_rep, (hp, q), false, p.z, true).1;
+                                oa_rep_val = w.effect(mw, Shift::Join, a, (hp, q), p.z, true);
                             }
                             worst = worst.max(oa_rep_val);
                         }
                         if worst < bar {
-                            worst = worst.max(cached(
-                                w,
-                                Cache::RepVal,
-                                slot,
-                                (mw, cb_rep, (hp, q), p.z),
-                            ));
+                            worst = worst.max(w.effect(mw, Shift::Leave, b, (hp, q), p.z, true));
                         }
                         offer(worst, lp, floor_gain, 1, (i, q, j, false), best);
                     }
@@ -742,15 +722,10 @@ fn partner_moves(
             continue;
         }
         if oa_swap_mu.is_nan() {
-            oa_swap_mu = w.others(mw, ca_swap, (hp, q), false, p.z, false).0;
+            oa_swap_mu = w.effect(mw, Shift::FromP, a, (hp, q), p.z, false);
         }
-        let cb_swap = Change {
-            e: b,
-            remove: Some(q),
-            add: Some(hp),
-        };
         if oa_swap_mu >= bar
-            || cached(w, Cache::SwapMu, slot, (mw, cb_swap, (hp, q), p.z)) >= bar
+            || w.effect(mw, Shift::ToP, b, (hp, q), p.z, false) >= bar
             || !below_bar(mp, nv - sbp * nxb, bar, kz)
             || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
         {
@@ -773,19 +748,19 @@ fn partner_moves(
         }
         if worst < bar {
             if oa_swap_val.is_nan() {
-                oa_swap_val = w.others(mw, ca_swap, (hp, q), false, p.z, true).1;
+                oa_swap_val = w.effect(mw, Shift::FromP, a, (hp, q), p.z, true);
             }
             worst = worst.max(oa_swap_val);
         }
         if worst < bar {
-            worst = worst.max(cached(w, Cache::SwapVal, slot, (mw, cb_swap, (hp, q), p.z)));
+            worst = worst.max(w.effect(mw, Shift::ToP, b, (hp, q), p.z, true));
         }
         offer(worst, lp, floor_gain, 2, (i, q, j, true), best);
     }
 }
 
 /// Phase 5: applies `c` to `row` and to the layer's state. `false` if its slots are missing.
-fn apply(w: &mut Work<'_>, row: &mut [u16], z: f64, st: &Step, c: Candidate) -> bool {
+fn apply(w: &mut Work<'_>, row: &mut [u16], z: f64, st: &Step<'_>, c: Candidate) -> bool {
     let (s, mw, hp) = (st.s, st.mw, st.hp);
     let Candidate { i, q, j, swap, .. } = c;
 
@@ -844,46 +819,6 @@ pub(super) fn sort_ranks(w: &mut Work<'_>, fresh: bool) {
             k -= 1;
         }
     }
-}
-
-/// Which per-slot cache of the other holders' effect: after a replicate over the slot or a
-/// swap of it, their largest new load or value.
-#[derive(Clone, Copy)]
-pub(super) enum Cache {
-    RepVal,
-    SwapMu,
-    SwapVal,
-}
-
-/// The other holders' effect for `slot` from the `which` cache, computed once per step.
-pub(super) fn cached(
-    w: &mut Work<'_>,
-    which: Cache,
-    slot: usize,
-    (mw, c, pq, z): (usize, Change, (usize, usize), f64),
-) -> f64 {
-    let values = !matches!(which, Cache::SwapMu);
-    let get = |w: &Work<'_>| match which {
-        Cache::RepVal => w.rep_val.get(slot).copied(),
-        Cache::SwapMu => w.swap_mu.get(slot).copied(),
-        Cache::SwapVal => w.swap_val.get(slot).copied(),
-    };
-    if let Some(x) = get(w)
-        && !x.is_nan()
-    {
-        return x;
-    }
-    let (mu, val) = w.others(mw, c, pq, true, z, values);
-    let x = if values { val } else { mu };
-    let dst = match which {
-        Cache::RepVal => w.rep_val.get_mut(slot),
-        Cache::SwapMu => w.swap_mu.get_mut(slot),
-        Cache::SwapVal => w.swap_val.get_mut(slot),
-    };
-    if let Some(v) = dst {
-        *v = x;
-    }
-    x
 }
 
 /// Keeps a move whose worst touched rank ends at `worst` in `best` if it pays at least the floor
