@@ -243,6 +243,20 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         off = off.saturating_add(u32::from(c));
     }
     w.built.fill(0);
+    // Each slot's index among its expert's holders, counting over the ranks in order (a rank
+    // counts once per expert).
+    w.cnt.fill(0);
+    w.last.fill(0);
+    for (k, (&e, pos)) in row.iter().zip(w.spos.iter_mut()).enumerate() {
+        let (e, tag) = (usize::from(e), (k / s + 1) as u16);
+        if let (Some(c), Some(l)) = (w.cnt.get_mut(e), w.last.get_mut(e)) {
+            if *l != tag {
+                *l = tag;
+                *c += 1;
+            }
+            *pos = *c - 1;
+        }
+    }
     for qi in 0..partners {
         let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
         let lq = w.load.get(q).copied().unwrap_or(0.0);
@@ -251,16 +265,19 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         for j in 0..s {
             let slot = qi * s + j;
             let b = usize::from(row.get(q * s + j).copied().unwrap_or(0));
-            let sh = share_of(w.mask, mw, rr, b, q);
             let wb = w.est.get(b).copied().unwrap_or(0.0);
             let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+            let jb = usize::from(w.spos.get(q * s + j).copied().unwrap_or(0));
+            let sh = share(rr, cb, jb);
+            #[cfg(test)]
+            assert_eq!(sh.to_bits(), share_of(w.mask, mw, rr, b, q).to_bits());
             let give = sh * wb;
             pmax = pmax.max(give);
             // The other holders of b when it leaves q: their largest new load. With a
             // single copy of a no rank but p holds a, so that load bounds every replicate
             // over this slot, and a slot it rules out is no target.
             let rmu = if cb >= 2 {
-                w.effect(mw, Shift::Leave, b, (hp, q), 0.0, false)
+                w.effect(mw, Shift::Leave, b, (hp, q, jb), 0.0, false)
             } else {
                 f64::MAX
             };
@@ -380,6 +397,11 @@ fn best_move(
         let cpa = w.cp_of(hp, a);
         let nxa = w.nx.get(a).copied().unwrap_or(0.0);
         w.a_built = 0;
+        let mut n_below = 0u16;
+        for (rank, x) in w.abl.iter_mut().enumerate() {
+            *x = n_below;
+            n_below += u16::from(holds(w.mask, mw, a, rank));
+        }
         // The norm of p's centered loads without a (what a swap leaves before b comes).
         let nv = libm::sqrt((syy_p - 2.0 * spa * cpa + spa * spa * gaa).max(0.0));
         // p's change, load and value after a replicate of a, by the side of the partner
@@ -571,7 +593,7 @@ fn partner_moves(
     // after a replicate, and gains at least the least load of q's experts in a swap.
     let need = need_of(best);
     let lq = w.load.get(q).copied().unwrap_or(0.0);
-    let a_below_q = below(w.mask, mw, a, q);
+    let a_below_q = usize::from(w.abl.get(q).copied().unwrap_or(0));
     let side = usize::from(q < hp);
     let (dp, mp_rep, vp_rep) = rep_p.get(side).copied().unwrap_or((0.0, 0.0, 0.0));
     let sq_rep = share(rr, ca + 1, a_below_q);
@@ -608,6 +630,7 @@ fn partner_moves(
         }
         let slot = qi * s + j;
         let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+        let jb = usize::from(w.spos.get(q * s + j).copied().unwrap_or(0));
         let wb = w.est.get(b).copied().unwrap_or(0.0);
         let sqb = w.psh.get(slot).copied().unwrap_or(0.0);
         let b_on_p = holds(w.mask, mw, b, hp);
@@ -626,7 +649,7 @@ fn partner_moves(
                     let mp = if dp == 0.0 { f64::MIN } else { mp_rep };
                     let mq = lq + (wa * sq_rep + wb * -sqb);
                     if mp.max(mq) < bar && oa_rep_mu.is_nan() {
-                        oa_rep_mu = w.effect(mw, Shift::Join, a, (hp, q), p.z, false);
+                        oa_rep_mu = w.effect(mw, Shift::Join, a, (hp, q, a_below_q), p.z, false);
                     }
                     let ok = mp.max(mq).max(oa_rep_mu) < bar
                         && rmu < bar
@@ -644,12 +667,14 @@ fn partner_moves(
                         let mut worst = vp.max(value(mq, var, p.z));
                         if worst < bar {
                             if oa_rep_val.is_nan() {
-                                oa_rep_val = w.effect(mw, Shift::Join, a, (hp, q), p.z, true);
+                                oa_rep_val =
+                                    w.effect(mw, Shift::Join, a, (hp, q, a_below_q), p.z, true);
                             }
                             worst = worst.max(oa_rep_val);
                         }
                         if worst < bar {
-                            worst = worst.max(w.effect(mw, Shift::Leave, b, (hp, q), p.z, true));
+                            worst =
+                                worst.max(w.effect(mw, Shift::Leave, b, (hp, q, jb), p.z, true));
                         }
                         offer(worst, lp, floor_gain, 1, (i, q, j, false), best);
                     }
@@ -722,10 +747,10 @@ fn partner_moves(
             continue;
         }
         if oa_swap_mu.is_nan() {
-            oa_swap_mu = w.effect(mw, Shift::FromP, a, (hp, q), p.z, false);
+            oa_swap_mu = w.effect(mw, Shift::FromP, a, (hp, q, a_below_q), p.z, false);
         }
         if oa_swap_mu >= bar
-            || w.effect(mw, Shift::ToP, b, (hp, q), p.z, false) >= bar
+            || w.effect(mw, Shift::ToP, b, (hp, q, jb), p.z, false) >= bar
             || !below_bar(mp, nv - sbp * nxb, bar, kz)
             || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
         {
@@ -748,12 +773,12 @@ fn partner_moves(
         }
         if worst < bar {
             if oa_swap_val.is_nan() {
-                oa_swap_val = w.effect(mw, Shift::FromP, a, (hp, q), p.z, true);
+                oa_swap_val = w.effect(mw, Shift::FromP, a, (hp, q, a_below_q), p.z, true);
             }
             worst = worst.max(oa_swap_val);
         }
         if worst < bar {
-            worst = worst.max(w.effect(mw, Shift::ToP, b, (hp, q), p.z, true));
+            worst = worst.max(w.effect(mw, Shift::ToP, b, (hp, q, jb), p.z, true));
         }
         offer(worst, lp, floor_gain, 2, (i, q, j, true), best);
     }

@@ -83,19 +83,26 @@ impl<'a> Work<'a> {
 
     /// What [`Work::others`] finds for the change `sh` of expert `e` at partner `q` (the other
     /// holders' largest new load, or with `values` their largest new value), from the step's
-    /// table of `e` and `sh` ([`Work::sweep`], built on first use): `O(mw)` instead of a walk
-    /// over the holders. `p` is the step's heaviest rank `hp`.
+    /// table of `e` and `sh` ([`Work::sweep`], built on first use): `O(1)` instead of a walk
+    /// over the holders. `p` is the step's heaviest rank `hp`; `m` is `q`'s position among the
+    /// holders of `e`, the holders below it (`spos` or `abl`); `_q` itself is read only by the
+    /// tests' cross-check.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn effect(
         &mut self,
         mw: usize,
         sh: Shift,
         e: usize,
-        (hp, q): (usize, usize),
+        (hp, _q, m): (usize, usize, usize),
         z: f64,
         values: bool,
     ) -> f64 {
-        let m = below(self.mask, mw, e, q);
+        #[cfg(test)]
+        assert_eq!(
+            m,
+            below(self.mask, mw, e, _q),
+            "position of {_q} among {e}'s holders"
+        );
         let (k, at) = match sh {
             Shift::Join | Shift::FromP => (usize::from(sh == Shift::FromP) * 2, m),
             Shift::Leave | Shift::ToP => (
@@ -127,12 +134,12 @@ impl<'a> Work<'a> {
         let x = self.table(mover, k).get(at).copied().unwrap_or(f64::MAX);
         #[cfg(test)]
         {
-            let direct = self.others(mw, sh.change(e, q, hp), (hp, q), sh.as_b(), z, values);
+            let direct = self.others(mw, sh.change(e, _q, hp), (hp, _q), sh.as_b(), z, values);
             let direct = if values { direct.1 } else { direct.0 };
             assert_eq!(
                 x.to_bits(),
                 direct.to_bits(),
-                "{sh:?} of {e} at {q}, p {hp}"
+                "{sh:?} of {e} at {_q}, p {hp}"
             );
         }
         x

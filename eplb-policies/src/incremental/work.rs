@@ -113,6 +113,14 @@ work! {
         f_rho: f64 = f64s(r * s),
         f_m: f64 = f64s(r * s),
         f_kap: f64 = f64s(r * s),
+        /// Per step, per slot `[R][S]`, the index of its rank among the holders of its expert
+        /// (in rank order), counted over the ranks with `cnt` and `last` (per expert, the
+        /// holders counted so far and the last rank counted, plus one).
+        spos: u16 = u16s(r * s),
+        cnt: u16 = u16s(n),
+        last: u16 = u16s(n),
+        /// Per mover, per rank, the mover's holders below the rank.
+        abl: u16 = u16s(r),
         /// Per expert, its first entry in the per-holder tables (the prefix sum of `copies`),
         /// and which of its tables the step has built (bits by [`Work::effect`]'s table index).
         hoff: u32 = u32s(n),
