@@ -59,7 +59,9 @@
 //! per step and expert, for every position of the partner among its holders at once: a
 //! holder's new share depends on the partner only by whether the partner is below it, so a
 //! prefix and a suffix maximum over the holders give all positions in `O(d)` (`O(d T)` for
-//! the values), and a candidate reads them in `O(R / 64)` instead of walking the `d` holders.
+//! the values), and a candidate reads them in `O(1)` instead of walking the `d` holders (each
+//! slot's index among its expert's holders is counted once per step, in one pass over the
+//! slots).
 //! Before those checks, one branch-free pass per mover over the partner slots drops every slot
 //! that cannot beat the bar: on each side a move's value is bounded from below by the sum of a
 //! term of the mover and a term of the slot (the load it brings or leaves, and the triangle
@@ -85,7 +87,7 @@
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
 //! per-rank loads, sums and centered loads, per-slot caches and filter terms, the per-holder
 //! tables of the other holders' effect, and the cold start's counts, packed ranks and matching:
-//! `O(N (81 + R/64) + R (87 + 15 S))` words. State: a header, `L x N` estimates, `L` history
+//! `O(N (82 + R/64) + R (88 + 16 S))` words. State: a header, `L x N` estimates, `L` history
 //! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies

@@ -236,7 +236,8 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
     // The partners' slots, once per step: each expert's share on its rank, the rank's
     // largest slot load (of any expert, and of one with another copy), and the least load
     // any of its experts would bring to p. The other holders' effects are tabulated per
-    // expert on demand.
+    // expert: their loads when the expert leaves a holder for every expert at once (the
+    // filter needs them), the rest on demand.
     let mut off = 0u32;
     for (h, &c) in w.hoff.iter_mut().zip(w.copies.iter()) {
         *h = off;
@@ -252,11 +253,16 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         if let (Some(c), Some(l)) = (w.cnt.get_mut(e), w.last.get_mut(e)) {
             if *l != tag {
                 *l = tag;
+                let o = w.hoff.get(e).map_or(0, |&o| o as usize);
+                if let Some(h) = w.hrank.get_mut(o + usize::from(*c)) {
+                    *h = tag - 1;
+                }
                 *c += 1;
             }
             *pos = *c - 1;
         }
     }
+    w.leave_loads(hp);
     for qi in 0..partners {
         let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
         let lq = w.load.get(q).copied().unwrap_or(0.0);
@@ -277,7 +283,15 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
             // single copy of a no rank but p holds a, so that load bounds every replicate
             // over this slot, and a slot it rules out is no target.
             let rmu = if cb >= 2 {
-                w.effect(mw, Shift::Leave, b, (hp, q, jb), 0.0, false)
+                let o = w.hoff.get(b).map_or(0, |&o| o as usize);
+                let x = w.lv_mu.get(o + jb).copied().unwrap_or(f64::MAX);
+                #[cfg(test)]
+                assert_eq!(
+                    x.to_bits(),
+                    w.effect(mw, Shift::Leave, b, (hp, q, jb), 0.0, false)
+                        .to_bits()
+                );
+                x
             } else {
                 f64::MAX
             };

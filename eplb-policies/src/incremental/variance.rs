@@ -145,6 +145,64 @@ impl<'a> Work<'a> {
         x
     }
 
+    /// Fills the `Leave` load table of [`Work::effect`] for every expert with two copies or
+    /// more, as [`Work::sweep`] does, from the holders in `hrank` (set per step with `hoff`):
+    /// each share is looked up once, and one pass forward takes both of a holder's effects
+    /// (the partner above it: its share among `d - 1` at its index; below it: at the index
+    /// before), the prefix maximum of the first and the second kept in `hb` for the suffix
+    /// maximum on the way back.
+    pub(super) fn leave_loads(&mut self, hp: usize) {
+        let rr = &self.rr;
+        for (e, (&o, &c)) in self.hoff.iter().zip(self.copies.iter()).enumerate() {
+            let d = usize::from(c).min(usize::from(self.cnt.get(e).copied().unwrap_or(0)));
+            if d < 2 {
+                continue;
+            }
+            let o = o as usize;
+            let we = self.est.get(e).copied().unwrap_or(0.0);
+            let load = &*self.load;
+            let moved = |rank: usize, ds: f64| {
+                if rank == hp || ds == 0.0 {
+                    f64::MIN
+                } else {
+                    load.get(rank).copied().unwrap_or(0.0) + we * ds
+                }
+            };
+            let (Some(ranks), Some(out)) = (self.hrank.get(o..o + d), self.lv_mu.get_mut(o..o + d))
+            else {
+                continue;
+            };
+            let (mut run, mut s_new_before) = (f64::MIN, 0.0);
+            for (j, ((&rank, x), h)) in ranks
+                .iter()
+                .zip(out.iter_mut())
+                .zip(self.hb.iter_mut())
+                .enumerate()
+            {
+                let rank = usize::from(rank);
+                let (s_old, s_new) = (share(rr, d, j), share(rr, d - 1, j));
+                *x = run;
+                if j + 1 < d {
+                    run = run.max(moved(rank, s_new - s_old));
+                }
+                if j > 0 {
+                    *h = moved(rank, s_new_before - s_old);
+                }
+                s_new_before = s_new;
+            }
+            let mut run = f64::MIN;
+            for (j, (x, &h)) in out.iter_mut().zip(self.hb.iter()).enumerate().rev() {
+                *x = x.max(run);
+                if j > 0 {
+                    run = run.max(h);
+                }
+            }
+            if let Some(f) = self.built.get_mut(e) {
+                *f |= 1;
+            }
+        }
+    }
+
     /// The table `k` (load, value; leave or to-p for the partner's experts, join or from-p
     /// for the mover) of [`Work::effect`].
     fn table(&mut self, mover: bool, k: usize) -> &mut &'a mut [f64] {

@@ -119,6 +119,10 @@ work! {
         spos: u16 = u16s(r * s),
         cnt: u16 = u16s(n),
         last: u16 = u16s(n),
+        /// Per step, the holders of each expert in rank order (`hoff[e] + j`), and scratch of
+        /// one expert's holders (`[R]`) for [`Work::leave_loads`].
+        hrank: u16 = u16s(r * s),
+        hb: f64 = f64s(r),
         /// Per mover, per rank, the mover's holders below the rank.
         abl: u16 = u16s(r),
         /// Per expert, its first entry in the per-holder tables (the prefix sum of `copies`),
