@@ -343,8 +343,54 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
                 *x = v;
             }
         }
+        // The least of each filter term over the partner's slots.
+        let mut least = [f64::INFINITY; TERMS];
+        for (t, buf) in least.iter_mut().zip(filter_terms(w)) {
+            for &x in buf.get(qi * s..(qi + 1) * s).unwrap_or(&[]) {
+                *t = t.min(x);
+            }
+        }
+        if let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
+            g.copy_from_slice(&least);
+        }
+    }
+    // And over the partners from each on, so the filter stops at the first partner from which
+    // no slot can pass.
+    let mut least = [f64::INFINITY; TERMS];
+    for qi in (0..partners).rev() {
+        let g = w.g_least.get(qi * TERMS..(qi + 1) * TERMS).unwrap_or(&[]);
+        for (t, &x) in least.iter_mut().zip(g) {
+            *t = t.min(x);
+        }
+        if let Some(x) = w.s_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
+            x.copy_from_slice(&least);
+        }
     }
 }
+
+/// The filter terms per partner slot, in the order of `g_least` (`T_*`).
+fn filter_terms<'w>(w: &'w Work<'_>) -> [&'w [f64]; TERMS] {
+    [
+        w.f_u,
+        w.f_rep,
+        w.f_rep_onp,
+        w.f_rho,
+        w.f_m,
+        w.f_kap,
+        w.rep_mu,
+    ]
+}
+
+/// The filter terms (`g_least`, `s_least`): `f_u`, `f_rep`, `f_rep_onp`, `f_rho`, `f_m`,
+/// `f_kap`, `rep_mu`.
+pub(super) const TERMS: usize = 7;
+const T_U: usize = 0;
+const T_REP: usize = 1;
+const T_REP_ONP: usize = 2;
+const T_RHO: usize = 3;
+const T_M: usize = 4;
+const T_KAP: usize = 5;
+const T_RMU: usize = 6;
 
 /// Phase 3: the heaviest rank's slots by expert load, heaviest first (the first `S`, at
 /// most 64, entries).
@@ -529,30 +575,50 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
     // A replicate leaves p at its value after the replicate on the partner's
     // side, unless the slot's expert is on p too.
     let vp_min = rep_p.iter().fold(f64::INFINITY, |m, x| m.min(x.2));
-    let rep_src = if vp_min < bar1 + slack {
-        &*w.f_rep
+    let (rep_src, t_rep) = if vp_min < bar1 + slack {
+        (&*w.f_rep, T_REP)
     } else {
-        &*w.f_rep_onp
+        (&*w.f_rep_onp, T_REP_ONP)
     };
     let mut n_s = 0usize;
-    let terms = w
-        .f_u
-        .iter()
-        .zip(rep_src.iter())
-        .zip(w.f_rho.iter())
-        .zip(w.f_m.iter())
-        .zip(w.f_kap.iter())
-        .zip(w.rep_mu.iter())
-        .take(len);
-    // Branch-free: every slot is written, and the count moves on when it passes
-    // (`surv` has room for one more than the slots).
-    for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in terms.enumerate() {
-        let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
-        let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
-        if let Some(x) = w.surv.get_mut(n_s) {
-            *x = k as u32;
+    // A slot passes only if each term of a kind of move is below its threshold, so only if
+    // the least terms over the slots do: a partner whose least terms do not is skipped whole,
+    // and the pass stops at the first partner from which no partner's do.
+    let may_pass = |g: &[f64]| {
+        let at = |k: usize| g.get(k).copied().unwrap_or(f64::INFINITY);
+        let swap = (at(T_M) < t_m) & (at(T_KAP) < t_kap) & (at(T_U) < t_u) & (at(T_RHO) < t_rho);
+        let rep = (at(t_rep) < r_u) & (at(T_RHO) < r_rho) & (at(T_RMU) < r_mu);
+        swap | rep
+    };
+    for qi in 0..partners {
+        let group = qi * TERMS..(qi + 1) * TERMS;
+        if !may_pass(w.s_least.get(group.clone()).unwrap_or(&[])) {
+            break;
         }
-        n_s += usize::from(swap | rep);
+        if !may_pass(w.g_least.get(group).unwrap_or(&[])) {
+            continue;
+        }
+        fn part(t: &[f64], qi: usize, s: usize) -> &[f64] {
+            t.get(qi * s..(qi + 1) * s).unwrap_or(&[])
+        }
+        let part = |t| part(t, qi, s);
+        let terms = part(w.f_u)
+            .iter()
+            .zip(part(rep_src))
+            .zip(part(w.f_rho))
+            .zip(part(w.f_m))
+            .zip(part(w.f_kap))
+            .zip(part(w.rep_mu));
+        // Branch-free: every slot is written, and the count moves on when it passes
+        // (`surv` has room for one more than the slots).
+        for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in (qi * s..).zip(terms) {
+            let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
+            let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
+            if let Some(x) = w.surv.get_mut(n_s) {
+                *x = k as u32;
+            }
+            n_s += usize::from(swap | rep);
+        }
     }
     n_s.min(len)
 }

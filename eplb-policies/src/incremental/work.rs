@@ -143,6 +143,10 @@ work! {
         jn_val: f64 = f64s(r + 1),
         fp_mu: f64 = f64s(r + 1),
         fp_val: f64 = f64s(r + 1),
+        /// Per step, per partner `[partners][TERMS]`, the least of each filter term over its slots
+        /// (`g_least`), and over the slots of it and every later partner (`s_least`).
+        g_least: f64 = f64s(TERMS * r),
+        s_least: f64 = f64s(TERMS * r),
         /// Per mover, the partner slots that pass the filter, in partner order.
         surv: u32 = u32s(r * s + 1),
         /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
