@@ -66,8 +66,11 @@
 //! that cannot beat the bar: on each side a move's value is bounded from below by the sum of a
 //! term of the mover and a term of the slot (the load it brings or leaves, and the triangle
 //! bound on the spread), so the pass compares four precomputed slot terms with four thresholds
-//! (three for a replicate). It only drops moves that the checks would reject, so the result is
-//! the same. The rank order is kept by insertion from the last step.
+//! (three for a replicate). A partner is skipped whole when the least of each term over its
+//! slots already fails both kinds of move, and the pass stops at the first partner from which
+//! every partner's do (suffix minima, once per step). It only drops moves that the checks would
+//! reject, so the result is the same. The rank order is kept by insertion from
+//! the last step.
 //!
 //! **The bound.** With `B` the layer's fetch budget (`min(max_fetch_fraction R S,
 //! max_fetches)`), `K <= R - 1` partners, `M <= min(movers, S)` movers and `D <= R` the most
@@ -87,7 +90,7 @@
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
 //! per-rank loads, sums and centered loads, per-slot caches and filter terms, the per-holder
 //! tables of the other holders' effect, and the cold start's counts, packed ranks and matching:
-//! `O(N (82 + R/64) + R (88 + 16 S))` words. State: a header, `L x N` estimates, `L` history
+//! `O(N (81 + R/64) + R (102 + 15 S))` words. State: a header, `L x N` estimates, `L` history
 //! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies
