@@ -267,6 +267,8 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
         let lq = w.load.get(q).copied().unwrap_or(0.0);
         let (mut pmax, mut prep, mut pmin) = (f64::MIN, f64::MIN, f64::MAX);
+        // The least of each filter term over the partner's slots.
+        let mut least = [f64::INFINITY; TERMS];
         let mut prep_strict = f64::MIN;
         for j in 0..s {
             let slot = qi * s + j;
@@ -307,30 +309,27 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
             if let Some(x) = w.psh.get_mut(slot) {
                 *x = sh;
             }
-            if let Some(x) = w.rep_mu.get_mut(slot) {
-                *x = rmu;
-            }
             let nu = w.nu_of(q, b, q * s + j, sh);
             let nxb = w.nx.get(b).copied().unwrap_or(0.0);
             let u = lq - give;
-            for (buf, v) in [
-                (&mut *w.f_u, u),
-                (&mut *w.f_rep, if cb >= 2 { u } else { f64::INFINITY }),
-                (
-                    &mut *w.f_rep_onp,
-                    if cb >= 2 && holds(w.mask, mw, b, hp) {
-                        u
-                    } else {
-                        f64::INFINITY
-                    },
-                ),
-                (&mut *w.f_rho, u + zp * nu),
-                (&mut *w.f_m, m),
-                (&mut *w.f_kap, m - zp * share(rr, cb, 0) * nxb),
-            ] {
+            let terms: [f64; TERMS] = [
+                u,
+                if cb >= 2 { u } else { f64::INFINITY },
+                if cb >= 2 && holds(w.mask, mw, b, hp) {
+                    u
+                } else {
+                    f64::INFINITY
+                },
+                u + zp * nu,
+                m,
+                m - zp * share(rr, cb, 0) * nxb,
+                rmu,
+            ];
+            for ((buf, &v), t) in filter_terms(w).into_iter().zip(&terms).zip(&mut least) {
                 if let Some(x) = buf.get_mut(slot) {
                     *x = v;
                 }
+                *t = t.min(v);
             }
         }
         for (buf, v) in [
@@ -341,13 +340,6 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         ] {
             if let Some(x) = buf.get_mut(qi) {
                 *x = v;
-            }
-        }
-        // The least of each filter term over the partner's slots.
-        let mut least = [f64::INFINITY; TERMS];
-        for (t, buf) in least.iter_mut().zip(filter_terms(w)) {
-            for &x in buf.get(qi * s..(qi + 1) * s).unwrap_or(&[]) {
-                *t = t.min(x);
             }
         }
         if let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
@@ -369,15 +361,15 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
 }
 
 /// The filter terms per partner slot, in the order of `g_least` (`T_*`).
-fn filter_terms<'w>(w: &'w Work<'_>) -> [&'w [f64]; TERMS] {
+fn filter_terms<'w>(w: &'w mut Work<'_>) -> [&'w mut [f64]; TERMS] {
     [
-        w.f_u,
-        w.f_rep,
-        w.f_rep_onp,
-        w.f_rho,
-        w.f_m,
-        w.f_kap,
-        w.rep_mu,
+        &mut *w.f_u,
+        &mut *w.f_rep,
+        &mut *w.f_rep_onp,
+        &mut *w.f_rho,
+        &mut *w.f_m,
+        &mut *w.f_kap,
+        &mut *w.rep_mu,
     ]
 }
 
