@@ -232,6 +232,7 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         ..
     } = *st;
     let rr = st.rr;
+    let group = grouped(s);
 
     // The partners' slots, once per step: each expert's share on its rank, the rank's
     // largest slot load (of any expert, and of one with another copy), and the least load
@@ -325,11 +326,15 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
                 m - zp * share(rr, cb, 0) * nxb,
                 rmu,
             ];
-            for ((buf, &v), t) in filter_terms(w).into_iter().zip(&terms).zip(&mut least) {
+            for (buf, &v) in filter_terms(w).into_iter().zip(&terms) {
                 if let Some(x) = buf.get_mut(slot) {
                     *x = v;
                 }
-                *t = t.min(v);
+            }
+            if group {
+                for (t, &v) in least.iter_mut().zip(&terms) {
+                    *t = t.min(v);
+                }
             }
         }
         for (buf, v) in [
@@ -342,12 +347,15 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
                 *x = v;
             }
         }
-        if let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
+        if group && let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
             g.copy_from_slice(&least);
         }
     }
     // And over the partners from each on, so the filter stops at the first partner from which
     // no slot can pass.
+    if !group {
+        return;
+    }
     let mut least = [f64::INFINITY; TERMS];
     for qi in (0..partners).rev() {
         let g = w.g_least.get(qi * TERMS..(qi + 1) * TERMS).unwrap_or(&[]);
@@ -358,6 +366,13 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
             x.copy_from_slice(&least);
         }
     }
+}
+
+/// Whether the slot filter checks each partner's least terms before its slots: a partner's
+/// check costs about as much as five slots' (on the cold EP calls it lost time at `S <= 5` and
+/// gained at `S = 9`).
+fn grouped(s: usize) -> bool {
+    s >= 6
 }
 
 /// The filter terms per partner slot, in the order of `g_least` (`T_*`).
@@ -574,26 +589,30 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
     };
     let mut n_s = 0usize;
     // A slot passes only if each term of a kind of move is below its threshold, so only if
-    // the least terms over the slots do: a partner whose least terms do not is skipped whole,
-    // and the pass stops at the first partner from which no partner's do.
+    // the least terms over the slots do: with enough slots per partner, a partner whose least
+    // terms do not is skipped whole, and the pass stops at the first partner from which no
+    // partner's do. Otherwise the slots are one group.
     let may_pass = |g: &[f64]| {
         let at = |k: usize| g.get(k).copied().unwrap_or(f64::INFINITY);
         let swap = (at(T_M) < t_m) & (at(T_KAP) < t_kap) & (at(T_U) < t_u) & (at(T_RHO) < t_rho);
         let rep = (at(t_rep) < r_u) & (at(T_RHO) < r_rho) & (at(T_RMU) < r_mu);
         swap | rep
     };
-    for qi in 0..partners {
-        let group = qi * TERMS..(qi + 1) * TERMS;
-        if !may_pass(w.s_least.get(group.clone()).unwrap_or(&[])) {
-            break;
+    let (groups, size) = if grouped(s) { (partners, s) } else { (1, len) };
+    for g in 0..groups {
+        if groups > 1 {
+            let least = g * TERMS..(g + 1) * TERMS;
+            if !may_pass(w.s_least.get(least.clone()).unwrap_or(&[])) {
+                break;
+            }
+            if !may_pass(w.g_least.get(least).unwrap_or(&[])) {
+                continue;
+            }
         }
-        if !may_pass(w.g_least.get(group).unwrap_or(&[])) {
-            continue;
+        fn part(t: &[f64], g: usize, size: usize) -> &[f64] {
+            t.get(g * size..(g + 1) * size).unwrap_or(&[])
         }
-        fn part(t: &[f64], qi: usize, s: usize) -> &[f64] {
-            t.get(qi * s..(qi + 1) * s).unwrap_or(&[])
-        }
-        let part = |t| part(t, qi, s);
+        let part = |t| part(t, g, size);
         let terms = part(w.f_u)
             .iter()
             .zip(part(rep_src))
@@ -603,7 +622,7 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
             .zip(part(w.rep_mu));
         // Branch-free: every slot is written, and the count moves on when it passes
         // (`surv` has room for one more than the slots).
-        for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in (qi * s..).zip(terms) {
+        for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in (g * size..).zip(terms) {
             let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
             let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
             if let Some(x) = w.surv.get_mut(n_s) {
