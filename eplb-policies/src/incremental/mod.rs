@@ -66,9 +66,9 @@
 //! that cannot beat the bar: on each side a move's value is bounded from below by the sum of a
 //! term of the mover and a term of the slot (the load it brings or leaves, and the triangle
 //! bound on the spread), so the pass compares four precomputed slot terms with four thresholds
-//! (three for a replicate). A partner is skipped whole when the least of each term over its
-//! slots already fails both kinds of move, and the pass stops at the first partner from which
-//! every partner's do (suffix minima, once per step). It only drops moves that the checks would
+//! (three for a replicate). With six slots per partner or more, a partner is skipped whole
+//! when the least of each term over its slots already fails both kinds of move, and the pass
+//! stops at the first partner from which every partner's do (suffix minima, once per step). It only drops moves that the checks would
 //! reject, so the result is the same. The rank order is kept by insertion from
 //! the last step.
 //!
