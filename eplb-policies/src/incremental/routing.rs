@@ -134,6 +134,39 @@ pub(super) struct Change {
     pub(super) add: Option<usize>,
 }
 
+/// A change of one expert's holders at a partner `q`, with the step's heaviest rank `p`: what
+/// the other holders' effect is tabulated for ([`super::Work::effect`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Shift {
+    /// The expert leaves `q` (the partner's expert under a replicate).
+    Leave,
+    /// The expert moves from `q` to `p` (the partner's expert in a swap).
+    ToP,
+    /// The expert gains `q` (the mover of a replicate).
+    Join,
+    /// The expert moves from `p` to `q` (the mover of a swap).
+    FromP,
+}
+
+impl Shift {
+    /// Whether the change is the second expert of a move (the partner's, held by `q`).
+    pub(super) fn as_b(self) -> bool {
+        matches!(self, Shift::Leave | Shift::ToP)
+    }
+
+    /// The change of expert `e`'s holders.
+    #[cfg(test)]
+    pub(super) fn change(self, e: usize, q: usize, p: usize) -> Change {
+        let (remove, add) = match self {
+            Shift::Leave => (Some(q), None),
+            Shift::ToP => (Some(q), Some(p)),
+            Shift::Join => (None, Some(q)),
+            Shift::FromP => (Some(p), Some(q)),
+        };
+        Change { e, remove, add }
+    }
+}
+
 /// Calls `f(rank, ds)` for every holder of `c.e` (before or after) whose log2phy share changes
 /// by `ds != 0` when the expert loses `c.remove` and/or gains `c.add`.
 pub(super) fn share_changes(

@@ -73,6 +73,7 @@ pub(super) fn search(
     if heaviest > p.cold_start * mean && construct(shape, w, row, budget).is_some() {
         return;
     }
+    let ranks = w.rr;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;
     for _ in 0..4 * r * s {
@@ -81,6 +82,7 @@ pub(super) fn search(
         let Some(&heavy) = w.order.last() else { return };
         let hp = usize::from(heavy);
         let st = Step {
+            rr: &ranks,
             s,
             mw: mask_words(shape),
             partners,
@@ -96,7 +98,7 @@ pub(super) fn search(
             fetched,
         };
         w.cp.fill(f64::NAN);
-        partner_table(w, row, p.z, &st);
+        partner_table(w, row, &st);
         let (slots, ns) = movers_by_load(w, row, hp, s);
         let movers = slots.get(..ns.min(p.movers.max(1))).unwrap_or(&[]);
         let Some(best) = best_move(w, row, p, &st, movers) else {
@@ -111,7 +113,10 @@ pub(super) fn search(
 
 /// What a step knows: the layer's sizes and budget, and the heaviest rank `hp`.
 #[derive(Clone, Copy)]
-struct Step {
+struct Step<'r> {
+    /// The rank count and its tabulated shares (a copy of `w.rr`, borrowed: the phases ask
+    /// for shares while they change `w`).
+    rr: &'r Ranks,
     /// Slots per rank.
     s: usize,
     /// Bitset words per expert.
@@ -208,10 +213,10 @@ fn layer_state(shape: &Shape, z: f64, w: &mut Work<'_>, row: &[u16]) -> Option<f
     Some(mean)
 }
 
-/// Phase 2, once per step: for each partner slot, the expert's share on its rank, the slot
-/// filter's terms, the per-slot caches reset; per partner, its largest slot loads and the least
-/// load any of its experts would bring to the heaviest rank.
-fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
+/// Phase 2, once per step: the per-expert tables of the other holders' effect reset; for each
+/// partner slot, the expert's share on its rank and the slot filter's terms; per partner, its
+/// largest slot loads and the least load any of its experts would bring to the heaviest rank.
+fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
     let Step {
         s,
         mw,
@@ -222,35 +227,70 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
         zp,
         ..
     } = *st;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
+    let group = grouped(s);
 
     // The partners' slots, once per step: each expert's share on its rank, the rank's
     // largest slot load (of any expert, and of one with another copy), and the least load
-    // any of its experts would bring to p. The other holders' effects are filled on demand.
+    // any of its experts would bring to p. The other holders' effects are tabulated per
+    // expert: their loads when the expert leaves a holder for every expert at once (the
+    // filter needs them), the rest on demand.
+    let mut off = 0u32;
+    for (h, &c) in w.hoff.iter_mut().zip(w.copies.iter()) {
+        *h = off;
+        off = off.saturating_add(u32::from(c));
+    }
+    w.built.fill(0);
+    // Each slot's index among its expert's holders, counting over the ranks in order (a rank
+    // counts once per expert).
+    w.cnt.fill(0);
+    w.last.fill(0);
+    for (k, (&e, pos)) in row.iter().zip(w.spos.iter_mut()).enumerate() {
+        let (e, tag) = (usize::from(e), (k / s + 1) as u16);
+        if let (Some(c), Some(l)) = (w.cnt.get_mut(e), w.last.get_mut(e)) {
+            if *l != tag {
+                *l = tag;
+                let o = w.hoff.get(e).map_or(0, |&o| o as usize);
+                if let Some(h) = w.hrank.get_mut(o + usize::from(*c)) {
+                    *h = tag - 1;
+                }
+                *c += 1;
+            }
+            *pos = *c - 1;
+        }
+    }
+    w.leave_loads(hp);
     for qi in 0..partners {
         let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
         let lq = w.load.get(q).copied().unwrap_or(0.0);
         let (mut pmax, mut prep, mut pmin) = (f64::MIN, f64::MIN, f64::MAX);
+        // The least of each filter term over the partner's slots.
+        let mut least = [f64::INFINITY; TERMS];
         let mut prep_strict = f64::MIN;
         for j in 0..s {
             let slot = qi * s + j;
             let b = usize::from(row.get(q * s + j).copied().unwrap_or(0));
-            let sh = share_of(w.mask, mw, rr, b, q);
             let wb = w.est.get(b).copied().unwrap_or(0.0);
             let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+            let jb = usize::from(w.spos.get(q * s + j).copied().unwrap_or(0));
+            let sh = share(rr, cb, jb);
+            #[cfg(test)]
+            assert_eq!(sh.to_bits(), share_of(w.mask, mw, rr, b, q).to_bits());
             let give = sh * wb;
             pmax = pmax.max(give);
             // The other holders of b when it leaves q: their largest new load. With a
             // single copy of a no rank but p holds a, so that load bounds every replicate
             // over this slot, and a slot it rules out is no target.
             let rmu = if cb >= 2 {
-                let leave = Change {
-                    e: b,
-                    remove: Some(q),
-                    add: None,
-                };
-                w.others(mw, leave, (hp, q), true, z, false).0
+                let o = w.hoff.get(b).map_or(0, |&o| o as usize);
+                let x = w.lv_mu.get(o + jb).copied().unwrap_or(f64::MAX);
+                #[cfg(test)]
+                assert_eq!(
+                    x.to_bits(),
+                    w.effect(mw, Shift::Leave, b, (hp, q, jb), 0.0, false)
+                        .to_bits()
+                );
+                x
             } else {
                 f64::MAX
             };
@@ -266,34 +306,30 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
             if let Some(x) = w.psh.get_mut(slot) {
                 *x = sh;
             }
-            for c in [&mut *w.rep_val, &mut *w.swap_mu, &mut *w.swap_val] {
-                if let Some(x) = c.get_mut(slot) {
-                    *x = f64::NAN;
-                }
-            }
-            if let Some(x) = w.rep_mu.get_mut(slot) {
-                *x = rmu;
-            }
             let nu = w.nu_of(q, b, q * s + j, sh);
             let nxb = w.nx.get(b).copied().unwrap_or(0.0);
             let u = lq - give;
-            for (buf, v) in [
-                (&mut *w.f_u, u),
-                (&mut *w.f_rep, if cb >= 2 { u } else { f64::INFINITY }),
-                (
-                    &mut *w.f_rep_onp,
-                    if cb >= 2 && holds(w.mask, mw, b, hp) {
-                        u
-                    } else {
-                        f64::INFINITY
-                    },
-                ),
-                (&mut *w.f_rho, u + zp * nu),
-                (&mut *w.f_m, m),
-                (&mut *w.f_kap, m - zp * share(rr, cb, 0) * nxb),
-            ] {
+            let terms: [f64; TERMS] = [
+                u,
+                if cb >= 2 { u } else { f64::INFINITY },
+                if cb >= 2 && holds(w.mask, mw, b, hp) {
+                    u
+                } else {
+                    f64::INFINITY
+                },
+                u + zp * nu,
+                m,
+                m - zp * share(rr, cb, 0) * nxb,
+                rmu,
+            ];
+            for (buf, &v) in filter_terms(w).into_iter().zip(&terms) {
                 if let Some(x) = buf.get_mut(slot) {
                     *x = v;
+                }
+            }
+            if group {
+                for (t, &v) in least.iter_mut().zip(&terms) {
+                    *t = t.min(v);
                 }
             }
         }
@@ -307,8 +343,57 @@ fn partner_table(w: &mut Work<'_>, row: &[u16], z: f64, st: &Step) {
                 *x = v;
             }
         }
+        if group && let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
+            g.copy_from_slice(&least);
+        }
+    }
+    // And over the partners from each on, so the filter stops at the first partner from which
+    // no slot can pass.
+    if !group {
+        return;
+    }
+    let mut least = [f64::INFINITY; TERMS];
+    for qi in (0..partners).rev() {
+        let g = w.g_least.get(qi * TERMS..(qi + 1) * TERMS).unwrap_or(&[]);
+        for (t, &x) in least.iter_mut().zip(g) {
+            *t = t.min(x);
+        }
+        if let Some(x) = w.s_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
+            x.copy_from_slice(&least);
+        }
     }
 }
+
+/// Whether the slot filter checks each partner's least terms before its slots: a partner's
+/// check costs about as much as five slots' (on the cold EP calls it lost time at `S <= 5` and
+/// gained at `S = 9`).
+fn grouped(s: usize) -> bool {
+    s >= 6
+}
+
+/// The filter terms per partner slot, in the order of `g_least` (`T_*`).
+fn filter_terms<'w>(w: &'w mut Work<'_>) -> [&'w mut [f64]; TERMS] {
+    [
+        &mut *w.f_u,
+        &mut *w.f_rep,
+        &mut *w.f_rep_onp,
+        &mut *w.f_rho,
+        &mut *w.f_m,
+        &mut *w.f_kap,
+        &mut *w.rep_mu,
+    ]
+}
+
+/// The filter terms (`g_least`, `s_least`): `f_u`, `f_rep`, `f_rep_onp`, `f_rho`, `f_m`,
+/// `f_kap`, `rep_mu`.
+pub(super) const TERMS: usize = 7;
+const T_U: usize = 0;
+const T_REP: usize = 1;
+const T_REP_ONP: usize = 2;
+const T_RHO: usize = 3;
+const T_M: usize = 4;
+const T_KAP: usize = 5;
+const T_RMU: usize = 6;
 
 /// Phase 3: the heaviest rank's slots by expert load, heaviest first (the first `S`, at
 /// most 64, entries).
@@ -337,7 +422,7 @@ fn best_move(
     w: &mut Work<'_>,
     row: &[u16],
     p: &Params,
-    st: &Step,
+    st: &Step<'_>,
     movers: &[u16],
 ) -> Option<Candidate> {
     let Step {
@@ -350,8 +435,7 @@ fn best_move(
         floor_gain,
         ..
     } = *st;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let mut best: Option<Candidate> = None;
 
     let need_of = |best: &Option<Candidate>| best.map_or(floor_gain, |c| c.gain.max(floor_gain));
@@ -375,6 +459,12 @@ fn best_move(
         let gaa = w.gd.get(a).copied().unwrap_or(0.0);
         let cpa = w.cp_of(hp, a);
         let nxa = w.nx.get(a).copied().unwrap_or(0.0);
+        w.a_built = 0;
+        let mut n_below = 0u16;
+        for (rank, x) in w.abl.iter_mut().enumerate() {
+            *x = n_below;
+            n_below += u16::from(holds(w.mask, mw, a, rank));
+        }
         // The norm of p's centered loads without a (what a swap leaves before b comes).
         let nv = libm::sqrt((syy_p - 2.0 * spa * cpa + spa * spa * gaa).max(0.0));
         // p's change, load and value after a replicate of a, by the side of the partner
@@ -446,7 +536,7 @@ struct Mover {
 
 /// The slot filter of one mover: writes to `w.surv` the partner slots that may beat the bar of
 /// a move gaining `need` per fetch, in partner order, and returns their count.
-fn filter_slots(w: &mut Work<'_>, st: &Step, m: &Mover, need: f64) -> usize {
+fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize {
     let Step {
         s,
         partners,
@@ -466,8 +556,7 @@ fn filter_slots(w: &mut Work<'_>, st: &Step, m: &Mover, need: f64) -> usize {
         rep_p,
         ..
     } = *m;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let (bar1, bar2) = (lp - need, lp - 2.0 * need);
     // Rounding must not drop a candidate that the exact checks accept.
     let slack = if filtering() {
@@ -489,30 +578,54 @@ fn filter_slots(w: &mut Work<'_>, st: &Step, m: &Mover, need: f64) -> usize {
     // A replicate leaves p at its value after the replicate on the partner's
     // side, unless the slot's expert is on p too.
     let vp_min = rep_p.iter().fold(f64::INFINITY, |m, x| m.min(x.2));
-    let rep_src = if vp_min < bar1 + slack {
-        &*w.f_rep
+    let (rep_src, t_rep) = if vp_min < bar1 + slack {
+        (&*w.f_rep, T_REP)
     } else {
-        &*w.f_rep_onp
+        (&*w.f_rep_onp, T_REP_ONP)
     };
     let mut n_s = 0usize;
-    let terms = w
-        .f_u
-        .iter()
-        .zip(rep_src.iter())
-        .zip(w.f_rho.iter())
-        .zip(w.f_m.iter())
-        .zip(w.f_kap.iter())
-        .zip(w.rep_mu.iter())
-        .take(len);
-    // Branch-free: every slot is written, and the count moves on when it passes
-    // (`surv` has room for one more than the slots).
-    for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in terms.enumerate() {
-        let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
-        let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
-        if let Some(x) = w.surv.get_mut(n_s) {
-            *x = k as u32;
+    // A slot passes only if each term of a kind of move is below its threshold, so only if
+    // the least terms over the slots do: with enough slots per partner, a partner whose least
+    // terms do not is skipped whole, and the pass stops at the first partner from which no
+    // partner's do. Otherwise the slots are one group.
+    let may_pass = |g: &[f64]| {
+        let at = |k: usize| g.get(k).copied().unwrap_or(f64::INFINITY);
+        let swap = (at(T_M) < t_m) & (at(T_KAP) < t_kap) & (at(T_U) < t_u) & (at(T_RHO) < t_rho);
+        let rep = (at(t_rep) < r_u) & (at(T_RHO) < r_rho) & (at(T_RMU) < r_mu);
+        swap | rep
+    };
+    let (groups, size) = if grouped(s) { (partners, s) } else { (1, len) };
+    for g in 0..groups {
+        if groups > 1 {
+            let least = g * TERMS..(g + 1) * TERMS;
+            if !may_pass(w.s_least.get(least.clone()).unwrap_or(&[])) {
+                break;
+            }
+            if !may_pass(w.g_least.get(least).unwrap_or(&[])) {
+                continue;
+            }
         }
-        n_s += usize::from(swap | rep);
+        fn part(t: &[f64], g: usize, size: usize) -> &[f64] {
+            t.get(g * size..(g + 1) * size).unwrap_or(&[])
+        }
+        let part = |t| part(t, g, size);
+        let terms = part(w.f_u)
+            .iter()
+            .zip(part(rep_src))
+            .zip(part(w.f_rho))
+            .zip(part(w.f_m))
+            .zip(part(w.f_kap))
+            .zip(part(w.rep_mu));
+        // Branch-free: every slot is written, and the count moves on when it passes
+        // (`surv` has room for one more than the slots).
+        for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in (g * size..).zip(terms) {
+            let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
+            let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
+            if let Some(x) = w.surv.get_mut(n_s) {
+                *x = k as u32;
+            }
+            n_s += usize::from(swap | rep);
+        }
     }
     n_s.min(len)
 }
@@ -524,7 +637,7 @@ fn partner_moves(
     w: &mut Work<'_>,
     row: &[u16],
     p: &Params,
-    st: &Step,
+    st: &Step<'_>,
     m: &Mover,
     (qi, q, group, si): (usize, usize, usize, usize),
     best: &mut Option<Candidate>,
@@ -557,8 +670,7 @@ fn partner_moves(
         rep_p,
         ..
     } = *m;
-    let ranks = w.rr;
-    let rr = &ranks;
+    let rr = st.rr;
     let need_of = |best: &Option<Candidate>| best.map_or(floor_gain, |c| c.gain.max(floor_gain));
     if q == hp || holds(w.mask, mw, a, q) {
         return;
@@ -568,7 +680,7 @@ fn partner_moves(
     // after a replicate, and gains at least the least load of q's experts in a swap.
     let need = need_of(best);
     let lq = w.load.get(q).copied().unwrap_or(0.0);
-    let a_below_q = below(w.mask, mw, a, q);
+    let a_below_q = usize::from(w.abl.get(q).copied().unwrap_or(0));
     let side = usize::from(q < hp);
     let (dp, mp_rep, vp_rep) = rep_p.get(side).copied().unwrap_or((0.0, 0.0, 0.0));
     let sq_rep = share(rr, ca + 1, a_below_q);
@@ -590,17 +702,8 @@ fn partner_moves(
     }
     let syy_q = w.syy.get(q).copied().unwrap_or(0.0);
     let mut cqa = f64::NAN;
-    // The other holders of a after a replicate onto q / a swap to q (lazy).
-    let ca_rep = Change {
-        e: a,
-        remove: None,
-        add: Some(q),
-    };
-    let ca_swap = Change {
-        e: a,
-        remove: Some(hp),
-        add: Some(q),
-    };
+    // The other holders of a after a replicate onto q / a swap to q (lazy, from the mover's
+    // tables).
     // A single copy of a has no holder but p: nothing to evaluate.
     let none = if ca == 1 { f64::MIN } else { f64::NAN };
     let (mut oa_rep_mu, mut oa_rep_val) = (none, none);
@@ -614,6 +717,7 @@ fn partner_moves(
         }
         let slot = qi * s + j;
         let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
+        let jb = usize::from(w.spos.get(q * s + j).copied().unwrap_or(0));
         let wb = w.est.get(b).copied().unwrap_or(0.0);
         let sqb = w.psh.get(slot).copied().unwrap_or(0.0);
         let b_on_p = holds(w.mask, mw, b, hp);
@@ -631,13 +735,8 @@ fn partner_moves(
                 if !b_on_p && !shared_holder(w.mask, mw, a, b, hp, q) {
                     let mp = if dp == 0.0 { f64::MIN } else { mp_rep };
                     let mq = lq + (wa * sq_rep + wb * -sqb);
-                    let cb_rep = Change {
-                        e: b,
-                        remove: Some(q),
-                        add: None,
-                    };
                     if mp.max(mq) < bar && oa_rep_mu.is_nan() {
-                        oa_rep_mu = w.others(mw, ca_rep, (hp, q), false, p.z, false).0;
+                        oa_rep_mu = w.effect(mw, Shift::Join, a, (hp, q, a_below_q), p.z, false);
                     }
                     let ok = mp.max(mq).max(oa_rep_mu) < bar
                         && rmu < bar
@@ -655,17 +754,14 @@ fn partner_moves(
                         let mut worst = vp.max(value(mq, var, p.z));
                         if worst < bar {
                             if oa_rep_val.is_nan() {
-                                oa_rep_val = w.others(mw, ca_rep, (hp, q), false, p.z, true).1;
+                                oa_rep_val =
+                                    w.effect(mw, Shift::Join, a, (hp, q, a_below_q), p.z, true);
                             }
                             worst = worst.max(oa_rep_val);
                         }
                         if worst < bar {
-                            worst = worst.max(cached(
-                                w,
-                                Cache::RepVal,
-                                slot,
-                                (mw, cb_rep, (hp, q), p.z),
-                            ));
+                            worst =
+                                worst.max(w.effect(mw, Shift::Leave, b, (hp, q, jb), p.z, true));
                         }
                         offer(worst, lp, floor_gain, 1, (i, q, j, false), best);
                     }
@@ -738,15 +834,10 @@ fn partner_moves(
             continue;
         }
         if oa_swap_mu.is_nan() {
-            oa_swap_mu = w.others(mw, ca_swap, (hp, q), false, p.z, false).0;
+            oa_swap_mu = w.effect(mw, Shift::FromP, a, (hp, q, a_below_q), p.z, false);
         }
-        let cb_swap = Change {
-            e: b,
-            remove: Some(q),
-            add: Some(hp),
-        };
         if oa_swap_mu >= bar
-            || cached(w, Cache::SwapMu, slot, (mw, cb_swap, (hp, q), p.z)) >= bar
+            || w.effect(mw, Shift::ToP, b, (hp, q, jb), p.z, false) >= bar
             || !below_bar(mp, nv - sbp * nxb, bar, kz)
             || !below_bar(mq, w.nu_of(q, b, q * s + j, sqb) - sq_swap * nxa, bar, kz)
         {
@@ -769,19 +860,19 @@ fn partner_moves(
         }
         if worst < bar {
             if oa_swap_val.is_nan() {
-                oa_swap_val = w.others(mw, ca_swap, (hp, q), false, p.z, true).1;
+                oa_swap_val = w.effect(mw, Shift::FromP, a, (hp, q, a_below_q), p.z, true);
             }
             worst = worst.max(oa_swap_val);
         }
         if worst < bar {
-            worst = worst.max(cached(w, Cache::SwapVal, slot, (mw, cb_swap, (hp, q), p.z)));
+            worst = worst.max(w.effect(mw, Shift::ToP, b, (hp, q, jb), p.z, true));
         }
         offer(worst, lp, floor_gain, 2, (i, q, j, true), best);
     }
 }
 
 /// Phase 5: applies `c` to `row` and to the layer's state. `false` if its slots are missing.
-fn apply(w: &mut Work<'_>, row: &mut [u16], z: f64, st: &Step, c: Candidate) -> bool {
+fn apply(w: &mut Work<'_>, row: &mut [u16], z: f64, st: &Step<'_>, c: Candidate) -> bool {
     let (s, mw, hp) = (st.s, st.mw, st.hp);
     let Candidate { i, q, j, swap, .. } = c;
 
@@ -840,46 +931,6 @@ pub(super) fn sort_ranks(w: &mut Work<'_>, fresh: bool) {
             k -= 1;
         }
     }
-}
-
-/// Which per-slot cache of the other holders' effect: after a replicate over the slot or a
-/// swap of it, their largest new load or value.
-#[derive(Clone, Copy)]
-pub(super) enum Cache {
-    RepVal,
-    SwapMu,
-    SwapVal,
-}
-
-/// The other holders' effect for `slot` from the `which` cache, computed once per step.
-pub(super) fn cached(
-    w: &mut Work<'_>,
-    which: Cache,
-    slot: usize,
-    (mw, c, pq, z): (usize, Change, (usize, usize), f64),
-) -> f64 {
-    let values = !matches!(which, Cache::SwapMu);
-    let get = |w: &Work<'_>| match which {
-        Cache::RepVal => w.rep_val.get(slot).copied(),
-        Cache::SwapMu => w.swap_mu.get(slot).copied(),
-        Cache::SwapVal => w.swap_val.get(slot).copied(),
-    };
-    if let Some(x) = get(w)
-        && !x.is_nan()
-    {
-        return x;
-    }
-    let (mu, val) = w.others(mw, c, pq, true, z, values);
-    let x = if values { val } else { mu };
-    let dst = match which {
-        Cache::RepVal => w.rep_val.get_mut(slot),
-        Cache::SwapMu => w.swap_mu.get_mut(slot),
-        Cache::SwapVal => w.swap_val.get_mut(slot),
-    };
-    if let Some(v) = dst {
-        *v = x;
-    }
-    x
 }
 
 /// Keeps a move whose worst touched rank ends at `worst` in `best` if it pays at least the floor

@@ -23,7 +23,7 @@ pub(super) fn value(load: f64, var: f64, z: f64) -> f64 {
     load + z * libm::sqrt(var.max(0.0))
 }
 
-impl Work<'_> {
+impl<'a> Work<'a> {
     /// Records in `dmu` and `da`/`db` (by `which`) the load and share changes of `c` on every
     /// rank, and the touched ranks.
     pub(super) fn change(&mut self, mw: usize, c: Change, which: bool, nt: &mut usize) {
@@ -48,7 +48,9 @@ impl Work<'_> {
     /// The holders of expert `e` other than `p` and `q` whose share changes when `e` loses
     /// `remove` and/or gains `add`: their largest new load, and with `values` their largest new
     /// value (`f64::MIN` when there is none). `as_b` evaluates the change as the second expert of
-    /// a move, bit for bit as [`score`] does.
+    /// a move, bit for bit as [`score`] does. The search reads it from [`Work::effect`]'s tables;
+    /// tests check every table entry against it.
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(super) fn others(
         &self,
@@ -77,6 +79,243 @@ impl Work<'_> {
             }
         });
         (mu_max, val_max)
+    }
+
+    /// What [`Work::others`] finds for the change `sh` of expert `e` at partner `q` (the other
+    /// holders' largest new load, or with `values` their largest new value), from the step's
+    /// table of `e` and `sh` ([`Work::sweep`], built on first use): `O(1)` instead of a walk
+    /// over the holders. `p` is the step's heaviest rank `hp`; `m` is `q`'s position among the
+    /// holders of `e`, the holders below it (`spos` or `abl`); `_q` itself is read only by the
+    /// tests' cross-check.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn effect(
+        &mut self,
+        mw: usize,
+        sh: Shift,
+        e: usize,
+        (hp, _q, m): (usize, usize, usize),
+        z: f64,
+        values: bool,
+    ) -> f64 {
+        #[cfg(test)]
+        assert_eq!(
+            m,
+            below(self.mask, mw, e, _q),
+            "position of {_q} among {e}'s holders"
+        );
+        let (k, at) = match sh {
+            Shift::Join | Shift::FromP => (usize::from(sh == Shift::FromP) * 2, m),
+            Shift::Leave | Shift::ToP => (
+                usize::from(sh == Shift::ToP) * 2,
+                self.hoff.get(e).map_or(0, |&o| o as usize) + m,
+            ),
+        };
+        let k = k + usize::from(values);
+        let flag = 1u16 << k;
+        let mover = matches!(sh, Shift::Join | Shift::FromP);
+        let done = if mover {
+            self.a_built & flag != 0
+        } else {
+            self.built.get(e).is_some_and(|&f| f & flag != 0)
+        };
+        if !done {
+            let out = core::mem::take(self.table(mover, k));
+            let from = if mover { 0 } else { at - m };
+            if let Some(o) = out.get_mut(from..) {
+                self.sweep(mw, e, sh, hp, z, values, o);
+            }
+            *self.table(mover, k) = out;
+            if mover {
+                self.a_built |= flag;
+            } else if let Some(f) = self.built.get_mut(e) {
+                *f |= flag;
+            }
+        }
+        let x = self.table(mover, k).get(at).copied().unwrap_or(f64::MAX);
+        #[cfg(test)]
+        {
+            let direct = self.others(mw, sh.change(e, _q, hp), (hp, _q), sh.as_b(), z, values);
+            let direct = if values { direct.1 } else { direct.0 };
+            assert_eq!(
+                x.to_bits(),
+                direct.to_bits(),
+                "{sh:?} of {e} at {_q}, p {hp}"
+            );
+        }
+        x
+    }
+
+    /// Fills the `Leave` load table of [`Work::effect`] for every expert with two copies or
+    /// more, as [`Work::sweep`] does, from the holders in `hrank` (set per step with `hoff`):
+    /// each share is looked up once, and one pass forward takes both of a holder's effects
+    /// (the partner above it: its share among `d - 1` at its index; below it: at the index
+    /// before), the prefix maximum of the first and the second kept in `hb` for the suffix
+    /// maximum on the way back.
+    pub(super) fn leave_loads(&mut self, hp: usize) {
+        let rr = &self.rr;
+        for (e, (&o, &c)) in self.hoff.iter().zip(self.copies.iter()).enumerate() {
+            let d = usize::from(c).min(usize::from(self.cnt.get(e).copied().unwrap_or(0)));
+            if d < 2 {
+                continue;
+            }
+            let o = o as usize;
+            let we = self.est.get(e).copied().unwrap_or(0.0);
+            let load = &*self.load;
+            let moved = |rank: usize, ds: f64| {
+                if rank == hp || ds == 0.0 {
+                    f64::MIN
+                } else {
+                    load.get(rank).copied().unwrap_or(0.0) + we * ds
+                }
+            };
+            let (Some(ranks), Some(out)) = (self.hrank.get(o..o + d), self.lv_mu.get_mut(o..o + d))
+            else {
+                continue;
+            };
+            let (mut run, mut s_new_before) = (f64::MIN, 0.0);
+            for (j, ((&rank, x), h)) in ranks
+                .iter()
+                .zip(out.iter_mut())
+                .zip(self.hb.iter_mut())
+                .enumerate()
+            {
+                let rank = usize::from(rank);
+                let (s_old, s_new) = (share(rr, d, j), share(rr, d - 1, j));
+                *x = run;
+                if j + 1 < d {
+                    run = run.max(moved(rank, s_new - s_old));
+                }
+                if j > 0 {
+                    *h = moved(rank, s_new_before - s_old);
+                }
+                s_new_before = s_new;
+            }
+            let mut run = f64::MIN;
+            for (j, (x, &h)) in out.iter_mut().zip(self.hb.iter()).enumerate().rev() {
+                *x = x.max(run);
+                if j > 0 {
+                    run = run.max(h);
+                }
+            }
+            if let Some(f) = self.built.get_mut(e) {
+                *f |= 1;
+            }
+        }
+    }
+
+    /// The table `k` (load, value; leave or to-p for the partner's experts, join or from-p
+    /// for the mover) of [`Work::effect`].
+    fn table(&mut self, mover: bool, k: usize) -> &mut &'a mut [f64] {
+        match (mover, k) {
+            (false, 0) => &mut self.lv_mu,
+            (false, 1) => &mut self.lv_val,
+            (false, 2) => &mut self.tp_mu,
+            (false, _) => &mut self.tp_val,
+            (true, 0) => &mut self.jn_mu,
+            (true, 1) => &mut self.jn_val,
+            (true, 2) => &mut self.fp_mu,
+            (true, _) => &mut self.fp_val,
+        }
+    }
+
+    /// Writes to `out` what [`Work::others`] finds for the change `sh` of expert `e` at every
+    /// position of the partner `q` among its holders: `out[j]` for `q` the `j`-th holder
+    /// (`Leave`, `ToP`), or for `q` above `j` holders (`Join`, `FromP`, up to `out[d]`).
+    /// A holder's new index depends on `q` only by whether `q` is below it, so each holder has
+    /// one effect for `q` above it and one for `q` below, and a prefix maximum of the first and
+    /// a suffix maximum of the second give every position in one pass each way: `O(d)` (times
+    /// `T` for the values) for all `d` positions instead of for each.
+    #[allow(clippy::too_many_arguments)]
+    fn sweep(
+        &self,
+        mw: usize,
+        e: usize,
+        sh: Shift,
+        hp: usize,
+        z: f64,
+        values: bool,
+        out: &mut [f64],
+    ) {
+        let rr = &self.rr;
+        let words = self.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+        let d: usize = words.iter().map(|m| m.count_ones() as usize).sum();
+        let d_new = match sh {
+            Shift::Leave => d.wrapping_sub(1),
+            Shift::Join => d + 1,
+            Shift::ToP | Shift::FromP => d,
+        };
+        let we = self.est.get(e).copied().unwrap_or(0.0);
+        // The effect on holder j at `rank`, with `q` below it (`up`) or above it.
+        let effect = |rank: usize, j: usize, up: bool| {
+            if rank == hp {
+                return f64::MIN;
+            }
+            let (up, past_p) = (usize::from(up), usize::from(rank > hp));
+            let j_new = match sh {
+                Shift::Leave => j.wrapping_sub(up),
+                Shift::ToP => (j + past_p).wrapping_sub(up),
+                Shift::Join => j + up,
+                Shift::FromP => (j + up).wrapping_sub(past_p),
+            };
+            let ds = share(rr, d_new, j_new) - share(rr, d, j);
+            if ds == 0.0 {
+                return f64::MIN;
+            }
+            let mu = self.load.get(rank).copied().unwrap_or(0.0) + we * ds;
+            if !values {
+                return mu;
+            }
+            let var = if sh.as_b() {
+                self.var_with(rank, 0, 0.0, e, ds)
+            } else {
+                self.var_with(rank, e, ds, 0, 0.0)
+            };
+            value(mu, var, z)
+        };
+        // `q` a holder: holder j's position is j itself, and holders above it see it below.
+        let holds_q = sh.as_b();
+        let mut run = f64::MIN;
+        let mut j = 0usize;
+        for (wi, &m) in words.iter().enumerate() {
+            let mut bits = m;
+            while bits != 0 {
+                let rank = wi * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(x) = out.get_mut(j) {
+                    *x = run;
+                }
+                if !(holds_q && j + 1 == d) {
+                    run = run.max(effect(rank, j, false));
+                }
+                j += 1;
+            }
+        }
+        if !holds_q && let Some(x) = out.get_mut(d) {
+            *x = run;
+        }
+        let mut run = f64::MIN;
+        for (wi, &m) in words.iter().enumerate().rev() {
+            let mut bits = m;
+            while bits != 0 {
+                let b = 63 - bits.leading_zeros() as usize;
+                bits &= !(1u64 << b);
+                let rank = wi * 64 + b;
+                j = j.saturating_sub(1);
+                if holds_q {
+                    if let Some(x) = out.get_mut(j) {
+                        *x = x.max(run);
+                    }
+                    if j > 0 {
+                        run = run.max(effect(rank, j, true));
+                    }
+                } else {
+                    run = run.max(effect(rank, j, true));
+                    if let Some(x) = out.get_mut(j) {
+                        *x = x.max(run);
+                    }
+                }
+            }
+        }
     }
 
     /// The new value of touched rank `rank` under the recorded deltas for experts `a`, `b`.

@@ -97,13 +97,10 @@ work! {
         pminp: f64 = f64s(r),
         /// Per step: `prep` over the slots a replicate of a single-copy expert may take.
         prep_strict: f64 = f64s(r),
-        /// Per step, per partner slot `[partners][S]`, the effect on the other holders of the
-        /// slot's expert when it leaves the partner (`rep_*`, a replicate over it) or moves to
-        /// the heaviest rank (`swap_*`): their largest new load and value. NaN until needed.
+        /// Per step, per partner slot `[partners][S]`, the other holders' largest new load when
+        /// the slot's expert leaves the partner (a replicate over it; `f64::MAX` without other
+        /// holders).
         rep_mu: f64 = f64s(r * s),
-        rep_val: f64 = f64s(r * s),
-        swap_mu: f64 = f64s(r * s),
-        swap_val: f64 = f64s(r * s),
         /// Per step, per partner slot `[partners][S]`, the terms of the slot filter: the
         /// partner's load without the slot's expert (`f_u`; `f_rep` is the same, or infinity
         /// where the expert has no other copy), `f_u` plus the triangle bound on its spread
@@ -116,6 +113,40 @@ work! {
         f_rho: f64 = f64s(r * s),
         f_m: f64 = f64s(r * s),
         f_kap: f64 = f64s(r * s),
+        /// Per step, per slot `[R][S]`, the index of its rank among the holders of its expert
+        /// (in rank order), counted over the ranks with `cnt` and `last` (per expert, the
+        /// holders counted so far and the last rank counted, plus one).
+        spos: u16 = u16s(r * s),
+        cnt: u16 = u16s(n),
+        last: u16 = u16s(n),
+        /// Per step, the holders of each expert in rank order (`hoff[e] + j`), and scratch of
+        /// one expert's holders (`[R]`) for [`Work::leave_loads`].
+        hrank: u16 = u16s(r * s),
+        hb: f64 = f64s(r),
+        /// Per mover, per rank, the mover's holders below the rank.
+        abl: u16 = u16s(r),
+        /// Per expert, its first entry in the per-holder tables (the prefix sum of `copies`),
+        /// and which of its tables the step has built (bits by [`Work::effect`]'s table index).
+        hoff: u32 = u32s(n),
+        built: u16 = u16s(n),
+        /// Per step, per holder of each expert (`hoff[e] + j`, holders in rank order), the other
+        /// holders' largest new load and value when the expert leaves that holder (`lv_*`) or
+        /// moves from it to the heaviest rank (`tp_*`) ([`Work::effect`]; filled on first use).
+        lv_mu: f64 = f64s(r * s),
+        lv_val: f64 = f64s(r * s),
+        tp_mu: f64 = f64s(r * s),
+        tp_val: f64 = f64s(r * s),
+        /// Per mover, by the partner's position among its holders (`[d + 1]`), the other
+        /// holders' largest new load and value when the partner joins them (`jn_*`, a
+        /// replicate) or takes the mover from the heaviest rank (`fp_*`, a swap).
+        jn_mu: f64 = f64s(r + 1),
+        jn_val: f64 = f64s(r + 1),
+        fp_mu: f64 = f64s(r + 1),
+        fp_val: f64 = f64s(r + 1),
+        /// Per step, per partner `[partners][TERMS]`, the least of each filter term over its slots
+        /// (`g_least`), and over the slots of it and every later partner (`s_least`).
+        g_least: f64 = f64s(TERMS * r),
+        s_least: f64 = f64s(TERMS * r),
         /// Per mover, the partner slots that pass the filter, in partner order.
         surv: u32 = u32s(r * s + 1),
         /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
@@ -129,10 +160,11 @@ work! {
         /// Scratch of `common::keep_slots`.
         keep: u16 = u16s(2 * s),
         /// The cold start (`construct`): replica counts, experts by load per copy (a heap
-        /// while counting), their positions there and their load per copy (`[N]`); the packed ranks' loads and fill
-        /// (reused as the taken marks of the matching), the heap of packed ranks with room,
-        /// their heap positions and the ranks that sit out an expert (`[R]`), the packed
-        /// ranks (`[R][S]`), their order and their current rank (`[R]`).
+        /// while counting), their positions there and their load per copy (`[N]`); the
+        /// packed ranks' loads and fill (reused as the current ranks' owners in the matching),
+        /// the heap of packed ranks with room, their heap positions and the ranks that sit out
+        /// an expert (these three reused by the augmenting paths) (`[R]`), the packed ranks
+        /// (`[R][S]`), their order and their current rank (`[R]`).
         c_cnt: u16 = u16s(n),
         c_ord: u16 = u16s(n),
         c_at: u16 = u16s(n),
@@ -158,5 +190,7 @@ work! {
         s: usize = shape.slots_per_rank(),
         /// The rank count and its tabulated shares.
         rr: Ranks = Ranks::new(shape.ranks()),
+        /// Which of the mover's tables (`jn_*`, `fp_*`) the mover has built.
+        a_built: u16 = 0,
     }
 }
