@@ -48,7 +48,7 @@
 //! FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
 //! incremental policy at wide EP"). It is off by default because in the serving loop the
 //! search's moves, each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64:
-//! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.02-0.2% better balance).
+//! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance).
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -93,7 +93,8 @@
 //! range of [`crate::check_range`] (`R <= 2048`, `R S <= 4096`) is refused up front by
 //! [`crate::rebalance`] and [`crate::buffer_lens`] before any work. The typical cost is far
 //! below the worst case: the filter leaves few slots per mover and most experts have one copy,
-//! so a cold call measures about `R^1.6` at `N = R` (`BENCHMARKS.md`, "Policy time").
+//! so a cold call of the search grows about `R^0.7` to `R^1.9` per doubling at `N = R`
+//! (`BENCHMARKS.md`, "The incremental policy at wide EP").
 //!
 //! # Memory
 //!
