@@ -108,7 +108,7 @@ fn counts(w: &mut Work<'_>, n: usize, r: usize, spare: usize) -> Option<()> {
     // A max-heap of experts by load per copy: `above(x, y)` when `x` goes first.
     let mut len = n;
     for k in (0..n / 2).rev() {
-        sift_down(heap, len, k, |x, y| above(est, cnt, x, y));
+        sift_down(heap, len, k, |x, y| above(est, cnt, x, y), |_, _| {});
     }
     for _ in 0..spare {
         if len == 0 {
@@ -121,7 +121,7 @@ fn counts(w: &mut Work<'_>, n: usize, r: usize, spare: usize) -> Option<()> {
             len = len.checked_sub(1)?;
             heap.swap(0, len);
         }
-        sift_down(heap, len, 0, |x, y| above(est, cnt, x, y));
+        sift_down(heap, len, 0, |x, y| above(est, cnt, x, y), |_, _| {});
     }
     Some(())
 }
@@ -440,25 +440,13 @@ fn fix(heap: &mut [u16], pos: &mut [u16], len: usize, mut at: usize, load: &[f64
         set_pos(pos, heap, up);
         at = up;
     }
-    loop {
-        let (l, rt) = (2 * at + 1, 2 * at + 2);
-        let mut m = at;
-        for c in [l, rt] {
-            if c < len
-                && let (Some(&x), Some(&y)) = (heap.get(c), heap.get(m))
-                && lighter(load, x, y)
-            {
-                m = c;
-            }
-        }
-        if m == at {
-            return;
-        }
-        heap.swap(at, m);
-        set_pos(pos, heap, at);
-        set_pos(pos, heap, m);
-        at = m;
-    }
+    sift_down(
+        heap,
+        len,
+        at,
+        |x, y| lighter(load, x, y),
+        |h, k| set_pos(pos, h, k),
+    );
 }
 
 fn set_pos(pos: &mut [u16], heap: &[u16], at: usize) {
@@ -469,8 +457,15 @@ fn set_pos(pos: &mut [u16], heap: &[u16], at: usize) {
     }
 }
 
-/// Sifts position `at` of the max-heap `heap[..len]` down, `first(x, y)` when `x` goes first.
-fn sift_down(heap: &mut [u16], len: usize, mut at: usize, first: impl Fn(u16, u16) -> bool) {
+/// Sifts position `at` of the heap `heap[..len]` down (`first(x, y)` when `x` goes first),
+/// calling `moved(heap, k)` for each position `k` whose entry changed.
+fn sift_down(
+    heap: &mut [u16],
+    len: usize,
+    mut at: usize,
+    first: impl Fn(u16, u16) -> bool,
+    mut moved: impl FnMut(&[u16], usize),
+) {
     loop {
         let (l, rt) = (2 * at + 1, 2 * at + 2);
         let mut m = at;
@@ -486,6 +481,8 @@ fn sift_down(heap: &mut [u16], len: usize, mut at: usize, first: impl Fn(u16, u1
             return;
         }
         heap.swap(at, m);
+        moved(heap, at);
+        moved(heap, m);
         at = m;
     }
 }
