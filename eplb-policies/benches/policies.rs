@@ -136,13 +136,14 @@ fn zipf(layers: usize, experts: usize) -> Vec<f64> {
 
 /// One cold call (default layout, fresh state) per wide-EP size of issue 19: DeepSeek-V3
 /// 58x256 at EP32/X32 and EP256/X256, Kimi-K2 61x384 at EP384/X384, on Zipf heat: the
-/// incremental policy by default (the search alone), with the cold start (`cold_start=1`),
-/// and FlashLB.
+/// incremental policy by default (`cold_start` 5), with every layer rebuilt (`cold_start=1`),
+/// with the search alone (no rebuild), and FlashLB.
 fn wide_ep(c: &mut Criterion) {
     use eplb_policies::flashlb::FlashLb;
     use eplb_policies::incremental::{Incremental, Params};
-    let mut rebuild = Params::default();
+    let (mut rebuild, mut search) = (Params::default(), Params::default());
     rebuild.set("cold_start", 1.0).unwrap();
+    search.set("cold_start", f64::INFINITY).unwrap();
     for (name, l, n, r, x) in [
         ("dsv3_ep32", 58, 256, 32, 32),
         ("dsv3_ep256", 58, 256, 256, 256),
@@ -164,6 +165,12 @@ fn wide_ep(c: &mut Criterion) {
             c,
             "wide_incremental_cold",
             Incremental::with_params(rebuild),
+            &case,
+        );
+        bench_cold(
+            c,
+            "wide_incremental_search",
+            Incremental::with_params(search),
             &case,
         );
         bench_cold(c, "wide_flashlb", FlashLb::new(), &case);

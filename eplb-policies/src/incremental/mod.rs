@@ -32,7 +32,7 @@
 //!    (`max_fetch_fraction`) and a per-call budget (`max_fetches`) cap the fetches. A layer
 //!    whose heaviest rank cannot be lowered enough is left as it is.
 //!
-//! **Cold start** (opt-in, `cold_start`; off by default). A layer whose heaviest rank carries
+//! **Cold start** (`cold_start`, default 5). A layer whose heaviest rank carries
 //! more than `cold_start` times the mean rank load (the start-up layout under skewed heat, or
 //! a placement the traffic has left far behind) is rebuilt constructively (`construct.rs`):
 //! replica counts go greedily to the largest estimated load per copy and, with two slots per
@@ -44,11 +44,15 @@
 //! (greedy by levels, then augmenting paths), so that few slots change. The rebuild is taken
 //! if it lowers the heaviest rank's load within the fetch budgets; a rebuilt layer is left as
 //! built for this call (the search polishes it from the next call on), any other layer goes
-//! to the search. One call from the default layout with `cold_start=1` lands within 1% of
-//! FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
-//! incremental policy at wide EP"). It is off by default because in the serving loop the
-//! search's moves, each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64:
-//! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance).
+//! to the search. Past 5 times the mean, single moves repair a layer badly (on Zipf heat the
+//! search stops at PAR 1.28-1.31 at EP256-EP384 and takes 0.3-0.7 s), while the rebuild lands
+//! better balanced than FlashLB in 25-50 ms with fewer fetches; below it, in the serving loop,
+//! the search's moves, each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64:
+//! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance; at 5
+//! no layer of the tuning or validation loops is rebuilt, so their placements are unchanged).
+//! `cold_start=1` rebuilds every layer, for a one-shot plan from the default layout: within 1%
+//! of FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
+//! incremental policy at wide EP").
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -155,8 +159,8 @@ pub struct Params {
     /// rank load is rebuilt constructively (replica counts refined against the packing, LPT
     /// packing, matched to the current ranks) when that lowers its heaviest rank within the
     /// fetch budgets; the search polishes a rebuilt layer from the next call on. `1` rebuilds
-    /// every layer (a one-shot plan); in a serving loop a threshold such as 4 rebuilds only
-    /// the layers far from balance. The default, infinity, never rebuilds.
+    /// every layer (a one-shot plan); the default, 5, only layers single moves repair badly;
+    /// infinity never rebuilds.
     pub cold_start: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
     /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller
@@ -177,7 +181,9 @@ pub struct Params {
 
 impl Default for Params {
     /// Tuned on `esft_chain` (R8/X8, R16/X16) and `dsv3_drift_perm` (R32/X32, R64/X64) with
-    /// H=10, A=1 (`BENCHMARKS.md`): a move must gain 1% of the mean rank load per fetch, ranks
+    /// H=10, A=1 (`BENCHMARKS.md`): a layer is rebuilt past 5 times the mean (no layer of
+    /// those loops is; at 4, one R64 call is, with 1.6% more fetches), a move must gain 1% of
+    /// the mean rank load per fetch, ranks
     /// are valued at mean + 1.6 sd of their per-window load (the windows' spread plus half the
     /// spread of the last 8 cycles' workloads), and every other rank is tried as a partner:
     /// the best move per fetch is often a replicate over a spare copy, and spare copies sit on
@@ -188,7 +194,7 @@ impl Default for Params {
             min_gain: 0.01,
             max_fetches: usize::MAX,
             max_fetch_fraction: 1.0,
-            cold_start: f64::INFINITY,
+            cold_start: 5.0,
             partners: usize::MAX,
             shift_threshold: 2.5,
             history_windows: 30.0,
@@ -215,7 +221,7 @@ pub const PARAMS: [ParamInfo; 10] = [
     },
     ParamInfo {
         name: "cold_start",
-        range: ">= 1",
+        range: ">= 1, or inf (never)",
     },
     ParamInfo {
         name: "partners",
@@ -255,7 +261,13 @@ impl Params {
             "max_fetch_fraction" => {
                 self.max_fetch_fraction = params::real(info, value, value > 0.0 && value <= 1.0)?
             }
-            "cold_start" => self.cold_start = params::real(info, value, value >= 1.0)?,
+            "cold_start" => {
+                self.cold_start = if value == f64::INFINITY {
+                    value
+                } else {
+                    params::real(info, value, value >= 1.0)?
+                }
+            }
             "partners" => self.partners = params::whole(info, value, 1.0)?,
             "movers" => self.movers = params::whole(info, value, 1.0)?,
             "shift_threshold" => self.shift_threshold = at_least_0(value)?,

@@ -217,14 +217,22 @@ fn zipf(shape: &Shape) -> vec::Vec<f64> {
 /// One checked call of `policy` from the default layout of `shape` on [`zipf`] heat: the
 /// output and its summary.
 fn cold_call<P: Policy>(policy: &mut P, shape: Shape) -> (vec::Vec<u16>, crate::Summary) {
+    cold_call_on(policy, shape, &zipf(&shape))
+}
+
+/// [`cold_call`] on `loads`.
+fn cold_call_on<P: Policy>(
+    policy: &mut P,
+    shape: Shape,
+    loads: &[f64],
+) -> (vec::Vec<u16>, crate::Summary) {
     let mut current = vec![0u16; shape.placement_len()];
     eplb_core::Layout::Default
         .fill(&shape, &mut current)
         .unwrap();
     let mut state = vec![0u64; policy.state_len(&shape)];
     // `rebalance_owned` checks the output (servable, never co-located).
-    crate::test_util::rebalance_owned(policy, shape, &current, &zipf(&shape), 0, &mut state)
-        .unwrap()
+    crate::test_util::rebalance_owned(policy, shape, &current, loads, 0, &mut state).unwrap()
 }
 
 #[test]
@@ -239,12 +247,11 @@ fn cold_start_rebuilds_a_far_layer_within_the_budgets() {
         .unwrap();
     let fetches = |out: &[u16]| current.iter().zip(out).filter(|(a, b)| a != b).count();
     // With the cold start a layer this far from balance is rebuilt: far below the search
-    // alone, which is what the default (off) and a threshold above every layer give.
+    // alone, which is what a threshold above every layer gives.
     let (built, sum) = run(cold);
     let mut never = Params::default();
     never.set("cold_start", 1e9).unwrap();
     let (searched, by_search) = run(never);
-    assert_eq!(run(Params::default()).0, searched);
     assert_ne!(built, searched);
     assert!(sum.after.max < sum.before.max, "{:?}", sum);
     assert!(sum.after.max < 1.1, "{:?}", sum.after);
@@ -263,6 +270,34 @@ fn cold_start_rebuilds_a_far_layer_within_the_budgets() {
     alone.set("min_gain", 100.0).unwrap();
     assert_eq!(run(alone).0, built);
     assert!(never.set("cold_start", 0.5).is_err());
+    assert!(never.set("cold_start", f64::NAN).is_err());
+    assert!(never.set("cold_start", f64::NEG_INFINITY).is_err());
+    never.set("cold_start", f64::INFINITY).unwrap();
+    assert_eq!(run(never).0, searched);
+}
+
+#[test]
+fn the_default_threshold_rebuilds_only_layers_far_from_balance() {
+    // Expert 5 carries `hot` times the others' load: its two copies put about 1.2, 2.7 and 7
+    // times the mean rank load on their ranks in the default layout, against the default
+    // threshold of 5.
+    let shape = Shape::new(3, 64, 16, 5).unwrap();
+    let hot = [1.0, 20.0, 400.0];
+    let loads: vec::Vec<f64> = (0..shape.loads_len())
+        .map(|i| if i % 64 == 5 { hot[i / 64] } else { 1.0 })
+        .collect();
+    let run = |p: Params| cold_call_on(&mut Incremental::with_params(p), shape, &loads).0;
+    let (mut always, mut never) = (Params::default(), Params::default());
+    always.set("cold_start", 1.0).unwrap();
+    never.set("cold_start", 1e9).unwrap();
+    let (by_default, built, searched) = (run(Params::default()), run(always), run(never));
+    let per = shape.slots_per_layer();
+    let layer = |p: &[u16], l: usize| p[l * per..(l + 1) * per].to_vec();
+    for l in 0..2 {
+        assert_eq!(layer(&by_default, l), layer(&searched, l), "layer {l}");
+    }
+    assert_eq!(layer(&by_default, 2), layer(&built, 2));
+    assert_ne!(layer(&built, 2), layer(&searched, 2));
 }
 
 #[test]
