@@ -386,12 +386,16 @@ def test_params_change_the_result():
     base = policy_for(c, "incremental").rebalance(c.loads, c.current)
     tight = policy_for(c, "incremental", max_fetch_fraction=0.01).rebalance(c.loads, c.current)
     assert tight.moves_total < base.moves_total
-    # The move budget: at most `max_fetches` fetches per call; a high `min_gain` takes no move.
+    # The move budget: at most `max_fetches` fetches per call; a high `min_gain` takes no move
+    # of the search, and with the cold start off (`cold_start=inf`) nothing changes.
     assert base.moves_total > 5
     capped = policy_for(c, "incremental", max_fetches=5).rebalance(c.loads, c.current)
     assert 0 < capped.moves_total <= 5
-    none = policy_for(c, "incremental", min_gain=100.0).rebalance(c.loads, c.current)
-    assert none.moves_total == 0
+    none = policy_for(c, "incremental", min_gain=100.0, cold_start=float("inf"))
+    assert none.rebalance(c.loads, c.current).moves_total == 0
+    # The default cold start rebuilds the layers past 5 times the mean whatever `min_gain`.
+    rebuilt = policy_for(c, "incremental", min_gain=100.0).rebalance(c.loads, c.current)
+    assert 0 < rebuilt.moves_total < base.moves_total
     with pytest.raises(eplb.EplbError, match="`max_fetches` = -1 is out of range"):
         small(max_fetches=-1)
     r0 = small("random", swaps=0).rebalance(np.ones((2, 8)))
