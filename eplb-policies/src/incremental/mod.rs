@@ -44,12 +44,16 @@
 //! (greedy by levels, then augmenting paths), so that few slots change. The rebuild is taken
 //! if it lowers the heaviest rank's load within the fetch budgets; a rebuilt layer is left as
 //! built for this call (the search polishes it from the next call on), any other layer goes
-//! to the search. Past 5 times the mean, single moves repair a layer badly (on Zipf heat the
+//! to the search; and a layer the search leaves stalled above 1.2 times the mean is rebuilt
+//! from where it started when the rebuild's heaviest rank is at least 10% lower (single moves
+//! cannot repair a hot expert that needs several more copies at once: on Zipf heat at EP32
+//! the search stops at PAR 1.42). Past 5 times the mean, single moves repair a layer badly (on Zipf heat the
 //! search stops at PAR 1.28-1.31 at EP256-EP384 and takes 0.3-0.7 s), while the rebuild lands
 //! better balanced than FlashLB in 25-50 ms with fewer fetches; below it, in the serving loop,
 //! the search's moves, each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64:
 //! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance; at 5
-//! no layer of the tuning or validation loops is rebuilt, so their placements are unchanged).
+//! no layer of the tuning or validation loops is rebuilt, nor left stalled, so their
+//! placements are unchanged).
 //! `cold_start=1` rebuilds every layer, for a one-shot plan from the default layout: within 1%
 //! of FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
 //! incremental policy at wide EP").
@@ -148,7 +152,8 @@ use work::Work;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
     /// `min_gain`: a move must lower the heaviest rank by at least this fraction of the mean
-    /// rank load per weight fetch; a move that gains less per fetch is not taken.
+    /// rank load per weight fetch; a move that gains less per fetch is not taken. (The
+    /// rebuilds of the cold start are governed by `cold_start` alone.)
     pub min_gain: f64,
     /// `max_fetches`: at most this many weight fetches per call, over all layers (planned in
     /// order, so the first layers are served first). The default, `usize::MAX`, sets no cap.

@@ -40,7 +40,9 @@ pub(super) struct Candidate {
 /// The local search on one layer `row` (`[R][S]`), in place, in named phases: the layer's
 /// state ([`layer_state`]), then per step the rank order, the partner table
 /// ([`partner_table`]), the movers ([`movers_by_load`]), the best move ([`best_move`]) and
-/// its application ([`apply`]), until no move pays or the budget is spent.
+/// its application ([`apply`]), until no move pays or the budget is spent ([`descend`]). A
+/// layer past `cold_start` times the mean is rebuilt instead ([`construct`]), and so is one
+/// the search leaves stalled far from balance when the rebuild is clearly better.
 pub(super) fn search(
     shape: &Shape,
     p: &Params,
@@ -66,13 +68,47 @@ pub(super) fn search(
     };
     // z over the root of T - 1: the spread term of a value per unit of centered-load norm.
     let zp = libm::sqrt(kz);
-    let mut fetched = 0usize;
     // The cold start: a layer far from balance is rebuilt; the search polishes it from the
     // next call on.
     let heaviest = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
     if heaviest > p.cold_start * mean && construct(shape, w, row, budget).is_some() {
         return;
     }
+    // A layer the search leaves stalled far from balance (single moves cannot repair it) is
+    // rebuilt from where it started, when the rebuild is clearly better.
+    let rescue = p.cold_start.is_finite() && w.c_old.len() == row.len();
+    if rescue {
+        w.c_old.copy_from_slice(row);
+    }
+    descend(shape, p, w, row, (mean, budget, partners, kz, zp));
+    let stalled = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
+    if rescue && stalled > STALLED * mean && w.c_res.len() == row.len() {
+        w.c_res.copy_from_slice(row);
+        row.copy_from_slice(w.c_old);
+        let rebuilt = layer_state(shape, p.z, w, row).is_some()
+            && construct(shape, w, row, budget).is_some()
+            && w.c_load.iter().fold(0.0f64, |m, &x| m.max(x)) * CLEARLY < stalled;
+        if !rebuilt {
+            row.copy_from_slice(w.c_res);
+        }
+    }
+}
+
+/// A layer whose heaviest rank the search leaves above this multiple of the mean is stalled.
+const STALLED: f64 = 1.2;
+/// A stalled layer is rebuilt when the rebuild's heaviest rank is lower by this factor.
+const CLEARLY: f64 = 1.1;
+
+/// Phase 2 to 5, step after step: the moves that pay, until none does or the budget is spent.
+fn descend(
+    shape: &Shape,
+    p: &Params,
+    w: &mut Work<'_>,
+    row: &mut [u16],
+    (mean, budget, partners, kz, zp): (f64, usize, usize, f64, f64),
+) {
+    let (r, s) = (shape.ranks(), shape.slots_per_rank());
+    let mut fetched = 0usize;
     let ranks = w.rr;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;

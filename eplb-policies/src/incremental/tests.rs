@@ -127,6 +127,8 @@ fn min_gain_is_the_gain_per_fetch_and_a_high_one_stops_every_move() {
     let len = shape.placement_len();
     let mut p = Params::default();
     assert!(p.set("gain_per_fetch", 0.01).is_err());
+    // `min_gain` governs the search's moves; the rebuilds, `cold_start`.
+    p.set("cold_start", f64::INFINITY).unwrap();
     p.set("min_gain", 10.0).unwrap();
     let still = outputs_with(p, shape, 6, 3, 11);
     assert!(fetches_per_call(&still, len).iter().all(|&x| x == 0));
@@ -247,10 +249,10 @@ fn cold_start_rebuilds_a_far_layer_within_the_budgets() {
         .unwrap();
     let fetches = |out: &[u16]| current.iter().zip(out).filter(|(a, b)| a != b).count();
     // With the cold start a layer this far from balance is rebuilt: far below the search
-    // alone, which is what a threshold above every layer gives.
+    // alone (`cold_start=inf`).
     let (built, sum) = run(cold);
     let mut never = Params::default();
-    never.set("cold_start", 1e9).unwrap();
+    never.set("cold_start", f64::INFINITY).unwrap();
     let (searched, by_search) = run(never);
     assert_ne!(built, searched);
     assert!(sum.after.max < sum.before.max, "{:?}", sum);
@@ -289,15 +291,42 @@ fn the_default_threshold_rebuilds_only_layers_far_from_balance() {
     let run = |p: Params| cold_call_on(&mut Incremental::with_params(p), shape, &loads).0;
     let (mut always, mut never) = (Params::default(), Params::default());
     always.set("cold_start", 1.0).unwrap();
-    never.set("cold_start", 1e9).unwrap();
+    never.set("cold_start", f64::INFINITY).unwrap();
     let (by_default, built, searched) = (run(Params::default()), run(always), run(never));
     let per = shape.slots_per_layer();
     let layer = |p: &[u16], l: usize| p[l * per..(l + 1) * per].to_vec();
-    for l in 0..2 {
-        assert_eq!(layer(&by_default, l), layer(&searched, l), "layer {l}");
-    }
+    // The balanced layer is searched (and left as it is), the far one rebuilt; the one in
+    // between is searched, then rebuilt only if the search stalls (not asserted here).
+    assert_eq!(layer(&by_default, 0), layer(&searched, 0));
     assert_eq!(layer(&by_default, 2), layer(&built, 2));
     assert_ne!(layer(&built, 2), layer(&searched, 2));
+}
+
+#[test]
+fn a_layer_the_search_leaves_stalled_is_rebuilt() {
+    // DeepSeek-V3's shape at EP32 on Zipf heat: the hot experts sit at 2-5 times the mean
+    // from the default layout, below the threshold, and single moves leave them far above it.
+    let shape = Shape::new(4, 256, 32, 9).unwrap();
+    let mut never = Params::default();
+    never.set("cold_start", f64::INFINITY).unwrap();
+    let (_, by_search) = cold_call(&mut Incremental::with_params(never), shape);
+    let (_, by_default) = cold_call(&mut Incremental::new(), shape);
+    let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
+    assert!(by_search.after.max > 1.2, "{:?}", by_search.after);
+    assert!(
+        by_default.after.mean <= flash.after.mean * 1.01,
+        "{:?} {:?}",
+        by_default.after,
+        flash.after
+    );
+    // Fetches: on these 4 layers within 3% of FlashLB's optimal matching (2% more here; on
+    // the 58-layer DeepSeek-V3 case 1% fewer, `BENCHMARKS.md`).
+    assert!(
+        by_default.moves as f64 <= flash.moves as f64 * 1.03,
+        "{} {}",
+        by_default.moves,
+        flash.moves
+    );
 }
 
 #[test]

@@ -179,6 +179,9 @@ work! {
         c_map: u16 = u16s(r),
         /// The matching: per packed rank, the experts its current rank keeps.
         c_keep: u16 = u16s(r),
+        /// The layer before the search and after it, while a stalled layer is rebuilt.
+        c_old: u16 = u16s(r * s),
+        c_res: u16 = u16s(r * s),
     }
     scalars {
         /// Rows in `xc` and `y`.
