@@ -393,9 +393,11 @@ def test_params_change_the_result():
     assert 0 < capped.moves_total <= 5
     none = policy_for(c, "incremental", min_gain=100.0, cold_start=float("inf"))
     assert none.rebalance(c.loads, c.current).moves_total == 0
-    # The default cold start rebuilds the layers past 5 times the mean whatever `min_gain`.
+    # `min_gain` governs the search; the default cold start still rebuilds the layers past 5
+    # times the mean, and those the search (here taking no move) leaves above 1.2 times it.
     rebuilt = policy_for(c, "incremental", min_gain=100.0).rebalance(c.loads, c.current)
-    assert 0 < rebuilt.moves_total < base.moves_total
+    assert rebuilt.moves_total > 0
+    assert rebuilt.par_after_mean < base.par_after_mean
     with pytest.raises(eplb.EplbError, match="`max_fetches` = -1 is out of range"):
         small(max_fetches=-1)
     r0 = small("random", swaps=0).rebalance(np.ones((2, 8)))

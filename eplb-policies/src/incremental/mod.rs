@@ -153,7 +153,9 @@ use work::Work;
 pub struct Params {
     /// `min_gain`: a move must lower the heaviest rank by at least this fraction of the mean
     /// rank load per weight fetch; a move that gains less per fetch is not taken. (The
-    /// rebuilds of the cold start are governed by `cold_start` alone.)
+    /// rebuilds of the cold start are governed by `cold_start` alone: with a high `min_gain`
+    /// the search takes no move and leaves far layers stalled, which are then rebuilt; add
+    /// `cold_start = inf` to change nothing.)
     pub min_gain: f64,
     /// `max_fetches`: at most this many weight fetches per call, over all layers (planned in
     /// order, so the first layers are served first). The default, `usize::MAX`, sets no cap.
