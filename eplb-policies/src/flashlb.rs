@@ -79,6 +79,8 @@
 
 mod hungarian;
 
+use crate::heap;
+
 use eplb_core::Shape;
 
 use crate::arena::{Arena, Words};
@@ -145,59 +147,6 @@ fn state_words(shape: &Shape) -> Words {
 /// `(ratio, value)` of the need-update test.
 fn thresholds(ranks: usize) -> (f64, f64) {
     if ranks < 32 { (0.95, 0.9) } else { (0.9, 0.85) }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Binary min-heap of u16 ids keyed by (key[id], id).
-
-fn hless(key: &[f64], a: u16, b: u16) -> bool {
-    let (ka, kb) = (at(key, usize::from(a)), at(key, usize::from(b)));
-    ka < kb || (ka == kb && a < b)
-}
-
-fn hpush(heap: &mut [u16], len: &mut usize, x: u16, key: &[f64]) {
-    let mut i = *len;
-    if i >= heap.len() {
-        return;
-    }
-    put(heap, i, x);
-    *len += 1;
-    while i > 0 {
-        let p = (i - 1) / 2;
-        if hless(key, at(heap, i), at(heap, p)) {
-            heap.swap(i, p);
-            i = p;
-        } else {
-            break;
-        }
-    }
-}
-
-fn hpop(heap: &mut [u16], len: &mut usize, key: &[f64]) -> Option<u16> {
-    if *len == 0 {
-        return None;
-    }
-    let top = at(heap, 0);
-    *len -= 1;
-    let n = *len;
-    put(heap, 0, at(heap, n));
-    let mut i = 0;
-    loop {
-        let (l, r) = (2 * i + 1, 2 * i + 2);
-        let mut m = i;
-        if l < n && hless(key, at(heap, l), at(heap, m)) {
-            m = l;
-        }
-        if r < n && hless(key, at(heap, r), at(heap, m)) {
-            m = r;
-        }
-        if m == i {
-            break;
-        }
-        heap.swap(i, m);
-        i = m;
-    }
-    Some(top)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -477,12 +426,12 @@ fn mmr(
         put(cnt, pos, 1);
         put(key, pos, -at(v, usize::from(e)));
         if cap > 1 {
-            hpush(heap, &mut len, pos as u16, key);
+            heap::push(heap, &mut len, pos as u16, key);
         }
     }
     let mut picks = 0usize;
     while picks < a {
-        let Some(pos) = hpop(heap, &mut len, key) else {
+        let Some(pos) = heap::pop(heap, &mut len, key) else {
             break;
         };
         let p = usize::from(pos);
@@ -494,7 +443,7 @@ fn mmr(
         put(cnt, p, c);
         if c < cap {
             put(key, p, -(at(v, usize::from(e)) / f64::from(c)));
-            hpush(heap, &mut len, pos, key);
+            heap::push(heap, &mut len, pos, key);
         }
     }
     picks

@@ -40,6 +40,7 @@ pub mod deepseek;
 pub mod default;
 mod error;
 pub mod flashlb;
+mod heap;
 pub mod incremental;
 mod kind;
 mod params;

@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{eplb, eplb_plan, shared, stderr, tmp};
+use common::{eplb, eplb_plan, fails_with, shared, stderr, tmp};
 
 #[test]
 fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {
@@ -274,12 +274,7 @@ fn usage_errors_exit_2_and_bad_input_exits_1() {
         "default",
         &[],
     );
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("nearest valid redundant counts: 0 or 32"),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "nearest valid redundant counts: 0 or 32");
     let o = eplb_plan(
         &shared("data/traces/sglang_dsv3_prefill_in1024.json"),
         "32",

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{eplb, shared, stderr, stdout, tmp};
+use common::{eplb, fails_with, plan_args, shared, stderr, stdout, tmp};
 
 const MIXTRAL: &str = "data/traces/mixtral8x7b_gsm8k_decode.json";
 
@@ -273,12 +273,7 @@ fn an_output_path_equal_to_an_input_is_refused() {
         "--out",
         again.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("the output is the input file"),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "the output is the input file");
     let map = dir.join("map.json");
     let m = map.to_str().unwrap();
     let plan = |extra: &[&str]| {
@@ -298,12 +293,7 @@ fn an_output_path_equal_to_an_input_is_refused() {
     };
     assert!(plan(&["--out", m]).status.success());
     let o = plan(&["--current", m, "--out", m]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("the output is the input file"),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "the output is the input file");
     let trace = dir.join("trace.json");
     std::fs::copy(shared(MIXTRAL), &trace).unwrap();
     let t = trace.to_str().unwrap();
@@ -324,12 +314,7 @@ fn an_output_path_equal_to_an_input_is_refused() {
         "--placements-log",
         t,
     ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("the output is the input file"),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "the output is the input file");
     assert_eq!(std::fs::read(&loads).unwrap(), before);
     assert_eq!(
         std::fs::read(&trace).unwrap(),
@@ -383,25 +368,6 @@ fn a_reader_never_sees_a_partial_map_while_plan_rewrites_it() {
         "temporary files left: {names:?}"
     );
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-fn plan_args<'a>(
-    loads: &'a str,
-    ranks: &'a str,
-    redundant: &'a str,
-    policy: &'a str,
-) -> Vec<&'a str> {
-    vec![
-        "plan",
-        "--loads",
-        loads,
-        "--ranks",
-        ranks,
-        "--redundant",
-        redundant,
-        "--policy",
-        policy,
-    ]
 }
 
 #[test]
@@ -570,12 +536,7 @@ fn strict_readers_refuse_duplicate_keys_and_keep_serde_reasons() {
         r#"{"eplb_config": {"dynamic_eplb": true, "dynamic_eplb": false}}"#,
     );
     let o = eplb(&["check-config", &cfg]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("duplicate key \"dynamic_eplb\""),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "duplicate key \"dynamic_eplb\"");
     // validate (strict) and the lenient --current reader.
     let map = w(
         "dupmap.json",
@@ -598,12 +559,7 @@ fn strict_readers_refuse_duplicate_keys_and_keep_serde_reasons() {
     // serde's reasons: number out of range, nesting too deep.
     let huge = w("huge.json", "[[1e999, 2]]");
     let o = eplb(&plan_args(&huge, "1", "0", "default"));
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("JSON syntax error: number out of range"),
-        "{}",
-        stderr(&o)
-    );
+    fails_with(&o, 1, "JSON syntax error: number out of range");
     let deep = w(
         "deep.json",
         &format!("{}{}", "[".repeat(200), "]".repeat(200)),
@@ -645,11 +601,10 @@ fn degenerate_options_get_their_own_message() {
     let mut args = plan_args(l, "2", "0", "default");
     args.extend(["--link", "1e-300gbps"]);
     let o = eplb(&args);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("link \"1e-300gbps\" is too slow: a transfer time would be infinite"),
-        "{}",
-        stderr(&o)
+    fails_with(
+        &o,
+        2,
+        "link \"1e-300gbps\" is too slow: a transfer time would be infinite",
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -50,20 +50,16 @@ const NONE: u16 = u16::MAX;
 
 /// Rebuilds `row` (one layer, `[R][S]`, whose holders `layer_state` left in `w.mask`) as a
 /// balanced target matched to it, if that lowers the heaviest rank's estimated load and costs
-/// at most `budget` fetches. Returns the fetches (slots changed), or `None` with `row`
+/// at most `budget` fetches (`mean`: the layer's mean rank load, from `layer_state`). Returns the fetches (slots changed), or `None` with `row`
 /// untouched.
 pub(super) fn construct(
     shape: &Shape,
     w: &mut Work<'_>,
     row: &mut [u16],
-    budget: usize,
+    (mean, budget): (f64, usize),
 ) -> Option<usize> {
     let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
     let mw = mask_words(shape);
-    let mean = w.est.iter().sum::<f64>() / r.max(1) as f64;
-    if mean <= 0.0 || !mean.is_finite() {
-        return None;
-    }
     counts(w, n, r, (r * s).checked_sub(n)?)?;
     order_by_copy(w, n)?;
     if s == 2 {
@@ -97,42 +93,27 @@ fn per_copy(est: &[f64], cnt: &[u16], e: usize) -> f64 {
 }
 
 /// Phase 1: `w.c_cnt`, one copy each and `spare` more, each to the expert with the largest
-/// load per copy (ties to the lower expert), at most `r` copies each. `None` if the spare
-/// slots cannot all be given.
+/// load per copy (ties to the lower expert), at most `r` copies each (a heap keyed by minus
+/// the load per copy, in `w.c_u`). `None` if the spare slots cannot all be given.
 fn counts(w: &mut Work<'_>, n: usize, r: usize, spare: usize) -> Option<()> {
-    let (est, cnt, heap) = (&*w.est, &mut *w.c_cnt, &mut *w.c_ord);
+    let (est, cnt, heap, key) = (&*w.est, &mut *w.c_cnt, &mut *w.c_ord, &mut *w.c_u);
     cnt.fill(1);
-    for (k, h) in heap.iter_mut().enumerate() {
-        *h = k as u16;
-    }
-    // A max-heap of experts by load per copy: `above(x, y)` when `x` goes first.
-    let mut len = n;
-    for k in (0..n / 2).rev() {
-        sift_down(heap, len, k, |x, y| above(est, cnt, x, y), |_, _| {});
+    let mut len = 0;
+    for e in 0..n {
+        *key.get_mut(e)? = -per_copy(est, cnt, e);
+        if r > 1 {
+            crate::heap::push(heap, &mut len, e as u16, key);
+        }
     }
     for _ in 0..spare {
-        if len == 0 {
-            return None;
+        let e = usize::from(crate::heap::pop(heap, &mut len, key)?);
+        *cnt.get_mut(e)? += 1;
+        if usize::from(*cnt.get(e)?) < r {
+            *key.get_mut(e)? = -per_copy(est, cnt, e);
+            crate::heap::push(heap, &mut len, e as u16, key);
         }
-        let e = usize::from(*heap.first()?);
-        let c = cnt.get_mut(e)?;
-        *c += 1;
-        if usize::from(*c) >= r {
-            len = len.checked_sub(1)?;
-            heap.swap(0, len);
-        }
-        sift_down(heap, len, 0, |x, y| above(est, cnt, x, y), |_, _| {});
     }
     Some(())
-}
-
-/// Whether expert `x` goes before `y`: more load per copy, ties to the lower expert.
-fn above(est: &[f64], cnt: &[u16], x: u16, y: u16) -> bool {
-    let (x, y) = (usize::from(x), usize::from(y));
-    per_copy(est, cnt, x)
-        .total_cmp(&per_copy(est, cnt, y))
-        .then(y.cmp(&x))
-        .is_gt()
 }
 
 /// Phase 2, for two slots per rank: moves copies between experts while that lowers the
@@ -440,39 +421,13 @@ fn fix(heap: &mut [u16], pos: &mut [u16], len: usize, mut at: usize, load: &[f64
         set_pos(pos, heap, up);
         at = up;
     }
-    sift_down(
-        heap,
-        len,
-        at,
-        |x, y| lighter(load, x, y),
-        |h, k| set_pos(pos, h, k),
-    );
-}
-
-fn set_pos(pos: &mut [u16], heap: &[u16], at: usize) {
-    if let Some(&x) = heap.get(at)
-        && let Some(p) = pos.get_mut(usize::from(x))
-    {
-        *p = at as u16;
-    }
-}
-
-/// Sifts position `at` of the heap `heap[..len]` down (`first(x, y)` when `x` goes first),
-/// calling `moved(heap, k)` for each position `k` whose entry changed.
-fn sift_down(
-    heap: &mut [u16],
-    len: usize,
-    mut at: usize,
-    first: impl Fn(u16, u16) -> bool,
-    mut moved: impl FnMut(&[u16], usize),
-) {
     loop {
         let (l, rt) = (2 * at + 1, 2 * at + 2);
         let mut m = at;
         for c in [l, rt] {
             if c < len
                 && let (Some(&x), Some(&y)) = (heap.get(c), heap.get(m))
-                && first(x, y)
+                && lighter(load, x, y)
             {
                 m = c;
             }
@@ -481,9 +436,17 @@ fn sift_down(
             return;
         }
         heap.swap(at, m);
-        moved(heap, at);
-        moved(heap, m);
+        set_pos(pos, heap, at);
+        set_pos(pos, heap, m);
         at = m;
+    }
+}
+
+fn set_pos(pos: &mut [u16], heap: &[u16], at: usize) {
+    if let Some(&x) = heap.get(at)
+        && let Some(p) = pos.get_mut(usize::from(x))
+    {
+        *p = at as u16;
     }
 }
 

@@ -71,7 +71,7 @@ pub(super) fn search(
     // The cold start: a layer far from balance is rebuilt; the search polishes it from the
     // next call on.
     let heaviest = w.load.iter().fold(0.0f64, |m, &x| m.max(x));
-    if heaviest > p.cold_start * mean && construct(shape, w, row, budget).is_some() {
+    if heaviest > p.cold_start * mean && construct(shape, w, row, (mean, budget)).is_some() {
         return;
     }
     // A layer the search leaves stalled far from balance (single moves cannot repair it) is
@@ -86,7 +86,7 @@ pub(super) fn search(
         w.c_res.copy_from_slice(row);
         row.copy_from_slice(w.c_old);
         let rebuilt = layer_state(shape, p.z, w, row).is_some()
-            && construct(shape, w, row, budget).is_some()
+            && construct(shape, w, row, (mean, budget)).is_some()
             && w.c_load.iter().fold(0.0f64, |m, &x| m.max(x)) * CLEARLY < stalled;
         if !rebuilt {
             row.copy_from_slice(w.c_res);

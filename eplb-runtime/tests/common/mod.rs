@@ -62,15 +62,14 @@ pub fn eplb(args: &[&str]) -> Output {
     eplb_with(args, false)
 }
 
-/// Runs `eplb plan --loads LOADS --ranks R --redundant X --policy P` followed by `extra`.
-pub fn eplb_plan(
-    loads: &str,
-    ranks: &str,
-    redundant: &str,
-    policy: &str,
-    extra: &[&str],
-) -> Output {
-    let mut args = vec![
+/// The arguments `plan --loads LOADS --ranks R --redundant X --policy P`.
+pub fn plan_args<'a>(
+    loads: &'a str,
+    ranks: &'a str,
+    redundant: &'a str,
+    policy: &'a str,
+) -> Vec<&'a str> {
+    vec![
         "plan",
         "--loads",
         loads,
@@ -80,9 +79,28 @@ pub fn eplb_plan(
         redundant,
         "--policy",
         policy,
-    ];
+    ]
+}
+
+/// Runs `eplb plan --loads LOADS --ranks R --redundant X --policy P` followed by `extra`.
+pub fn eplb_plan(
+    loads: &str,
+    ranks: &str,
+    redundant: &str,
+    policy: &str,
+    extra: &[&str],
+) -> Output {
+    let mut args = plan_args(loads, ranks, redundant, policy);
     args.extend_from_slice(extra);
     eplb(&args)
+}
+
+/// Asserts that `o` exited with `code` and that its standard error contains `needle`.
+#[track_caller]
+pub fn fails_with(o: &Output, code: i32, needle: &str) {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{e}");
+    assert!(e.contains(needle), "expected `{needle}` in: {e}");
 }
 
 /// Standard error as text.
