@@ -120,7 +120,9 @@ struct PlanArgs {
     /// Policy: 0..4 or random, default, swift, flashlb, incremental, deepseek.
     #[arg(long)]
     policy: String,
-    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters"). From
+    /// the default layout the incremental policy's `cold_start` defaults to 1 (every layer is
+    /// rebuilt).
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
     params: Vec<Param>,
     /// The current placement (expert-map JSON); default: the default layout.
@@ -567,7 +569,8 @@ fn warn_heat(heat: &Heat, path: &Path) {
 
 fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let kind = parse_policy(&a.policy)?;
-    let policy = policy_with(kind, &a.params).map_err(|e| format!("--param: {e}"))?;
+    // Checks the parameters before any file is read.
+    policy_with(kind, &a.params).map_err(|e| format!("--param: {e}"))?;
     if let Some(out) = &a.out {
         let mut inputs = vec![a.loads.as_path()];
         inputs.extend(a.current.as_deref());
@@ -586,16 +589,16 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     })?;
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
+    let mut default = vec![0u16; shape.placement_len()];
+    Layout::Default
+        .fill(&shape, &mut default)
+        .map_err(|e| e.to_string())?;
     let current = match &a.current {
         Some(p) => read_current(io, p, &shape)?,
-        None => {
-            let mut p = vec![0u16; shape.placement_len()];
-            Layout::Default
-                .fill(&shape, &mut p)
-                .map_err(|e| e.to_string())?;
-            p
-        }
+        None => default.clone(),
     };
+    let policy = policy_with(kind, &one_shot_params(kind, &a.params, current == default))
+        .map_err(|e| format!("--param: {e}"))?;
     let samples = (heat.windows() > 1).then(|| (heat.windows(), heat.as_slice().to_vec()));
     let req = PlanRequest {
         cycle: 1,
@@ -690,6 +693,21 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The parameters of a one-shot plan: from the default layout, which has nothing to keep and
+/// no later call to polish it, the incremental policy rebuilds every layer (`cold_start = 1`)
+/// unless `--param cold_start` says otherwise; its default threshold is for the loop, where a
+/// rebuild's extra fetches recur.
+fn one_shot_params(kind: PolicyKind, params: &[Param], from_default: bool) -> Vec<Param> {
+    let mut all = params.to_vec();
+    if kind == PolicyKind::Incremental
+        && from_default
+        && !params.iter().any(|(k, _)| k == "cold_start")
+    {
+        all.insert(0, ("cold_start".to_owned(), 1.0));
+    }
+    all
 }
 
 /// The cost keys of `plan --json`.

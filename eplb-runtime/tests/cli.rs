@@ -360,3 +360,54 @@ fn param_sets_the_policy_and_names_a_bad_key() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("policy `static` takes no parameters"));
 }
+
+#[test]
+fn a_one_shot_incremental_plan_from_the_default_layout_rebuilds_to_flashlb_balance() {
+    let dir = tmp("one-shot");
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(shared("data/golden/dsv3_prefill_ep32.json")).unwrap(),
+    )
+    .unwrap();
+    let loads = dir.join("loads.json");
+    std::fs::write(&loads, golden["input"]["loads"].to_string()).unwrap();
+    let loads = loads.to_str().unwrap();
+    let plan = |policy: &str, extra: &[&str]| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let o = eplb_plan(loads, "32", "32", policy, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let par = v["par_after"].as_array().unwrap();
+        let mean = par.iter().map(|x| x.as_f64().unwrap()).sum::<f64>() / par.len() as f64;
+        (mean, v["moves"].as_u64().unwrap())
+    };
+    let (flash_par, flash_moves) = plan("flashlb", &[]);
+    let (par, moves) = plan("incremental", &[]);
+    assert!(par <= 1.01 * flash_par, "{par} vs flashlb {flash_par}");
+    assert!(moves < flash_moves, "{moves} vs flashlb {flash_moves}");
+    // The loop's threshold, asked for, keeps the search's frugal plan.
+    let (loop_par, loop_moves) = plan("incremental", &["--param", "cold_start=5"]);
+    assert!(loop_moves < moves / 2, "{loop_moves} vs {moves}");
+    assert!(loop_par > par, "{loop_par} vs {par}");
+
+    // The default layout given as a file is the same cold start; any other placement is not.
+    let map = |name: &str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut args = vec!["--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = eplb_plan(loads, "32", "32", "incremental", &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        out.to_str().unwrap().to_owned()
+    };
+    let default = map("default.json", &["--param", "max_fetches=0"]);
+    assert_eq!(plan("incremental", &["--current", &default]), (par, moves));
+    let built = map("built.json", &[]);
+    let (next_par, next_moves) = plan("incremental", &["--current", &built]);
+    assert!(next_moves < moves / 10, "{next_moves} after {moves}");
+    // The search values log2phy routing, not the even split `par_after` measures, so it may
+    // trade a little of it; it keeps the rebuild's lead over the frugal plan.
+    assert!(
+        next_par < loop_par,
+        "{next_par} after {par}, frugal {loop_par}"
+    );
+}
