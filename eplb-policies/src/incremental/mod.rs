@@ -54,9 +54,9 @@
 //! `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance; at 5
 //! no layer of the tuning or validation loops is rebuilt, nor left stalled, so their
 //! placements are unchanged).
-//! `cold_start=1` rebuilds every layer, for a one-shot plan from the default layout: within 1%
-//! of FlashLB's balance in a few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The
-//! incremental policy at wide EP").
+//! `cold_start=1` rebuilds every layer, for a one-shot plan from the default layout (what
+//! `eplb plan` uses there unless told otherwise): within 1% of FlashLB's balance in a few
+//! milliseconds, with fewer fetches (`BENCHMARKS.md`, "The incremental policy at wide EP").
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
