@@ -17,12 +17,18 @@
 //!    of the ranks with room; the ranks that took a copy of the expert sit out until its
 //!    copies are placed). In the final packing a rank that holds the expert now is taken
 //!    instead when it is at most [`STICK`] of the mean heavier, which costs no fetch.
-//! 4. **Swaps.** While the heaviest packed rank is more than [`POLISHED`] above the mean, the
-//!    swap of one of its copies with a smaller copy on a lighter rank that lowers the larger
-//!    of the two loads most (and holds no expert twice) is made. The packing alone leaves
-//!    DeepSeek-V3's shapes 1.8-3.4% above the mean at 5 and 9 slots per rank; the swaps take
-//!    them to 0.1%. The lighter ranks are scanned lightest first, and the scan stops at the
-//!    first rank whose midpoint with the heaviest is no better than the best swap so far.
+//! 4. **Swaps and count shifts.** While the heaviest packed rank is more than [`POLISHED`]
+//!    above the mean, the swap of one of its copies with a smaller copy on one of the
+//!    [`SWAP_RANKS`] lightest ranks that lowers the larger of the two loads most (and holds no
+//!    expert twice) is made; the ranks are scanned lightest first, up to the first whose
+//!    midpoint with the heaviest is no better than the best swap so far. When no swap helps,
+//!    the counts bound the heaviest rank: a copy of an expert `f` with one to spare, on a rank
+//!    that does not hold the heaviest rank's expert `e`, becomes a copy of `e`, so all of
+//!    `e`'s copies shrink and `f`'s grow; the shift whose heaviest rank afterwards (bounded
+//!    from above by each expert's two heaviest holders) is lowest is made if that is below
+//!    the heaviest now, and the swaps go on. The packing alone leaves DeepSeek-V3's shapes
+//!    1.8-3.4% above the mean at 5 and 9 slots per rank, the swaps take them to 0.1%; at 2 and
+//!    3 slots only the shifts let the swaps move (EP128 1.087 -> 1.067, EP256 1.098 -> 1.089).
 //! 5. **Matching** of the packed ranks to the current ranks, by shared experts: first every
 //!    packed rank that can keep all `S` of its experts on a free current rank, then `S - 1`,
 //!    and so on, heaviest packed rank first at each level, each to the free current rank
@@ -34,7 +40,8 @@
 //!
 //! Cost per layer, with `H <= R` the most current holders of an expert: `O(A log N)` for the
 //! counts (`A = R S - N` spare slots); `O(ROUNDS RECEIVERS DONORS N)` for the refinement;
-//! `O(N log N + R S (log R + H))` for the packing; at most `R S` swaps of `O(R S^2)` each;
+//! `O(N log N + R S (log R + H))` for the packing; at most `R S` swaps of
+//! `O(SWAP_RANKS S^2 + R)` or shifts of `O(R S^2 + R log R)` each;
 //! `O(S^3 R H)` for the greedy matching and at most `AUGMENT_WORK R S` candidate checks of
 //! `O(S)` for the augmenting paths. So a rebuilt layer costs `O(N log N + S^3 R^2)` at most.
 
@@ -45,6 +52,8 @@ use super::*;
 const STICK: f64 = 0.02;
 /// The swaps stop when the heaviest packed rank is within this fraction of the mean load.
 const POLISHED: f64 = 0.001;
+/// The lightest packed ranks a swap is looked for on (the cost of a swap step at wide EP).
+const SWAP_RANKS: usize = 64;
 /// Rounds of the count refinement.
 const ROUNDS: usize = 24;
 /// Receivers tried per round: the experts of the larger copies of the heaviest pairs.
@@ -410,74 +419,201 @@ fn pack(w: &mut Work<'_>, r: usize, s: usize, stick: Option<(usize, f64)>) -> Op
 }
 
 /// Phase 4: swaps copies of `w.c_tgt` between the heaviest packed rank and a lighter one, the
-/// best swap each time (module documentation), until the heaviest is within [`POLISHED`] of
-/// the mean or no swap lowers it; at most `R S` swaps. Keeps `w.c_load`; sorts the packed
+/// best swap each time, and shifts a copy to an expert of the heaviest rank when no swap helps
+/// (module documentation), until the heaviest is within [`POLISHED`] of the mean or neither
+/// lowers it; at most `R S` steps. Keeps `w.c_load`, `w.c_cnt` and `w.c_u`; sorts the packed
 /// ranks by load in `w.c_rord`, which the matching then resets.
 fn swaps(w: &mut Work<'_>, r: usize, s: usize) -> Option<()> {
-    let u = &*w.c_u;
-    let (tgt, load, ord) = (&mut *w.c_tgt, &mut *w.c_load, &mut *w.c_rord);
-    let mean = load.iter().sum::<f64>() / r as f64;
-    // The packed ranks by load, lightest first (ties to the lower rank).
-    for (k, o) in ord.iter_mut().enumerate() {
+    let mean = w.c_load.iter().sum::<f64>() / r as f64;
+    sort_packed(w, r)?;
+    for _ in 0..r * s {
+        let h = usize::from(*w.c_rord.last()?);
+        let lh = *w.c_load.get(h)?;
+        if lh <= mean * (1.0 + POLISHED) {
+            break;
+        }
+        if let Some((i, t, j)) = best_swap(w, h, s) {
+            let (tgt, load, u) = (&mut *w.c_tgt, &mut *w.c_load, &*w.c_u);
+            let (a, b) = (*tgt.get(h * s + i)?, *tgt.get(t * s + j)?);
+            let d = *u.get(usize::from(a))? - *u.get(usize::from(b))?;
+            *tgt.get_mut(h * s + i)? = b;
+            *tgt.get_mut(t * s + j)? = a;
+            *load.get_mut(h)? -= d;
+            *load.get_mut(t)? += d;
+            resort_packed(w, r, t)?;
+        } else if shift(w, r, s, h)? {
+            sort_packed(w, r)?;
+        } else {
+            break;
+        }
+    }
+    Some(())
+}
+
+/// The packed ranks by load, lightest first (ties to the lower rank), in `w.c_rord`.
+fn sort_packed(w: &mut Work<'_>, r: usize) -> Option<()> {
+    let (load, ord) = (&*w.c_load, &mut *w.c_rord);
+    for (k, o) in ord.iter_mut().take(r).enumerate() {
         *o = k as u16;
     }
     ord.sort_unstable_by(|&x, &y| {
         let l = |k: u16| load.get(usize::from(k)).copied().unwrap_or(0.0);
         l(x).total_cmp(&l(y)).then(x.cmp(&y))
     });
-    for _ in 0..r * s {
-        let h = usize::from(*ord.last()?);
-        let lh = *load.get(h)?;
-        if lh <= mean * (1.0 + POLISHED) {
+    Some(())
+}
+
+/// [`sort_packed`] again after a swap lowered the heaviest rank (last) and raised rank `t`:
+/// each moves by insertion.
+fn resort_packed(w: &mut Work<'_>, r: usize, t: usize) -> Option<()> {
+    let (load, ord) = (&*w.c_load, &mut *w.c_rord);
+    let l = |k: u16| load.get(usize::from(k)).copied().unwrap_or(0.0);
+    let before = |x: u16, y: u16| l(x).total_cmp(&l(y)).then(x.cmp(&y)).is_lt();
+    let mut m = r.checked_sub(1)?;
+    while m > 0 && before(*ord.get(m)?, *ord.get(m - 1)?) {
+        ord.swap(m, m - 1);
+        m -= 1;
+    }
+    let mut m = ord.iter().position(|&k| usize::from(k) == t)?;
+    while m + 1 < r && before(*ord.get(m + 1)?, *ord.get(m)?) {
+        ord.swap(m, m + 1);
+        m += 1;
+    }
+    Some(())
+}
+
+/// The swap of a copy of the heaviest packed rank `h` with a smaller copy on a lighter rank
+/// that lowers the larger of the two loads most: `(slot of h, rank, slot)`. Lighter ranks are
+/// scanned lightest first, until one whose midpoint with `h` is no better than the best.
+fn best_swap(w: &Work<'_>, h: usize, s: usize) -> Option<(usize, usize, usize)> {
+    let (tgt, load, u, ord) = (&*w.c_tgt, &*w.c_load, &*w.c_u, &*w.c_rord);
+    let lh = *load.get(h)?;
+    let (mut bar, mut pick) = (lh, None);
+    let hrow = tgt.get(h * s..(h + 1) * s)?;
+    for &t in ord.iter().take(SWAP_RANKS) {
+        let t = usize::from(t);
+        let lt = *load.get(t)?;
+        // No swap with t (or a heavier rank) can take the pair below the middle.
+        if t == h || 0.5 * (lh + lt) >= bar {
             break;
         }
-        // The best swap lowers the pair's larger load most: below `bar`, slot i of h with
-        // slot j of rank t.
-        let (mut bar, mut pick) = (lh, None);
-        let hrow = tgt.get(h * s..(h + 1) * s)?;
-        for &t in ord.iter() {
-            let t = usize::from(t);
-            let lt = *load.get(t)?;
-            // No swap with t (or a heavier rank) can take the pair below the middle.
-            if t == h || 0.5 * (lh + lt) >= bar {
-                break;
-            }
-            let trow = tgt.get(t * s..(t + 1) * s)?;
-            for (i, &a) in hrow.iter().enumerate() {
-                let ua = u.get(usize::from(a)).copied().unwrap_or(0.0);
-                for (j, &b) in trow.iter().enumerate() {
-                    let d = ua - u.get(usize::from(b)).copied().unwrap_or(f64::INFINITY);
-                    // (A swap that would hold an expert twice is rare: checked last.)
-                    if d > 0.0
-                        && (lh - d).max(lt + d) < bar
-                        && !trow.contains(&a)
-                        && !hrow.contains(&b)
-                    {
-                        bar = (lh - d).max(lt + d);
-                        pick = Some((i, t, j));
-                    }
+        let trow = tgt.get(t * s..(t + 1) * s)?;
+        for (i, &a) in hrow.iter().enumerate() {
+            let ua = u.get(usize::from(a)).copied().unwrap_or(0.0);
+            for (j, &b) in trow.iter().enumerate() {
+                let d = ua - u.get(usize::from(b)).copied().unwrap_or(f64::INFINITY);
+                // (A swap that would hold an expert twice is rare: checked last.)
+                if d > 0.0 && (lh - d).max(lt + d) < bar && !trow.contains(&a) && !hrow.contains(&b)
+                {
+                    bar = (lh - d).max(lt + d);
+                    pick = Some((i, t, j));
                 }
             }
         }
-        let Some((i, t, j)) = pick else { break };
-        let (a, b) = (*tgt.get(h * s + i)?, *tgt.get(t * s + j)?);
-        let d = *u.get(usize::from(a))? - *u.get(usize::from(b))?;
-        *tgt.get_mut(h * s + i)? = b;
-        *tgt.get_mut(t * s + j)? = a;
-        *load.get_mut(h)? -= d;
-        *load.get_mut(t)? += d;
-        // Two loads changed: re-sort by insertion (h moves down, t up).
-        let l = |k: u16| load.get(usize::from(k)).copied().unwrap_or(0.0);
-        let before = |x: u16, y: u16| l(x).total_cmp(&l(y)).then(x.cmp(&y)).is_lt();
-        for k in 1..r {
-            let mut m = k;
-            while m > 0 && before(*ord.get(m)?, *ord.get(m - 1)?) {
-                ord.swap(m, m - 1);
-                m -= 1;
+    }
+    pick
+}
+
+/// Shifts one copy to an expert `e` of the heaviest packed rank `h` from an expert `f` with a
+/// copy to spare: `f`'s copy on a rank `t` that does not hold `e` becomes a copy of `e`, so
+/// every copy of `e` shrinks and every copy of `f` grows. Takes the shift whose heaviest rank
+/// afterwards, bounded from above, is lowest, if below `h`'s load. Whether it shifted.
+fn shift(w: &mut Work<'_>, r: usize, s: usize, h: usize) -> Option<bool> {
+    let lh = *w.c_load.get(h)?;
+    // Per expert, its heaviest and second heaviest holder's load, and the heaviest holder.
+    {
+        let (tgt, load, top, arg) = (&*w.c_tgt, &*w.c_load, &mut *w.c_top, &mut *w.c_arg);
+        top.fill(f64::MIN);
+        for (k, &e) in tgt.iter().enumerate().take(r * s) {
+            let (e, t) = (usize::from(e), k / s);
+            let l = *load.get(t)?;
+            let (t1, t2) = (*top.get(2 * e)?, *top.get(2 * e + 1)?);
+            if l > t1 {
+                *top.get_mut(2 * e + 1)? = t1;
+                *top.get_mut(2 * e)? = l;
+                *arg.get_mut(e)? = t as u16;
+            } else if l > t2 {
+                *top.get_mut(2 * e + 1)? = l;
             }
         }
     }
-    Some(())
+    let (tgt, load, u, cnt, ord, on_e) = (
+        &*w.c_tgt,
+        &*w.c_load,
+        &*w.c_u,
+        &*w.c_cnt,
+        &*w.c_rord,
+        &mut *w.c_hold,
+    );
+    let (top, arg, est) = (&*w.c_top, &*w.c_arg, &*w.est);
+    // The best shift: (bound on the heaviest rank after it, e, rank t, slot of t).
+    let mut best: Option<(f64, u16, usize, usize)> = None;
+    for &e in tgt.get(h * s..(h + 1) * s)? {
+        let ce = *cnt.get(usize::from(e))?;
+        if usize::from(ce) >= r {
+            continue;
+        }
+        let we = *est.get(usize::from(e))?;
+        let (ue, ue_new) = (*u.get(usize::from(e))?, we / f64::from(ce + 1));
+        // The holders of e, and the heaviest of them after e's copies shrink.
+        on_e.fill(0);
+        let mut e_after = f64::MIN;
+        for (k, &x) in tgt.iter().enumerate().take(r * s) {
+            if x == e {
+                *on_e.get_mut(k / s)? = 1;
+                e_after = e_after.max(*load.get(k / s)? - (ue - ue_new));
+            }
+        }
+        // The heaviest rank that does not hold e (an f holder only grows, bounded below).
+        let mut rest = f64::MIN;
+        for &k in ord.iter().rev() {
+            if *on_e.get(usize::from(k))? == 0 {
+                rest = *load.get(usize::from(k))?;
+                break;
+            }
+        }
+        let floor = e_after.max(rest);
+        if floor >= best.map_or(lh, |b| b.0) {
+            continue;
+        }
+        for (k, &f) in tgt.iter().enumerate().take(r * s) {
+            let (fi, t) = (usize::from(f), k / s);
+            let cf = *cnt.get(fi)?;
+            if f == e || cf < 2 || *on_e.get(t)? != 0 {
+                continue;
+            }
+            let (wf, uf) = (*est.get(fi)?, *u.get(fi)?);
+            let grow = wf / f64::from(cf - 1) - uf;
+            // f's other holders grow (an upper bound where one also holds e); t trades f's
+            // copy for e's.
+            let others = if usize::from(*arg.get(fi)?) == t {
+                *top.get(2 * fi + 1)?
+            } else {
+                *top.get(2 * fi)?
+            };
+            let after = floor.max(others + grow).max(*load.get(t)? - uf + ue_new);
+            if after < best.map_or(lh, |b| b.0) {
+                best = Some((after, e, t, k % s));
+            }
+        }
+    }
+    let Some((_, e, t, j)) = best else {
+        return Some(false);
+    };
+    let f = usize::from(*w.c_tgt.get(t * s + j)?);
+    *w.c_tgt.get_mut(t * s + j)? = e;
+    let e = usize::from(e);
+    *w.c_cnt.get_mut(e)? += 1;
+    *w.c_cnt.get_mut(f)? -= 1;
+    for x in [e, f] {
+        *w.c_u.get_mut(x)? = per_copy(w.est, w.c_cnt, x);
+    }
+    let (tgt, load, u) = (&*w.c_tgt, &mut *w.c_load, &*w.c_u);
+    load.fill(0.0);
+    for (k, &x) in tgt.iter().enumerate().take(r * s) {
+        *load.get_mut(k / s)? += *u.get(usize::from(x))?;
+    }
+    Some(true)
 }
 
 /// Whether rank `a` goes before rank `b` in the packing heap: lighter, ties to the lower rank.

@@ -40,23 +40,24 @@
 //! best); the copies are packed heaviest first onto the lightest rank with room that does not hold
 //! the expert (a rank that holds it now is taken when within 2% of the mean of the lightest and not
 //! above the heaviest so far, which costs no fetch); swaps between the heaviest packed rank and
-//! lighter ones then take it to within 0.1% of the mean where a swap can; and the packed ranks are
-//! matched to the current ranks by shared experts (greedy by levels, then augmenting paths), so
-//! that few slots change. The rebuild is taken if it lowers the heaviest rank's load within the
-//! fetch budgets; a rebuilt layer is left as built for this call (the search polishes it from the
-//! next call on), any other layer goes to the search; and a layer the search leaves stalled above
-//! 1.2 times the mean is rebuilt from where it started when the rebuild's heaviest rank is at least
-//! 10% lower (single moves cannot repair a hot expert that needs several more copies at once: on
-//! Zipf heat at EP32 the search stops at PAR 1.42). Past 5 times the mean, single moves repair a
-//! layer badly (on Zipf heat the search stops at PAR 1.28-1.31 at EP256-EP384 and takes 0.3-0.7 s),
-//! while the rebuild lands better balanced than FlashLB in 25-50 ms with fewer fetches; below it,
-//! in the serving loop, the search's moves, each paying per fetch, fetch less than rebuilds
-//! (dsv3_drift_perm R64: `cold_start=2.5` fetched 20% more, 4 fetched 1.6% more, for 0.03-0.15%
-//! better balance; at 5 no layer of the tuning or validation loops is rebuilt, nor left stalled, so
-//! their placements are unchanged). `cold_start=1` rebuilds every layer, for a one-shot plan from
-//! the default layout (what `eplb plan` uses there unless told otherwise): as balanced as FlashLB
-//! or better (on the golden DeepSeek-V3 cases 0.1% above the mean against its 0.5-1.6%) in a few
-//! milliseconds, with fewer fetches (`BENCHMARKS.md`, "The incremental policy at wide EP").
+//! lighter ones, and copies shifted to its experts where the counts bound it, then take it to
+//! within 0.1% of the mean where they can; and the packed ranks are matched to the current ranks by
+//! shared experts (greedy by levels, then augmenting paths), so that few slots change. The rebuild
+//! is taken if it lowers the heaviest rank's load within the fetch budgets; a rebuilt layer is left
+//! as built for this call (the search polishes it from the next call on), any other layer goes to
+//! the search; and a layer the search leaves stalled above 1.2 times the mean is rebuilt from where
+//! it started when the rebuild's heaviest rank is at least 10% lower (single moves cannot repair a
+//! hot expert that needs several more copies at once: on Zipf heat at EP32 the search stops at PAR
+//! 1.42). Past 5 times the mean, single moves repair a layer badly (on Zipf heat the search stops
+//! at PAR 1.28-1.31 at EP256-EP384 and takes 0.3-0.7 s), while the rebuild lands better balanced
+//! than FlashLB in 25-50 ms with fewer fetches; below it, in the serving loop, the search's moves,
+//! each paying per fetch, fetch less than rebuilds (dsv3_drift_perm R64: `cold_start=2.5` fetched
+//! 20% more, 4 fetched 1.6% more, for 0.03-0.15% better balance; at 5 no layer of the tuning or
+//! validation loops is rebuilt, nor left stalled, so their placements are unchanged).
+//! `cold_start=1` rebuilds every layer, for a one-shot plan from the default layout (what `eplb
+//! plan` uses there unless told otherwise): better balanced than FlashLB (on the golden DeepSeek-V3
+//! cases 0.1% above the mean against its 0.5-1.6%; on Zipf heat at EP128-EP384 0.2-3% lower) in a
+//! few milliseconds, with fewer fetches (`BENCHMARKS.md`, "The incremental policy at wide EP").
 //!
 //! Moves overwrite slots in place, so every kept expert keeps its slot, and a copy is never
 //! placed on a rank that already holds the expert: the output never co-locates copies (the
@@ -164,11 +165,11 @@ pub struct Params {
     pub max_fetch_fraction: f64,
     /// `cold_start`: a layer whose heaviest rank carries more than this multiple of the mean
     /// rank load is rebuilt constructively (replica counts refined against the packing, LPT
-    /// packing, swaps from the heaviest packed rank, matched to the current ranks) when that
-    /// lowers its heaviest rank within the
-    /// fetch budgets; the search polishes a rebuilt layer from the next call on. `1` rebuilds
-    /// every layer (a one-shot plan); the default, 5, only layers single moves repair badly;
-    /// infinity never rebuilds.
+    /// packing, swaps and count shifts from the heaviest packed rank, matched to the current
+    /// ranks) when that lowers its heaviest rank within the fetch budgets; the search polishes
+    /// a rebuilt layer from the next call on. `1` rebuilds every layer (a one-shot plan; what
+    /// `eplb plan` uses from the default layout); the default, 5, only layers single moves
+    /// repair badly; infinity never rebuilds.
     pub cold_start: f64,
     /// Lightest ranks considered as partners of the heaviest one (at most `R - 1`; the default,
     /// `usize::MAX`, tries every other rank). The search time grows linearly with it: a smaller

@@ -177,6 +177,10 @@ work! {
         c_tgt: u16 = u16s(r * s),
         c_rord: u16 = u16s(r),
         c_map: u16 = u16s(r),
+        /// The count shifts after the packing: per expert, its heaviest and second heaviest
+        /// packed holder's load, and the heaviest holder.
+        c_top: f64 = f64s(2 * n),
+        c_arg: u16 = u16s(n),
         /// The matching: per packed rank, the experts its current rank keeps.
         c_keep: u16 = u16s(r),
         /// The layer before the search and after it, while a stalled layer is rebuilt.
