@@ -329,6 +329,16 @@ fn a_layer_the_search_leaves_stalled_is_rebuilt() {
     );
 }
 
+/// One cold call on `shape` with every layer rebuilt (`cold_start = 1`), and FlashLB's: their
+/// summaries.
+fn rebuilt_and_flashlb(shape: Shape) -> (crate::Summary, crate::Summary) {
+    let mut cold = Params::default();
+    cold.set("cold_start", 1.0).unwrap();
+    let (_, ours) = cold_call(&mut Incremental::with_params(cold), shape);
+    let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
+    (ours, flash)
+}
+
 #[test]
 fn cold_start_beats_flashlb_with_two_slots_per_rank() {
     // The shape where counts by largest copy pack worst: 2 slots per rank, one call from the
@@ -338,10 +348,7 @@ fn cold_start_beats_flashlb_with_two_slots_per_rank() {
     // leaves the matching less to keep.
     for (experts, fetch_slack) in [(64, 1.06), (96, 1.06), (128, 1.06), (256, 1.0)] {
         let shape = Shape::new(4, experts, experts, 2).unwrap();
-        let mut cold = Params::default();
-        cold.set("cold_start", 1.0).unwrap();
-        let (_, ours) = cold_call(&mut Incremental::with_params(cold), shape);
-        let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
+        let (ours, flash) = rebuilt_and_flashlb(shape);
         assert!(
             ours.after.mean <= flash.after.mean * 1.01,
             "N {experts}: {:?} {:?}",
@@ -370,10 +377,7 @@ fn the_polished_rebuild_beats_flashlb_with_several_slots_per_rank() {
     // fetches stay within 3% of its optimal (Hungarian) matching's.
     for ranks in [32, 64] {
         let shape = Shape::new(4, 256, ranks, 256 / ranks + 1).unwrap();
-        let mut cold = Params::default();
-        cold.set("cold_start", 1.0).unwrap();
-        let (_, ours) = cold_call(&mut Incremental::with_params(cold), shape);
-        let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
+        let (ours, flash) = rebuilt_and_flashlb(shape);
         assert!(ours.after.max < 1.0015, "R {ranks}: {:?}", ours.after);
         assert!(
             ours.after.mean <= flash.after.mean,
@@ -397,10 +401,7 @@ fn count_shifts_beat_flashlb_with_three_slots_per_rank() {
     // Shifting a copy to an expert of the heaviest rank from one with a copy to spare lets
     // the swaps go on.
     let shape = Shape::new(4, 256, 128, 3).unwrap();
-    let mut cold = Params::default();
-    cold.set("cold_start", 1.0).unwrap();
-    let (_, ours) = cold_call(&mut Incremental::with_params(cold), shape);
-    let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
+    let (ours, flash) = rebuilt_and_flashlb(shape);
     assert!(ours.after.mean < 1.07, "{:?}", ours.after);
     assert!(
         ours.after.mean < flash.after.mean,
