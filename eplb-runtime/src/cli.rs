@@ -597,8 +597,8 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         Some(p) => read_current(io, p, &shape)?,
         None => default.clone(),
     };
-    let policy = policy_with(kind, &one_shot_params(kind, &a.params, current == default))
-        .map_err(|e| format!("--param: {e}"))?;
+    let (params, rebuilt) = one_shot_params(kind, &a.params, current == default);
+    let policy = policy_with(kind, &params).map_err(|e| format!("--param: {e}"))?;
     let samples = (heat.windows() > 1).then(|| (heat.windows(), heat.as_slice().to_vec()));
     let req = PlanRequest {
         cycle: 1,
@@ -670,6 +670,12 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
             shape.slots_per_rank(),
             shape.redundant()
         );
+        if rebuilt {
+            outln!(
+                io,
+                "from the default layout: every layer rebuilt (cold_start=1; --param cold_start=5 for the loop's threshold)"
+            );
+        }
         outln!(
             io,
             "PAR (even split): before mean={:.4} max={:.4}, after mean={:.4} max={:.4}, lower bound mean={:.4}",
@@ -698,16 +704,16 @@ fn plan(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
 /// The parameters of a one-shot plan: from the default layout, which has nothing to keep and
 /// no later call to polish it, the incremental policy rebuilds every layer (`cold_start = 1`)
 /// unless `--param cold_start` says otherwise; its default threshold is for the loop, where a
-/// rebuild's extra fetches recur.
-fn one_shot_params(kind: PolicyKind, params: &[Param], from_default: bool) -> Vec<Param> {
+/// rebuild's extra fetches recur. Also whether that default was added.
+fn one_shot_params(kind: PolicyKind, params: &[Param], from_default: bool) -> (Vec<Param>, bool) {
     let mut all = params.to_vec();
-    if kind == PolicyKind::Incremental
+    let add = kind == PolicyKind::Incremental
         && from_default
-        && !params.iter().any(|(k, _)| k == "cold_start")
-    {
+        && !params.iter().any(|(k, _)| k == "cold_start");
+    if add {
         all.insert(0, ("cold_start".to_owned(), 1.0));
     }
-    all
+    (all, add)
 }
 
 /// The cost keys of `plan --json`.

@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{eplb, eplb_plan, fails_with, shared, stderr, tmp};
+use common::{eplb, eplb_plan, fails_with, shared, stderr, stdout, tmp};
 
 #[test]
 fn plan_writes_a_map_that_validates_and_prints_the_json_keys() {
@@ -389,6 +389,11 @@ fn a_one_shot_incremental_plan_from_the_default_layout_rebuilds_to_flashlb_balan
     let (loop_par, loop_moves) = plan("incremental", &["--param", "cold_start=5"]);
     assert!(loop_moves < moves / 2, "{loop_moves} vs {moves}");
     assert!(loop_par > par, "{loop_par} vs {par}");
+
+    // The text output says so.
+    let said = |extra: &[&str]| stdout(&eplb_plan(loads, "32", "32", "incremental", extra));
+    assert!(said(&[]).contains("every layer rebuilt (cold_start=1"));
+    assert!(!said(&["--param", "cold_start=5"]).contains("every layer rebuilt"));
 
     // The default layout given as a file is the same cold start; any other placement is not.
     let map = |name: &str, extra: &[&str]| {

@@ -564,7 +564,8 @@ fn shift(w: &mut Work<'_>, r: usize, s: usize, h: usize) -> Option<bool> {
                 e_after = e_after.max(*load.get(k / s)? - (ue - ue_new));
             }
         }
-        // The heaviest rank that does not hold e (an f holder only grows, bounded below).
+        // The heaviest rank that does not hold e, at its load now (f's holders' growth and
+        // the receiving rank are counted per shift below).
         let mut rest = f64::MIN;
         for &k in ord.iter().rev() {
             if *on_e.get(usize::from(k))? == 0 {
