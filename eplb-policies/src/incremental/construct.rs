@@ -40,10 +40,12 @@
 //!
 //! Cost per layer, with `H <= R` the most current holders of an expert: `O(A log N)` for the
 //! counts (`A = R S - N` spare slots); `O(ROUNDS RECEIVERS DONORS N)` for the refinement;
-//! `O(N log N + R S (log R + H))` for the packing; at most `R S` swaps of
-//! `O(SWAP_RANKS S^2 + R)` or shifts of `O(R S^2 + R log R)` each;
-//! `O(S^3 R H)` for the greedy matching and at most `AUGMENT_WORK R S` candidate checks of
-//! `O(S)` for the augmenting paths. So a rebuilt layer costs `O(N log N + S^3 R^2)` at most.
+//! `O(N log N + R S (log R + H))` for the packing; for the swaps and shifts at most
+//! `SWAP_WORK R S` slot pairs looked at, plus `O(R)` to re-sort the packed ranks after each of
+//! at most `R S` steps; `O(S^2 R H)` for the greedy matching (each packed rank counts its
+//! shared experts per current rank over its experts' holders, once per level) and at most
+//! `AUGMENT_WORK R S` candidate checks of `O(S)` for the augmenting paths. So a rebuilt layer
+//! costs `O(N log N + R^2 S + S^2 R H)`, at most `O(N log N + S^2 R^2)`.
 
 use super::*;
 
@@ -54,6 +56,9 @@ const STICK: f64 = 0.02;
 const POLISHED: f64 = 0.001;
 /// The lightest packed ranks a swap is looked for on (the cost of a swap step at wide EP).
 const SWAP_RANKS: usize = 64;
+/// Slot pairs the swaps and count shifts may look at, per slot of the layer: a bound on their
+/// cost (the DeepSeek-V3 and Kimi-K2 shapes of `BENCHMARKS.md` use at most 15% of it).
+const SWAP_WORK: usize = 1024;
 /// Rounds of the count refinement.
 const ROUNDS: usize = 24;
 /// Receivers tried per round: the experts of the larger copies of the heaviest pairs.
@@ -426,13 +431,15 @@ fn pack(w: &mut Work<'_>, r: usize, s: usize, stick: Option<(usize, f64)>) -> Op
 fn swaps(w: &mut Work<'_>, r: usize, s: usize) -> Option<()> {
     let mean = w.c_load.iter().sum::<f64>() / r as f64;
     sort_packed(w, r)?;
+    // Slot pairs the swaps and shifts may look at, in all.
+    let mut work = SWAP_WORK * r * s;
     for _ in 0..r * s {
         let h = usize::from(*w.c_rord.last()?);
         let lh = *w.c_load.get(h)?;
-        if lh <= mean * (1.0 + POLISHED) {
+        if lh <= mean * (1.0 + POLISHED) || work == 0 {
             break;
         }
-        if let Some((i, t, j)) = best_swap(w, h, s) {
+        if let Some((i, t, j)) = best_swap(w, h, s, &mut work) {
             let (tgt, load, u) = (&mut *w.c_tgt, &mut *w.c_load, &*w.c_u);
             let (a, b) = (*tgt.get(h * s + i)?, *tgt.get(t * s + j)?);
             let d = *u.get(usize::from(a))? - *u.get(usize::from(b))?;
@@ -441,7 +448,8 @@ fn swaps(w: &mut Work<'_>, r: usize, s: usize) -> Option<()> {
             *load.get_mut(h)? -= d;
             *load.get_mut(t)? += d;
             resort_packed(w, r, t)?;
-        } else if shift(w, r, s, h)? {
+        } else if work >= 3 * r * s * s && shift(w, r, s, h)? {
+            work -= 3 * r * s * s;
             sort_packed(w, r)?;
         } else {
             break;
@@ -485,7 +493,7 @@ fn resort_packed(w: &mut Work<'_>, r: usize, t: usize) -> Option<()> {
 /// The swap of a copy of the heaviest packed rank `h` with a smaller copy on a lighter rank
 /// that lowers the larger of the two loads most: `(slot of h, rank, slot)`. Lighter ranks are
 /// scanned lightest first, until one whose midpoint with `h` is no better than the best.
-fn best_swap(w: &Work<'_>, h: usize, s: usize) -> Option<(usize, usize, usize)> {
+fn best_swap(w: &Work<'_>, h: usize, s: usize, work: &mut usize) -> Option<(usize, usize, usize)> {
     let (tgt, load, u, ord) = (&*w.c_tgt, &*w.c_load, &*w.c_u, &*w.c_rord);
     let lh = *load.get(h)?;
     let (mut bar, mut pick) = (lh, None);
@@ -494,9 +502,10 @@ fn best_swap(w: &Work<'_>, h: usize, s: usize) -> Option<(usize, usize, usize)> 
         let t = usize::from(t);
         let lt = *load.get(t)?;
         // No swap with t (or a heavier rank) can take the pair below the middle.
-        if t == h || 0.5 * (lh + lt) >= bar {
+        if t == h || 0.5 * (lh + lt) >= bar || *work < s * s {
             break;
         }
+        *work -= s * s;
         let trow = tgt.get(t * s..(t + 1) * s)?;
         for (i, &a) in hrow.iter().enumerate() {
             let ua = u.get(usize::from(a)).copied().unwrap_or(0.0);
@@ -694,6 +703,8 @@ fn matching(w: &mut Work<'_>, s: usize, mw: usize) -> Option<usize> {
     owner.fill(NONE);
     keep.fill(0);
     // Greedy by levels: the packed ranks that keep all S experts first.
+    let (shared, touched) = (&mut *w.c_pos, &mut *w.c_hold);
+    shared.fill(0);
     for level in (1..=s).rev() {
         for &t in tord.iter() {
             let t = usize::from(t);
@@ -702,14 +713,16 @@ fn matching(w: &mut Work<'_>, s: usize, mw: usize) -> Option<usize> {
             }
             // The free current rank sharing most (ties to the lower rank).
             let (mut pick, mut most) = (None, 0usize);
-            m.candidates(t, |q, shared| {
+            let n = m.count_shared(t, shared, touched)?;
+            for &q in touched.get(..n)? {
+                let q = usize::from(q);
+                let c = usize::from(core::mem::take(shared.get_mut(q)?));
                 let free = owner.get(q).is_some_and(|&o| o == NONE);
-                if free && (shared > most || (shared == most && pick.is_some_and(|p| q < p))) {
-                    most = shared;
+                if free && (c > most || (c == most && pick.is_some_and(|p| q < p))) {
+                    most = c;
                     pick = Some(q);
                 }
-                false
-            })?;
+            }
             if let Some(q) = pick.filter(|_| most >= level) {
                 *owner.get_mut(q)? = t as u16;
                 *map.get_mut(t)? = q as u16;
@@ -815,6 +828,30 @@ impl Match<'_> {
             .iter()
             .filter(|&&x| holds(self.mask, self.mw, usize::from(x), q))
             .count()
+    }
+
+    /// Counts in `shared[q]` (all zero on entry) the experts of packed rank `t` that each
+    /// current rank `q` holds, and lists those ranks in `touched`: returns how many.
+    fn count_shared(&self, t: usize, shared: &mut [u16], touched: &mut [u16]) -> Option<usize> {
+        let mut n = 0;
+        for &e in self.tgt.get(t * self.s..(t + 1) * self.s)? {
+            let e = usize::from(e);
+            let words = self.mask.get(e * self.mw..(e + 1) * self.mw)?;
+            for (wi, &m) in words.iter().enumerate() {
+                let mut bits = m;
+                while bits != 0 {
+                    let q = wi * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let c = shared.get_mut(q)?;
+                    if *c == 0 {
+                        *touched.get_mut(n)? = q as u16;
+                        n += 1;
+                    }
+                    *c += 1;
+                }
+            }
+        }
+        Some(n)
     }
 
     /// Calls `f(q, shared)` for each current rank `q` holding an expert of packed rank `t`

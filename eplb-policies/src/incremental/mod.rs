@@ -97,7 +97,7 @@
 //! the other holders' effect, the partner table, the slot filter and the exact checks; only a
 //! candidate whose two experts share a third holder still walks the holders). One call is
 //! therefore `O(L (T N + min(4 R S, B + 1) (R^2 + R S T + M K S D)))`, or instead
-//! `O(N log N + S^3 R^2)` for a layer the cold start rebuilds (`construct.rs`); at most
+//! `O(N log N + S^2 R^2)` for a layer the cold start rebuilds (`construct.rs`); at most
 //! `O(L (T N + 4 M R^4 S^2))` in the worst case, so the supported
 //! range of [`crate::check_range`] (`R <= 2048`, `R S <= 4096`) is refused up front by
 //! [`crate::rebalance`] and [`crate::buffer_lens`] before any work. The typical cost is far
