@@ -833,7 +833,35 @@ impl Match<'_> {
     /// Counts in `shared[q]` (all zero on entry) the experts of packed rank `t` that each
     /// current rank `q` holds, and lists those ranks in `touched`: returns how many.
     fn count_shared(&self, t: usize, shared: &mut [u16], touched: &mut [u16]) -> Option<usize> {
-        let mut n = 0;
+        let (mut n, mut fits) = (0, true);
+        self.holders(t, |q| {
+            let Some(c) = shared.get_mut(q) else {
+                fits = false;
+                return true;
+            };
+            if *c == 0 {
+                let Some(x) = touched.get_mut(n) else {
+                    fits = false;
+                    return true;
+                };
+                *x = q as u16;
+                n += 1;
+            }
+            *c += 1;
+            false
+        })?;
+        fits.then_some(n)
+    }
+
+    /// Calls `f(q, shared)` for each current rank `q` holding an expert of packed rank `t`
+    /// (once per such expert), until `f` returns `true`.
+    fn candidates(&self, t: usize, mut f: impl FnMut(usize, usize) -> bool) -> Option<()> {
+        self.holders(t, |q| f(q, self.shared(t, q)))
+    }
+
+    /// Calls `f(q)` for each current rank `q` holding an expert of packed rank `t` (once per
+    /// such expert), until `f` returns `true`.
+    fn holders(&self, t: usize, mut f: impl FnMut(usize) -> bool) -> Option<()> {
         for &e in self.tgt.get(t * self.s..(t + 1) * self.s)? {
             let e = usize::from(e);
             let words = self.mask.get(e * self.mw..(e + 1) * self.mw)?;
@@ -842,31 +870,7 @@ impl Match<'_> {
                 while bits != 0 {
                     let q = wi * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    let c = shared.get_mut(q)?;
-                    if *c == 0 {
-                        *touched.get_mut(n)? = q as u16;
-                        n += 1;
-                    }
-                    *c += 1;
-                }
-            }
-        }
-        Some(n)
-    }
-
-    /// Calls `f(q, shared)` for each current rank `q` holding an expert of packed rank `t`
-    /// (once per such expert), until `f` returns `true`.
-    fn candidates(&self, t: usize, mut f: impl FnMut(usize, usize) -> bool) -> Option<()> {
-        let experts = self.tgt.get(t * self.s..(t + 1) * self.s)?;
-        for &e in experts {
-            let e = usize::from(e);
-            let words = self.mask.get(e * self.mw..(e + 1) * self.mw)?;
-            for (wi, &m) in words.iter().enumerate() {
-                let mut bits = m;
-                while bits != 0 {
-                    let q = wi * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    if f(q, self.shared(t, q)) {
+                    if f(q) {
                         return Some(());
                     }
                 }
