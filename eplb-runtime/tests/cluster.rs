@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
+use eplb_core::{HeatStage, ReplicaChoice, Shape, StageClassifier};
 use eplb_policies::{Error as PolicyError, Input, Policy, PolicyKind};
 use eplb_runtime::controller::{Controller, ControllerConfig, ControllerStats, RunMode};
 use eplb_runtime::planner::Planner;
@@ -73,8 +73,7 @@ fn run(
     faults: &[(usize, usize, Fault)],
 ) -> Vec<Outcome> {
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
     for &(l, r, f) in faults {
         world.inject(l, r, f);
@@ -82,10 +81,7 @@ fn run(
     let shared = Arc::new(Planner::spawn(make(0), shape));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
-            let rows: Vec<Vec<u16>> = initial
-                .chunks_exact(shape.slots_per_layer())
-                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
-                .collect();
+            let rows = common::rank_rows(&shape, &initial, rank);
             let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let planner = if planner_per_rank {
                 Arc::new(Planner::spawn(make(rank), shape))
@@ -191,8 +187,7 @@ fn failed_or_timed_out_exchange_keeps_the_old_layer_everywhere() {
         );
         assert_agree(&out);
         let shape = common::small_shape();
-        let mut initial = vec![0u16; shape.placement_len()];
-        Layout::Default.fill(&shape, &mut initial).unwrap();
+        let initial = common::default_layout(&shape);
         let per = shape.slots_per_layer();
         assert_eq!(
             &out[0].placement[..per],
@@ -244,8 +239,7 @@ fn panicking_policy_changes_nothing() {
     assert!(st.plan_failures >= 2, "{st:?}");
     assert_eq!(st.layers_committed, 0);
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     assert_eq!(out[0].placement, initial);
 }
 
@@ -254,13 +248,11 @@ fn filter_that_never_matches_never_plans() {
     // Batches are 64 or 4 padded tokens with a threshold of 8: "prefill" matches half of them;
     // with a threshold this high, nothing is prefill.
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(1, Duration::from_millis(100));
     let one = Shape::new(4, 16, 1, 16).unwrap();
-    let mut one_initial = vec![0u16; one.placement_len()];
-    Layout::Default.fill(&one, &mut one_initial).unwrap();
-    let rows: Vec<Vec<u16>> = one_initial.chunks_exact(16).map(<[u16]>::to_vec).collect();
+    let one_initial = common::default_layout(&one);
+    let rows = common::rank_rows(&one, &one_initial, 0);
     let t = HostTransport::new(world, 0, &rows, BYTES);
     let planner = Arc::new(Planner::spawn(
         policy_for(PolicyKind::Default).unwrap(),
@@ -282,8 +274,7 @@ fn filter_that_never_matches_never_plans() {
 fn record_mode_never_moves_a_weight() {
     let recorded = Arc::new(std::sync::Mutex::new(Vec::<Vec<u16>>::new()));
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
     let planner = Arc::new(Planner::spawn(
         policy_for(PolicyKind::Default).unwrap(),
@@ -291,10 +282,7 @@ fn record_mode_never_moves_a_weight() {
     ));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
-            let rows: Vec<Vec<u16>> = initial
-                .chunks_exact(shape.slots_per_layer())
-                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
-                .collect();
+            let rows = common::rank_rows(&shape, &initial, rank);
             let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let mut c = Controller::new(
                 shape,
@@ -470,8 +458,7 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
     // resume only when told to, and suspend again while rank 5 stays away.
     const DEAD: usize = 5;
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
     let planner = Arc::new(Planner::spawn(
         policy_for(PolicyKind::Default).unwrap(),
@@ -479,10 +466,7 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
     ));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
-            let rows: Vec<Vec<u16>> = initial
-                .chunks_exact(shape.slots_per_layer())
-                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
-                .collect();
+            let rows = common::rank_rows(&shape, &initial, rank);
             let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let mut cc = cfg(RunMode::Dynamic, HeatStage::All);
             cc.max_collective_failures = 3;
@@ -594,15 +578,11 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
         };
         let cfg = EplbConfig::from_json_str(&text, &env).unwrap();
         let shape = common::small_shape();
-        let mut initial = vec![0u16; shape.placement_len()];
-        Layout::Default.fill(&shape, &mut initial).unwrap();
+        let initial = common::default_layout(&shape);
         let world = HostWorld::new(R, Duration::from_millis(300));
         let threads: Vec<_> = (0..R)
             .map(|rank| {
-                let rows: Vec<Vec<u16>> = initial
-                    .chunks_exact(shape.slots_per_layer())
-                    .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
-                    .collect();
+                let rows = common::rank_rows(&shape, &initial, rank);
                 let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
                 let mut c = Controller::from_config(&cfg, &model, t).unwrap();
                 assert_eq!(*c.shape(), shape);
@@ -711,8 +691,7 @@ fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
     // yes and committed. Rank 3 keeps the exchange, learns at the next vote that its peers
     // committed, and commits too: every rank ends on one placement, and every slot holds it.
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
     let planner = Arc::new(Planner::spawn(
         policy_for(PolicyKind::Default).unwrap(),
@@ -720,10 +699,7 @@ fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
     ));
     let threads: Vec<_> = (0..R)
         .map(|rank| {
-            let rows: Vec<Vec<u16>> = initial
-                .chunks_exact(shape.slots_per_layer())
-                .map(|l| l[rank * 3..rank * 3 + 3].to_vec())
-                .collect();
+            let rows = common::rank_rows(&shape, &initial, rank);
             let t = OneSided {
                 inner: HostTransport::new(Arc::clone(&world), rank, &rows, BYTES),
                 fail: rank == 3,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eplb_core::{Layout, Shape};
+use eplb_core::Shape;
 use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PlanRequest, Planner};
 use eplb_runtime::policies::policy_for;
@@ -33,8 +33,7 @@ fn a_host_world_with_duration_max_runs_collectives() {
 fn the_planner_waits_with_duration_max() {
     let shape = Shape::new(1, 4, 2, 2).unwrap();
     let planner = Planner::spawn(policy_for(PolicyKind::Default).unwrap(), shape);
-    let mut current = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut current).unwrap();
+    let current = common::default_layout(&shape);
     planner.submit(PlanRequest {
         cycle: 1,
         current,
@@ -69,8 +68,7 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
         .unwrap()
         .topology(8, 8)
         .unwrap();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let req = |current: Vec<u16>| PlanRequest {
         cycle: 1,
         current,

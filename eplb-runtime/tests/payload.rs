@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
+use eplb_core::{HeatStage, ReplicaChoice, Shape, StageClassifier};
 use eplb_policies::PolicyKind;
 use eplb_runtime::controller::{Controller, ControllerConfig, RunMode};
 use eplb_runtime::deployment::QuantType;
@@ -289,8 +289,7 @@ fn check_tensors(c: &Controller<HostTransport>, payload: &ExpertPayload) -> usiz
 /// tensors checked) of rank 0.
 fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64, usize) {
     let shape = common::small_shape();
-    let mut initial = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut initial).unwrap();
+    let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_secs(5));
     let planner = Arc::new(Planner::spawn(policy_for(kind).unwrap(), shape));
     let cfg = ControllerConfig {
@@ -305,11 +304,7 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
     };
     let threads: Vec<_> = (0..R)
         .map(|rank| {
-            let s = shape.slots_per_rank();
-            let rows: Vec<Vec<u16>> = initial
-                .chunks_exact(shape.slots_per_layer())
-                .map(|l| l[rank * s..(rank + 1) * s].to_vec())
-                .collect();
+            let rows = common::rank_rows(&shape, &initial, rank);
             let transport = HostTransport::with_payload(Arc::clone(&world), rank, &rows, payload);
             assert_eq!(transport.expert_bytes(), payload.total_bytes());
             assert_eq!(transport.payload(), Some(payload));

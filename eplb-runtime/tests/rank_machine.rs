@@ -3,7 +3,7 @@
 
 mod common;
 
-use eplb_core::{HeatStage, Layout, Phase, Placement, Shape, StageClassifier};
+use eplb_core::{HeatStage, Phase, Placement, Shape, StageClassifier};
 use eplb_runtime::controller::RunMode;
 use eplb_runtime::rank::{Action, Health, MachineConfig, RankMachine};
 
@@ -47,8 +47,7 @@ enum Posted {
 impl Cluster {
     fn new(plan: PlanFn) -> Self {
         let shape = common::small_shape();
-        let mut p = vec![0u16; shape.placement_len()];
-        Layout::Default.fill(&shape, &mut p).unwrap();
+        let p = common::default_layout(&shape);
         let machines = (0..shape.ranks())
             .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
             .collect();
@@ -298,8 +297,7 @@ fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let shape = common::small_shape();
-    let mut p = vec![0u16; shape.placement_len()];
-    Layout::Default.fill(&shape, &mut p).unwrap();
+    let p = common::default_layout(&shape);
     assert!(RankMachine::new(shape, 8, &p, cfg()).is_err());
     assert!(RankMachine::new(shape, 0, &p[1..], cfg()).is_err());
     let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();

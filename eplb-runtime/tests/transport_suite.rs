@@ -5,10 +5,12 @@
 //! commit.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use eplb_core::{Layout, Shape};
+use eplb_core::Shape;
 use eplb_runtime::transfer::plan_layer;
 use eplb_runtime::transport::Transport;
 use eplb_runtime::transport::host::{HostTransport, HostWorld, canonical_expert_bytes};
@@ -59,19 +61,12 @@ impl Case {
     }
 
     fn initial(&self) -> Vec<u16> {
-        let shape = self.shape();
-        let mut p = vec![0u16; shape.placement_len()];
-        Layout::Default.fill(&shape, &mut p).unwrap();
-        p
+        common::default_layout(&self.shape())
     }
 
     /// `[L][S]` rows of `rank` in `placement`.
     fn rows(&self, placement: &[u16], rank: usize) -> Vec<Vec<u16>> {
-        let s = usize::from(self.slots);
-        placement
-            .chunks_exact(usize::from(self.ranks) * s)
-            .map(|l| l[rank * s..(rank + 1) * s].to_vec())
-            .collect()
+        common::rank_rows(&self.shape(), placement, rank)
     }
 
     /// A sequence of valid placements: each step swaps experts between ranks, re-points

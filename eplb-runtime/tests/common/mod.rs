@@ -120,6 +120,22 @@ pub fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// The default layout of `shape`.
+pub fn default_layout(shape: &Shape) -> Vec<u16> {
+    let mut p = vec![0u16; shape.placement_len()];
+    eplb_core::Layout::Default.fill(shape, &mut p).unwrap();
+    p
+}
+
+/// Rank `rank`'s rows of `placement`, one per layer (`[L][S]`).
+pub fn rank_rows(shape: &Shape, placement: &[u16], rank: usize) -> Vec<Vec<u16>> {
+    let s = shape.slots_per_rank();
+    placement
+        .chunks_exact(shape.slots_per_layer())
+        .map(|l| l[rank * s..(rank + 1) * s].to_vec())
+        .collect()
+}
+
 /// The small cluster shape of the end-to-end tests: 4 layers, 16 experts, 8 ranks x 3 slots.
 pub fn small_shape() -> Shape {
     Shape::new(4, 16, 8, 3).unwrap()
