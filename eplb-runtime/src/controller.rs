@@ -513,6 +513,16 @@ impl<T: Transport> Controller<T> {
         }
     }
 
+    /// All-gathers `words` (a digest or a vote, two words per rank) into `self.digests`,
+    /// logging a failure as `what` failed: whether every rank's words arrived.
+    fn gather_words(&mut self, words: &[u64], what: std::fmt::Arguments<'_>) -> bool {
+        let r = self.transport.all_gather(words, &mut self.digests);
+        if let Err(e) = &r {
+            log::error!("eplb rank {}: {what} failed: {e}", self.machine.rank());
+        }
+        r.is_ok()
+    }
+
     /// Executes the machine's actions until it has none.
     fn drive(&mut self) -> Result<(), ControllerError> {
         let rank = self.machine.rank();
@@ -536,28 +546,19 @@ impl<T: Transport> Controller<T> {
                     self.machine.handle_agreed(r.ok());
                 }
                 Action::AgreeDigest { digest } => {
-                    let r = self.transport.all_gather(&digest, &mut self.digests);
-                    if let Err(e) = &r {
-                        log::error!("eplb rank {rank}: digest agreement failed: {e}");
-                    }
-                    let all = r.is_ok().then_some(self.digests.as_slice());
-                    self.machine.handle_digests(all);
+                    let ok = self.gather_words(&digest, format_args!("digest agreement"));
+                    self.machine
+                        .handle_digests(ok.then_some(self.digests.as_slice()));
                 }
                 Action::VoteLayer { layer, words } => {
-                    let r = self.transport.all_gather(&words, &mut self.digests);
-                    if let Err(e) = &r {
-                        log::error!("eplb rank {rank}: layer {layer} vote failed: {e}");
-                    }
-                    let all = r.is_ok().then_some(self.digests.as_slice());
-                    self.machine.handle_votes(all);
+                    let ok = self.gather_words(&words, format_args!("layer {layer} vote"));
+                    self.machine
+                        .handle_votes(ok.then_some(self.digests.as_slice()));
                 }
                 Action::AgreePlacement { digest } => {
-                    let r = self.transport.all_gather(&digest, &mut self.digests);
-                    if let Err(e) = &r {
-                        log::error!("eplb rank {rank}: placement check failed: {e}");
-                    }
-                    let all = r.is_ok().then_some(self.digests.as_slice());
-                    self.machine.handle_placements(all);
+                    let ok = self.gather_words(&digest, format_args!("placement check"));
+                    self.machine
+                        .handle_placements(ok.then_some(self.digests.as_slice()));
                 }
                 Action::Settle {
                     cycle,

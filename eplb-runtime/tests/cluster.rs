@@ -124,6 +124,14 @@ fn run(
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
+/// A planner thread running the default policy on `shape`.
+fn default_planner(shape: Shape) -> Arc<Planner> {
+    Arc::new(Planner::spawn(
+        policy_for(PolicyKind::Default).unwrap(),
+        shape,
+    ))
+}
+
 fn assert_agree(out: &[Outcome]) {
     for o in &out[1..] {
         assert_eq!(
@@ -254,10 +262,7 @@ fn filter_that_never_matches_never_plans() {
     let one_initial = common::default_layout(&one);
     let rows = common::rank_rows(&one, &one_initial, 0);
     let t = HostTransport::new(world, 0, &rows, BYTES);
-    let planner = Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        one,
-    ));
+    let planner = default_planner(one);
     let mut config = cfg(RunMode::Dynamic, HeatStage::Prefill);
     config.classifier = StageClassifier::new(1_000_000, 0);
     let mut c = Controller::new(one, one_initial, config, t, Arc::clone(&planner)).unwrap();
@@ -276,10 +281,7 @@ fn record_mode_never_moves_a_weight() {
     let shape = common::small_shape();
     let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
-    let planner = Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        shape,
-    ));
+    let planner = default_planner(shape);
     let threads: Vec<_> = (0..R)
         .map(|rank| {
             let rows = common::rank_rows(&shape, &initial, rank);
@@ -460,10 +462,7 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
     let shape = common::small_shape();
     let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
-    let planner = Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        shape,
-    ));
+    let planner = default_planner(shape);
     let threads: Vec<_> = (0..R)
         .map(|rank| {
             let rows = common::rank_rows(&shape, &initial, rank);
@@ -693,10 +692,7 @@ fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
     let shape = common::small_shape();
     let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(300));
-    let planner = Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        shape,
-    ));
+    let planner = default_planner(shape);
     let threads: Vec<_> = (0..R)
         .map(|rank| {
             let rows = common::rank_rows(&shape, &initial, rank);
