@@ -135,6 +135,7 @@ use crate::{Error, Input, Policy, PolicyKind};
 
 mod construct;
 mod estimate;
+mod partners;
 mod routing;
 mod search;
 #[cfg(test)]
@@ -144,6 +145,7 @@ mod work;
 
 use construct::construct;
 use estimate::{estimate, workload_spread};
+use partners::{gather, refresh, stale_after, stale_all};
 use routing::*;
 use search::*;
 use variance::*;

@@ -112,6 +112,7 @@ fn descend(
     let ranks = w.rr;
     // Each accepted move lowers the sorted value vector; the cap is a safety net.
     let mut first = true;
+    stale_all(w);
     for _ in 0..4 * r * s {
         sort_ranks(w, first);
         first = false;
@@ -134,7 +135,8 @@ fn descend(
             fetched,
         };
         w.cp.fill(f64::NAN);
-        partner_table(w, row, &st);
+        refresh(w, row, st.mw, zp);
+        gather(w, row, &st);
         let (slots, ns) = movers_by_load(w, row, hp, s);
         let movers = slots.get(..ns.min(p.movers.max(1))).unwrap_or(&[]);
         let Some(best) = best_move(w, row, p, &st, movers) else {
@@ -149,31 +151,31 @@ fn descend(
 
 /// What a step knows: the layer's sizes and budget, and the heaviest rank `hp`.
 #[derive(Clone, Copy)]
-struct Step<'r> {
+pub(super) struct Step<'r> {
     /// The rank count and its tabulated shares (a copy of `w.rr`, borrowed: the phases ask
     /// for shares while they change `w`).
-    rr: &'r Ranks,
+    pub(super) rr: &'r Ranks,
     /// Slots per rank.
-    s: usize,
+    pub(super) s: usize,
     /// Bitset words per expert.
-    mw: usize,
+    pub(super) mw: usize,
     /// The lightest ranks tried as partners.
-    partners: usize,
+    pub(super) partners: usize,
     /// The heaviest rank, its value, its load and the sum of its squared centered loads.
-    hp: usize,
-    lp: f64,
-    lp_mu: f64,
-    syy_p: f64,
+    pub(super) hp: usize,
+    pub(super) lp: f64,
+    pub(super) lp_mu: f64,
+    pub(super) syy_p: f64,
     /// The least gain per fetch a move must bring (`min_gain` times the mean rank load).
-    floor_gain: f64,
+    pub(super) floor_gain: f64,
     /// The mean rank load.
-    mean: f64,
+    pub(super) mean: f64,
     /// `z^2 / (T - 1)`, and its root: the spread term per unit of centered-load norm.
-    kz: f64,
-    zp: f64,
+    pub(super) kz: f64,
+    pub(super) zp: f64,
     /// The layer's fetch budget and the fetches taken so far.
-    budget: usize,
-    fetched: usize,
+    pub(super) budget: usize,
+    pub(super) fetched: usize,
 }
 
 /// Phase 1, once per layer: the holder bitsets and copy counts of `row`, the rank loads and
@@ -248,188 +250,6 @@ fn layer_state(shape: &Shape, z: f64, w: &mut Work<'_>, row: &[u16]) -> Option<f
     }
     Some(mean)
 }
-
-/// Phase 2, once per step: the per-expert tables of the other holders' effect reset; for each
-/// partner slot, the expert's share on its rank and the slot filter's terms; per partner, its
-/// largest slot loads and the least load any of its experts would bring to the heaviest rank.
-fn partner_table(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
-    let Step {
-        s,
-        mw,
-        partners,
-        hp,
-        lp,
-        floor_gain,
-        zp,
-        ..
-    } = *st;
-    let rr = st.rr;
-    let group = grouped(s);
-
-    // The partners' slots, once per step: each expert's share on its rank, the rank's
-    // largest slot load (of any expert, and of one with another copy), and the least load
-    // any of its experts would bring to p. The other holders' effects are tabulated per
-    // expert: their loads when the expert leaves a holder for every expert at once (the
-    // filter needs them), the rest on demand.
-    let mut off = 0u32;
-    for (h, &c) in w.hoff.iter_mut().zip(w.copies.iter()) {
-        *h = off;
-        off = off.saturating_add(u32::from(c));
-    }
-    w.built.fill(0);
-    // Each slot's index among its expert's holders, counting over the ranks in order (a rank
-    // counts once per expert).
-    w.cnt.fill(0);
-    w.last.fill(0);
-    for (k, (&e, pos)) in row.iter().zip(w.spos.iter_mut()).enumerate() {
-        let (e, tag) = (usize::from(e), (k / s + 1) as u16);
-        if let (Some(c), Some(l)) = (w.cnt.get_mut(e), w.last.get_mut(e)) {
-            if *l != tag {
-                *l = tag;
-                let o = w.hoff.get(e).map_or(0, |&o| o as usize);
-                if let Some(h) = w.hrank.get_mut(o + usize::from(*c)) {
-                    *h = tag - 1;
-                }
-                *c += 1;
-            }
-            *pos = *c - 1;
-        }
-    }
-    w.leave_loads(hp);
-    for qi in 0..partners {
-        let q = usize::from(w.order.get(qi).copied().unwrap_or(0));
-        let lq = w.load.get(q).copied().unwrap_or(0.0);
-        let (mut pmax, mut prep, mut pmin) = (f64::MIN, f64::MIN, f64::MAX);
-        // The least of each filter term over the partner's slots.
-        let mut least = [f64::INFINITY; TERMS];
-        let mut prep_strict = f64::MIN;
-        for j in 0..s {
-            let slot = qi * s + j;
-            let b = usize::from(row.get(q * s + j).copied().unwrap_or(0));
-            let wb = w.est.get(b).copied().unwrap_or(0.0);
-            let cb = usize::from(w.copies.get(b).copied().unwrap_or(1)).max(1);
-            let jb = usize::from(w.spos.get(q * s + j).copied().unwrap_or(0));
-            let sh = share(rr, cb, jb);
-            #[cfg(test)]
-            assert_eq!(sh.to_bits(), share_of(w.mask, mw, rr, b, q).to_bits());
-            let give = sh * wb;
-            pmax = pmax.max(give);
-            // The other holders of b when it leaves q: their largest new load. With a
-            // single copy of a no rank but p holds a, so that load bounds every replicate
-            // over this slot, and a slot it rules out is no target.
-            let rmu = if cb >= 2 {
-                let o = w.hoff.get(b).map_or(0, |&o| o as usize);
-                let x = w.lv_mu.get(o + jb).copied().unwrap_or(f64::MAX);
-                #[cfg(test)]
-                assert_eq!(
-                    x.to_bits(),
-                    w.effect(mw, Shift::Leave, b, (hp, q, jb), 0.0, false)
-                        .to_bits()
-                );
-                x
-            } else {
-                f64::MAX
-            };
-            if cb >= 2 {
-                prep = prep.max(give);
-                if rmu < lp - floor_gain {
-                    prep_strict = prep_strict.max(give);
-                }
-            }
-            // The least load b brings to another rank (as its last holder).
-            let m = wb * share(rr, cb, cb - 1);
-            pmin = pmin.min(m);
-            if let Some(x) = w.psh.get_mut(slot) {
-                *x = sh;
-            }
-            let nu = w.nu_of(q, b, q * s + j, sh);
-            let nxb = w.nx.get(b).copied().unwrap_or(0.0);
-            let u = lq - give;
-            let terms: [f64; TERMS] = [
-                u,
-                if cb >= 2 { u } else { f64::INFINITY },
-                if cb >= 2 && holds(w.mask, mw, b, hp) {
-                    u
-                } else {
-                    f64::INFINITY
-                },
-                u + zp * nu,
-                m,
-                m - zp * share(rr, cb, 0) * nxb,
-                rmu,
-            ];
-            for (buf, &v) in filter_terms(w).into_iter().zip(&terms) {
-                if let Some(x) = buf.get_mut(slot) {
-                    *x = v;
-                }
-            }
-            if group {
-                for (t, &v) in least.iter_mut().zip(&terms) {
-                    *t = t.min(v);
-                }
-            }
-        }
-        for (buf, v) in [
-            (&mut *w.pmax, pmax),
-            (&mut *w.prep, prep),
-            (&mut *w.prep_strict, prep_strict),
-            (&mut *w.pminp, pmin),
-        ] {
-            if let Some(x) = buf.get_mut(qi) {
-                *x = v;
-            }
-        }
-        if group && let Some(g) = w.g_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
-            g.copy_from_slice(&least);
-        }
-    }
-    // And over the partners from each on, so the filter stops at the first partner from which
-    // no slot can pass.
-    if !group {
-        return;
-    }
-    let mut least = [f64::INFINITY; TERMS];
-    for qi in (0..partners).rev() {
-        let g = w.g_least.get(qi * TERMS..(qi + 1) * TERMS).unwrap_or(&[]);
-        for (t, &x) in least.iter_mut().zip(g) {
-            *t = t.min(x);
-        }
-        if let Some(x) = w.s_least.get_mut(qi * TERMS..(qi + 1) * TERMS) {
-            x.copy_from_slice(&least);
-        }
-    }
-}
-
-/// Whether the slot filter checks each partner's least terms before its slots: a partner's
-/// check costs about as much as five slots' (on the cold EP calls it lost time at `S <= 5` and
-/// gained at `S = 9`).
-fn grouped(s: usize) -> bool {
-    s >= 6
-}
-
-/// The filter terms per partner slot, in the order of `g_least` (`T_*`).
-fn filter_terms<'w>(w: &'w mut Work<'_>) -> [&'w mut [f64]; TERMS] {
-    [
-        &mut *w.f_u,
-        &mut *w.f_rep,
-        &mut *w.f_rep_onp,
-        &mut *w.f_rho,
-        &mut *w.f_m,
-        &mut *w.f_kap,
-        &mut *w.rep_mu,
-    ]
-}
-
-/// The filter terms (`g_least`, `s_least`): `f_u`, `f_rep`, `f_rep_onp`, `f_rho`, `f_m`,
-/// `f_kap`, `rep_mu`.
-pub(super) const TERMS: usize = 7;
-const T_U: usize = 0;
-const T_REP: usize = 1;
-const T_REP_ONP: usize = 2;
-const T_RHO: usize = 3;
-const T_M: usize = 4;
-const T_KAP: usize = 5;
-const T_RMU: usize = 6;
 
 /// Phase 3: the heaviest rank's slots by expert load, heaviest first (the first `S`, at
 /// most 64, entries).
@@ -614,37 +434,20 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
     // A replicate leaves p at its value after the replicate on the partner's
     // side, unless the slot's expert is on p too.
     let vp_min = rep_p.iter().fold(f64::INFINITY, |m, x| m.min(x.2));
-    let (rep_src, t_rep) = if vp_min < bar1 + slack {
-        (&*w.f_rep, T_REP)
+    let rep_src = if vp_min < bar1 + slack {
+        &*w.f_rep
     } else {
-        (&*w.f_rep_onp, T_REP_ONP)
+        &*w.f_rep_onp
     };
+    fn part(t: &[f64], at: core::ops::Range<usize>) -> &[f64] {
+        t.get(at).unwrap_or(&[])
+    }
+    // Two passes per 64 slots: the tests, branch-free into a bitset (the compiler vectorizes
+    // it), then the passing slots, by their set bits.
     let mut n_s = 0usize;
-    // A slot passes only if each term of a kind of move is below its threshold, so only if
-    // the least terms over the slots do: with enough slots per partner, a partner whose least
-    // terms do not is skipped whole, and the pass stops at the first partner from which no
-    // partner's do. Otherwise the slots are one group.
-    let may_pass = |g: &[f64]| {
-        let at = |k: usize| g.get(k).copied().unwrap_or(f64::INFINITY);
-        let swap = (at(T_M) < t_m) & (at(T_KAP) < t_kap) & (at(T_U) < t_u) & (at(T_RHO) < t_rho);
-        let rep = (at(t_rep) < r_u) & (at(T_RHO) < r_rho) & (at(T_RMU) < r_mu);
-        swap | rep
-    };
-    let (groups, size) = if grouped(s) { (partners, s) } else { (1, len) };
-    for g in 0..groups {
-        if groups > 1 {
-            let least = g * TERMS..(g + 1) * TERMS;
-            if !may_pass(w.s_least.get(least.clone()).unwrap_or(&[])) {
-                break;
-            }
-            if !may_pass(w.g_least.get(least).unwrap_or(&[])) {
-                continue;
-            }
-        }
-        fn part(t: &[f64], g: usize, size: usize) -> &[f64] {
-            t.get(g * size..(g + 1) * size).unwrap_or(&[])
-        }
-        let part = |t| part(t, g, size);
+    for base in (0..len).step_by(64) {
+        let at = base..len.min(base + 64);
+        let part = |t| part(t, at.clone());
         let terms = part(w.f_u)
             .iter()
             .zip(part(rep_src))
@@ -652,15 +455,19 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
             .zip(part(w.f_m))
             .zip(part(w.f_kap))
             .zip(part(w.rep_mu));
-        // Branch-free: every slot is written, and the count moves on when it passes
-        // (`surv` has room for one more than the slots).
-        for (k, (((((&u, &ur), &rho), &m), &kap), &rmu)) in (g * size..).zip(terms) {
+        let mut bits = 0u64;
+        for (i, (((((&u, &ur), &rho), &m), &kap), &rmu)) in terms.enumerate() {
             let swap = (m < t_m) & (kap < t_kap) & (u < t_u) & (rho < t_rho);
             let rep = (ur < r_u) & (rho < r_rho) & (rmu < r_mu);
+            bits |= u64::from(swap | rep) << i;
+        }
+        while bits != 0 {
+            let k = base + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
             if let Some(x) = w.surv.get_mut(n_s) {
                 *x = k as u32;
             }
-            n_s += usize::from(swap | rep);
+            n_s += 1;
         }
     }
     n_s.min(len)
@@ -937,6 +744,7 @@ fn apply(w: &mut Work<'_>, row: &mut [u16], z: f64, st: &Step<'_>, c: Candidate)
     if let Some(x) = row.get_mut(q * s + j) {
         *x = a as u16;
     }
+    stale_after(w, row, mw, (a, b), nt);
     true
 }
 

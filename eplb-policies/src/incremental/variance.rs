@@ -145,62 +145,73 @@ impl<'a> Work<'a> {
         x
     }
 
-    /// Fills the `Leave` load table of [`Work::effect`] for every expert with two copies or
-    /// more, as [`Work::sweep`] does, from the holders in `hrank` (set per step with `hoff`):
-    /// each share is looked up once, and one pass forward takes both of a holder's effects
-    /// (the partner above it: its share among `d - 1` at its index; below it: at the index
-    /// before), the prefix maximum of the first and the second kept in `hb` for the suffix
-    /// maximum on the way back.
-    pub(super) fn leave_loads(&mut self, hp: usize) {
-        let rr = &self.rr;
-        for (e, (&o, &c)) in self.hoff.iter().zip(self.copies.iter()).enumerate() {
-            let d = usize::from(c).min(usize::from(self.cnt.get(e).copied().unwrap_or(0)));
-            if d < 2 {
-                continue;
-            }
-            let o = o as usize;
-            let we = self.est.get(e).copied().unwrap_or(0.0);
-            let load = &*self.load;
-            let moved = |rank: usize, ds: f64| {
-                if rank == hp || ds == 0.0 {
-                    f64::MIN
-                } else {
-                    load.get(rank).copied().unwrap_or(0.0) + we * ds
+    /// The holders of expert `e` in rank order, into `hr[..d]`, and with `d >= 2` holders the
+    /// other holders' largest new load when `e` leaves each of them, into `hv[..d]`, leaving out
+    /// the rank `skip` (the step's heaviest rank, or `usize::MAX`) and the holders whose share
+    /// does not change (`f64::MIN` where none is left); returns `d`. One pass forward takes
+    /// both of a holder's effects (the leaving holder above it: its share among `d - 1` at its
+    /// index; below it: at the index before), the prefix maximum of the first in `hv` and the
+    /// second in `hb` for the suffix maximum on the way back: `O(d)` for every holder at once.
+    pub(super) fn leave_sweep(&mut self, mw: usize, e: usize, skip: usize) -> usize {
+        let words = self.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+        let mut d = 0;
+        for (wi, &m) in words.iter().enumerate() {
+            let mut bits = m;
+            while bits != 0 {
+                let rank = wi * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if let Some(x) = self.hr.get_mut(d) {
+                    *x = rank as u16;
                 }
-            };
-            let (Some(ranks), Some(out)) = (self.hrank.get(o..o + d), self.lv_mu.get_mut(o..o + d))
-            else {
-                continue;
-            };
-            let (mut run, mut s_new_before) = (f64::MIN, 0.0);
-            for (j, ((&rank, x), h)) in ranks
-                .iter()
-                .zip(out.iter_mut())
-                .zip(self.hb.iter_mut())
-                .enumerate()
-            {
-                let rank = usize::from(rank);
-                let (s_old, s_new) = (share(rr, d, j), share(rr, d - 1, j));
-                *x = run;
-                if j + 1 < d {
-                    run = run.max(moved(rank, s_new - s_old));
-                }
-                if j > 0 {
-                    *h = moved(rank, s_new_before - s_old);
-                }
-                s_new_before = s_new;
-            }
-            let mut run = f64::MIN;
-            for (j, (x, &h)) in out.iter_mut().zip(self.hb.iter()).enumerate().rev() {
-                *x = x.max(run);
-                if j > 0 {
-                    run = run.max(h);
-                }
-            }
-            if let Some(f) = self.built.get_mut(e) {
-                *f |= 1;
+                d += 1;
             }
         }
+        if d < 2 {
+            return d;
+        }
+        let rr = &self.rr;
+        let we = self.est.get(e).copied().unwrap_or(0.0);
+        let load = &*self.load;
+        let moved = |rank: usize, ds: f64| {
+            if rank == skip || ds == 0.0 {
+                f64::MIN
+            } else {
+                load.get(rank).copied().unwrap_or(0.0) + we * ds
+            }
+        };
+        let (mut run, mut s_new_before) = (f64::MIN, 0.0);
+        let holders = self
+            .hr
+            .iter()
+            .zip(self.hv.iter_mut())
+            .zip(self.hb.iter_mut());
+        for (j, ((&rank, x), h)) in holders.take(d).enumerate() {
+            let rank = usize::from(rank);
+            let (s_old, s_new) = (share(rr, d, j), share(rr, d - 1, j));
+            *x = run;
+            if j + 1 < d {
+                run = run.max(moved(rank, s_new - s_old));
+            }
+            if j > 0 {
+                *h = moved(rank, s_new_before - s_old);
+            }
+            s_new_before = s_new;
+        }
+        let mut run = f64::MIN;
+        for (j, (x, &h)) in self
+            .hv
+            .iter_mut()
+            .zip(self.hb.iter())
+            .take(d)
+            .enumerate()
+            .rev()
+        {
+            *x = x.max(run);
+            if j > 0 {
+                run = run.max(h);
+            }
+        }
+        d
     }
 
     /// The table `k` (load, value; leave or to-p for the partner's experts, join or from-p

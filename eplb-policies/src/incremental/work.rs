@@ -86,8 +86,10 @@ work! {
         nu: f64 = f64s(r * s),
         /// Per expert, the norm of its centered samples, `sqrt(gd)`.
         nx: f64 = f64s(n),
-        /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
+        /// Per step: the share of each partner slot's expert on its rank and the load it gives
+        /// (`[partners][S]`).
         psh: f64 = f64s(r * s),
+        pgive: f64 = f64s(r * s),
         /// Per step: each partner's largest slot load (`[partners]`).
         pmax: f64 = f64s(r),
         /// Per step: each partner's largest load in a slot whose expert has another copy
@@ -113,15 +115,37 @@ work! {
         f_rho: f64 = f64s(r * s),
         f_m: f64 = f64s(r * s),
         f_kap: f64 = f64s(r * s),
-        /// Per step, per slot `[R][S]`, the index of its rank among the holders of its expert
-        /// (in rank order), counted over the ranks with `cnt` and `last` (per expert, the
-        /// holders counted so far and the last rank counted, plus one).
+        /// Per slot `[R][S]`, kept across the steps of a layer (`partners.rs`): the index of
+        /// its rank among the holders of its expert (in rank order), the expert's share on the
+        /// rank and the load it gives, the rank's load without it (`k_u`) and that plus the
+        /// triangle bound on its spread (`k_rho`), the least load the expert brings to another
+        /// rank (`k_m`) and that minus the most spread it can take off it (`k_kap`), and the
+        /// other holders' largest new load when it leaves (`k_rmu`; `f64::MAX` without other
+        /// holders).
         spos: u16 = u16s(r * s),
-        cnt: u16 = u16s(n),
-        last: u16 = u16s(n),
-        /// Per step, the holders of each expert in rank order (`hoff[e] + j`), and scratch of
-        /// one expert's holders (`[R]`) for [`Work::leave_loads`].
-        hrank: u16 = u16s(r * s),
+        k_sh: f64 = f64s(r * s),
+        k_give: f64 = f64s(r * s),
+        k_u: f64 = f64s(r * s),
+        /// `k_u` where the slot's expert has another copy, infinity elsewhere.
+        k_rep: f64 = f64s(r * s),
+        k_rho: f64 = f64s(r * s),
+        k_m: f64 = f64s(r * s),
+        k_kap: f64 = f64s(r * s),
+        k_rmu: f64 = f64s(r * s),
+        /// Per rank, kept likewise: its largest slot load, its largest in a slot whose expert
+        /// has another copy, and the least load any of its experts brings to another rank.
+        q_pmax: f64 = f64s(r),
+        q_prep: f64 = f64s(r),
+        q_pmin: f64 = f64s(r),
+        /// The ranks and the experts whose entries a move made stale (nonzero).
+        kdirty: u16 = u16s(r),
+        edirty: u16 = u16s(n),
+        /// Per step, each rank's position among the partners (`u16::MAX` for none).
+        opos: u16 = u16s(r),
+        /// Scratch of one expert's holders (`[R]`) for [`Work::leave_sweep`]: their ranks, their
+        /// leave loads, and the effect on each of a holder below it leaving.
+        hr: u16 = u16s(r),
+        hv: f64 = f64s(r),
         hb: f64 = f64s(r),
         /// Per mover, per rank, the mover's holders below the rank.
         abl: u16 = u16s(r),
@@ -143,10 +167,6 @@ work! {
         jn_val: f64 = f64s(r + 1),
         fp_mu: f64 = f64s(r + 1),
         fp_val: f64 = f64s(r + 1),
-        /// Per step, per partner `[partners][TERMS]`, the least of each filter term over its slots
-        /// (`g_least`), and over the slots of it and every later partner (`s_least`).
-        g_least: f64 = f64s(TERMS * r),
-        s_least: f64 = f64s(TERMS * r),
         /// Per mover, the partner slots that pass the filter, in partner order.
         surv: u32 = u32s(r * s + 1),
         /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
