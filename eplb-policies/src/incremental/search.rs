@@ -354,11 +354,12 @@ fn best_move(
         let nsurv = filter_slots(w, st, &m, need_of(&best));
         let mut si = 0usize;
         while si < nsurv {
-            let qi = w.surv.get(si).map_or(0, |&k| k as usize) / s;
+            let qi = w.surv.get(si).map_or(0, |&k| k >> 16);
             let group = si;
-            while si < nsurv && w.surv.get(si).map_or(0, |&k| k as usize) / s == qi {
+            while si < nsurv && w.surv.get(si).map_or(0, |&k| k >> 16) == qi {
                 si += 1;
             }
+            let qi = qi as usize;
             let Some(&q) = w.order.get(qi) else { break };
             let q = usize::from(q);
             partner_moves(w, row, p, st, &m, (qi, q, group, si), &mut best);
@@ -391,7 +392,8 @@ struct Mover {
 }
 
 /// The slot filter of one mover: writes to `w.surv` the partner slots that may beat the bar of
-/// a move gaining `need` per fetch, in partner order, and returns their count.
+/// a move gaining `need` per fetch, in partner order (the partner's position in the high 16
+/// bits, the slot in the low 16), and returns their count.
 fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize {
     let Step {
         s,
@@ -465,7 +467,8 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
             let k = base + bits.trailing_zeros() as usize;
             bits &= bits - 1;
             if let Some(x) = w.surv.get_mut(n_s) {
-                *x = k as u32;
+                let qi = k / s;
+                *x = ((qi as u32) << 16) | (k - qi * s) as u32;
             }
             n_s += 1;
         }
@@ -552,7 +555,7 @@ fn partner_moves(
     let (mut oa_rep_mu, mut oa_rep_val) = (none, none);
     let (mut oa_swap_mu, mut oa_swap_val) = (none, none);
     for js in group..si {
-        let j = w.surv.get(js).map_or(0, |&k| k as usize) % s;
+        let j = w.surv.get(js).map_or(0, |&k| (k & 0xffff) as usize);
         let Some(&b) = row.get(q * s + j) else { break };
         let b = usize::from(b);
         if b == a {

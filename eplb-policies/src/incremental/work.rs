@@ -167,7 +167,7 @@ work! {
         jn_val: f64 = f64s(r + 1),
         fp_mu: f64 = f64s(r + 1),
         fp_val: f64 = f64s(r + 1),
-        /// Per mover, the partner slots that pass the filter, in partner order.
+        /// Per mover, the partner slots that pass the filter, in partner order (`qi << 16 | j`).
         surv: u32 = u32s(r * s + 1),
         /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
         mask: u64 = words(n * mw),
