@@ -77,28 +77,33 @@
 //! per step and expert, for every position of the partner among its holders at once: a
 //! holder's new share depends on the partner only by whether the partner is below it, so a
 //! prefix and a suffix maximum over the holders give all positions in `O(d)` (`O(d T)` for
-//! the values), and a candidate reads them in `O(1)` instead of walking the `d` holders (each
-//! slot's index among its expert's holders is counted once per step, in one pass over the
-//! slots).
+//! the values), and a candidate reads them in `O(1)` instead of walking the `d` holders.
+//! The slot terms these checks and the filter below read (each slot's index among its
+//! expert's holders, its share and load, its rank's load and spread without it, the other
+//! holders' largest new load when it leaves) are kept per rank across the steps of a layer
+//! (`partners.rs`): a move changes the loads of the ranks it touches and the holders of its
+//! two experts, so only their slots and those of the experts with another copy on a touched
+//! rank are recomputed, and each step gathers the table in partner order, with the few
+//! entries that depend on the heaviest rank (its own experts' other holders) applied then.
 //! Before those checks, one branch-free pass per mover over the partner slots drops every slot
 //! that cannot beat the bar: on each side a move's value is bounded from below by the sum of a
 //! term of the mover and a term of the slot (the load it brings or leaves, and the triangle
 //! bound on the spread), so the pass compares four precomputed slot terms with four thresholds
-//! (three for a replicate). With six slots per partner or more, a partner is skipped whole
-//! when the least of each term over its slots already fails both kinds of move, and the pass
-//! stops at the first partner from which every partner's do (suffix minima, once per step).
+//! (three for a replicate), 64 slots at a time into a bitset (vectorized), and the checks
+//! visit the set bits.
 //! It only drops moves that the checks would reject, so the result is the same. The rank
 //! order is kept by insertion from the last step.
 //!
 //! **The bound.** With `B` the layer's fetch budget (`min(max_fetch_fraction R S,
 //! max_fetches)`), `K <= R - 1` partners, `M <= min(movers, S)` movers and `D <= R` the most
 //! copies of an expert, each accepted move fetches at least once, so a layer takes at most
-//! `min(4 R S, B + 1)` steps, each `O(R^2 + R S T + M K S D)` (the rank order, the tables of
-//! the other holders' effect, the partner table, the slot filter and the exact checks; only a
-//! candidate whose two experts share a third holder still walks the holders). One call is
-//! therefore `O(L (T N + min(4 R S, B + 1) (R^2 + R S T + M K S D)))`, or instead
+//! `min(4 R S, B + 1)` steps, each `O(R^2 + R S (S + T) + M K S D)` (the rank order, the
+//! tables of the other holders' effect, the partner table when a move leaves all of it stale,
+//! the slot filter and the exact checks; only a candidate whose two experts share a third
+//! holder still walks the holders). One call is therefore
+//! `O(L (T N + min(4 R S, B + 1) (R^2 + R S (S + T) + M K S D)))`, or instead
 //! `O(N log N + S^2 R^2)` for a layer the cold start rebuilds (`construct.rs`); at most
-//! `O(L (T N + 4 M R^4 S^2))` in the worst case, so the supported
+//! `O(L (T N + (R S)^2 (R S + T)))` in the worst case (`M <= S`, `K, D <= R`), so the supported
 //! range of [`crate::check_range`] (`R <= 2048`, `R S <= 4096`) is refused up front by
 //! [`crate::rebalance`] and [`crate::buffer_lens`] before any work. The typical cost is far
 //! below the worst case: the filter leaves few slots per mover and most experts have one copy,
@@ -110,7 +115,7 @@
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
 //! per-rank loads, sums and centered loads, per-slot caches and filter terms, the per-holder
 //! tables of the other holders' effect, and the cold start's counts, packed ranks and matching:
-//! `O(N (81 + R/64) + R (102 + 15 S))` words. State: a header, `L x N` estimates, `L` history
+//! `O(N (81 + R/64) + R (93 + 24 S))` words. State: a header, `L x N` estimates, `L` history
 //! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies

@@ -38,9 +38,10 @@ pub(super) struct Candidate {
 }
 
 /// The local search on one layer `row` (`[R][S]`), in place, in named phases: the layer's
-/// state ([`layer_state`]), then per step the rank order, the partner table
-/// ([`partner_table`]), the movers ([`movers_by_load`]), the best move ([`best_move`]) and
-/// its application ([`apply`]), until no move pays or the budget is spent ([`descend`]). A
+/// state ([`layer_state`]), then per step the rank order, the partner table (kept per rank and
+/// refreshed where the last move changed it, [`refresh`], then gathered in partner order,
+/// [`gather`]), the movers ([`movers_by_load`]), the best move ([`best_move`]) and its
+/// application ([`apply`]), until no move pays or the budget is spent ([`descend`]). A
 /// layer past `cold_start` times the mean is rebuilt instead ([`construct`]), and so is one
 /// the search leaves stalled far from balance when the rebuild is clearly better.
 pub(super) fn search(
