@@ -352,7 +352,13 @@ fn best_move(
         // sums of a term of a and a term of the slot (the loads, and the triangle
         // inequality on the spreads, on each side), so one pass over the slots drops the
         // ones that cannot beat the bar; the rest go through the checks below, in order.
+        let exempt = if ca >= 2 {
+            exempt_shared(w, row, st, a)
+        } else {
+            0
+        };
         let nsurv = filter_slots(w, st, &m, need_of(&best));
+        restore_exempt(w, exempt);
         let mut si = 0usize;
         while si < nsurv {
             let qi = w.surv.get(si).map_or(0, |&k| k >> 16);
@@ -390,6 +396,80 @@ struct Mover {
     nv: f64,
     /// `p`'s share change, load and value after a replicate of `a`, by the partner's side.
     rep_p: [(f64, f64, f64); 2],
+}
+
+/// A replicate over a spare copy of `b` leaves `b`'s other holders at their leave load
+/// (`rep_mu`), which must end below the bar, unless a rank holds `b` and the mover `a` both
+/// (the heaviest rank, or another holder of `a`): there `a`'s change may offset `b`'s, and the
+/// checks score the move whole. So for a mover with other copies, the slots of the experts on
+/// `a`'s holders get no leave-load term in the filter (`-inf`, their values saved in
+/// `w.ex_slot` / `w.ex_val`); returns how many were set aside.
+fn exempt_shared(w: &mut Work<'_>, row: &[u16], st: &Step<'_>, a: usize) -> usize {
+    let (s, mw, hp, partners) = (st.s, st.mw, st.hp, st.partners);
+    // Each expert once: a stamp per mover (the marks start cleared with each call's scratch,
+    // whatever the caller left in it).
+    if w.ex_stamp == 0 || w.ex_stamp == u32::MAX {
+        w.ex_mark.fill(0);
+        w.ex_stamp = 0;
+    }
+    w.ex_stamp += 1;
+    let mask = &*w.mask;
+    let ranks_of = |e: usize| {
+        let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+        words.iter().enumerate().flat_map(|(wi, &m)| {
+            let mut bits = m;
+            core::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    wi * 64 + b
+                })
+            })
+        })
+    };
+    let mut n = 0usize;
+    for h in ranks_of(a) {
+        for &e in row.get(h * s..(h + 1) * s).unwrap_or(&[]) {
+            let e = usize::from(e);
+            match w.ex_mark.get_mut(e) {
+                Some(x) if *x != w.ex_stamp => *x = w.ex_stamp,
+                _ => continue,
+            }
+            for g in ranks_of(e) {
+                let qi = usize::from(w.opos.get(g).copied().unwrap_or(u16::MAX));
+                let slots = row.get(g * s..(g + 1) * s).unwrap_or(&[]);
+                let Some(j) = slots.iter().position(|&x| usize::from(x) == e) else {
+                    continue;
+                };
+                if g == hp || qi >= partners {
+                    continue;
+                }
+                let slot = qi * s + j;
+                if let (Some(x), Some(ks), Some(kv)) = (
+                    w.rep_mu.get_mut(slot),
+                    w.ex_slot.get_mut(n),
+                    w.ex_val.get_mut(n),
+                ) {
+                    (*ks, *kv) = (slot as u32, *x);
+                    *x = f64::NEG_INFINITY;
+                    n += 1;
+                }
+            }
+        }
+    }
+    n
+}
+
+/// Puts back the `n` leave loads [`exempt_shared`] set aside, last first.
+fn restore_exempt(w: &mut Work<'_>, n: usize) {
+    for k in (0..n).rev() {
+        let (Some(&slot), Some(&v)) = (w.ex_slot.get(k), w.ex_val.get(k)) else {
+            continue;
+        };
+        if let Some(x) = w.rep_mu.get_mut(slot as usize) {
+            *x = v;
+        }
+    }
 }
 
 /// The slot filter of one mover: writes to `w.surv` the partner slots that may beat the bar of
@@ -432,7 +512,7 @@ fn filter_slots(w: &mut Work<'_>, st: &Step<'_>, m: &Mover, need: f64) -> usize 
     let t_rho = bar2 - wa * a_min + zp * a_max * nxa + slack;
     let r_u = bar1 - wa * a_min_new + slack;
     let r_rho = bar1 - wa * a_min_new + zp * a_max_new * nxa + slack;
-    let r_mu = if ca >= 2 { f64::INFINITY } else { bar1 + slack };
+    let r_mu = bar1 + slack;
     let len = partners * s;
     // A replicate leaves p at its value after the replicate on the partner's
     // side, unless the slot's expert is on p too.

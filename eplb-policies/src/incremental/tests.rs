@@ -144,13 +144,16 @@ fn min_gain_is_the_gain_per_fetch_and_a_high_one_stops_every_move() {
 
 #[test]
 fn the_slot_filter_changes_no_placement() {
-    // Shapes with and without replicas, rank counts across one bitset word, one window and
-    // many.
+    // Shapes with and without replicas, with experts of two and three copies (whose spare
+    // copies share holders with the movers), rank counts across one bitset word, one window
+    // and many.
     let shapes = [
         (24, 4, 7, 10),
         (40, 8, 6, 6),
         (64, 16, 5, 10),
         (30, 70, 1, 3),
+        (16, 8, 5, 8),
+        (12, 6, 5, 6),
     ];
     for (k, &(n, r, s, t)) in shapes.iter().enumerate() {
         let shape = Shape::new(2, n, r, s).unwrap();
@@ -163,6 +166,72 @@ fn the_slot_filter_changes_no_placement() {
             assert_eq!(fast, full, "N {n} R {r} S {s} T {t} seed {seed}");
         }
     }
+}
+
+/// The loop's calls on the first `layers` layers of the shared `dsv3_drift_perm` series (R32
+/// X32, heat interval 10, one call per interval over `windows` windows), from the default
+/// layout, each call's output the next call's placement.
+fn drift_outputs(layers: usize, windows: usize) -> vec::Vec<u16> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/data/series/dsv3_drift_perm.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let series: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let counts = series["counts"].as_array().expect("counts");
+    let n = 256;
+    let shape = Shape::new(layers as u16, n as u16, 32, 9).unwrap();
+    let mut current = vec![0u16; shape.placement_len()];
+    eplb_core::Layout::Default
+        .fill(&shape, &mut current)
+        .unwrap();
+    let mut policy = Incremental::default();
+    let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+    let mut state = vec![0u64; policy.state_len(&shape)];
+    let mut all = vec::Vec::new();
+    for start in (0..windows).step_by(10) {
+        let mut samples = vec::Vec::with_capacity(10 * layers * n);
+        for window in &counts[start..start + 10] {
+            for layer in &window.as_array().expect("window")[..layers] {
+                samples.extend(
+                    layer
+                        .as_array()
+                        .expect("layer")
+                        .iter()
+                        .map(|x| x.as_f64().expect("count")),
+                );
+            }
+        }
+        let loads: vec::Vec<f64> = (0..layers * n)
+            .map(|i| (0..10).map(|t| samples[t * layers * n + i]).sum())
+            .collect();
+        let sm = crate::Samples::new(&shape, 10, &samples).unwrap();
+        let placement = eplb_core::Placement::new(shape, &current).unwrap();
+        let input = Input::new(placement, &loads, Some(sm), 1).unwrap();
+        let mut out = vec![0u16; shape.placement_len()];
+        policy
+            .place(&input, &mut scratch, &mut state, &mut out)
+            .unwrap();
+        all.extend_from_slice(&out);
+        current = out;
+    }
+    all
+}
+
+#[test]
+fn the_slot_filter_changes_no_placement_on_a_drifting_trace() {
+    // Real heat after a drift: spare copies whose other holders also hold the mover, where the
+    // filter must leave the replicate to the checks.
+    let fast = drift_outputs(6, 60);
+    UNFILTERED.with(|c| c.set(true));
+    let full = drift_outputs(6, 60);
+    UNFILTERED.with(|c| c.set(false));
+    let first = fast.iter().zip(&full).position(|(a, b)| a != b);
+    assert!(
+        first.is_none(),
+        "the filter changed slot {first:?} (of {} over the calls)",
+        full.len()
+    );
 }
 
 #[test]

@@ -167,6 +167,12 @@ work! {
         jn_val: f64 = f64s(r + 1),
         fp_mu: f64 = f64s(r + 1),
         fp_val: f64 = f64s(r + 1),
+        /// Per mover with other copies, the partner slots whose leave load the filter sets
+        /// aside and their values (each slot at most once), and per expert the mover that
+        /// last visited it (`ex_stamp`).
+        ex_slot: u32 = u32s(r * s),
+        ex_val: f64 = f64s(r * s),
+        ex_mark: u32 = u32s(n),
         /// Per mover, the partner slots that pass the filter, in partner order (`qi << 16 | j`).
         surv: u32 = u32s(r * s + 1),
         /// Per expert, the bitset of the ranks that hold it (`[N][mw]`).
@@ -219,5 +225,7 @@ work! {
         rr: Ranks = Ranks::new(shape.ranks()),
         /// Which of the mover's tables (`jn_*`, `fp_*`) the mover has built.
         a_built: u16 = 0,
+        /// The mover's stamp in `ex_mark`.
+        ex_stamp: u32 = 0,
     }
 }
