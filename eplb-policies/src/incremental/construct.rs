@@ -380,17 +380,11 @@ fn pack(w: &mut Work<'_>, r: usize, s: usize, stick: Option<(usize, f64)>) -> Op
                 // heaviest rank so far once it takes the copy: no fetch.
                 let ll = load.get(lightest).copied().unwrap_or(0.0);
                 let mut bar = (ll + tol).min(top.max(ll + ue) - ue);
-                let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
-                for (wi, &m) in words.iter().enumerate() {
-                    let mut bits = m;
-                    while bits != 0 {
-                        let h = wi * 64 + bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        let lh = load.get(h).copied().unwrap_or(f64::INFINITY);
-                        if pos.get(h).is_some_and(|&p| p != NONE) && lh < bar {
-                            bar = lh;
-                            q = h;
-                        }
+                for h in ranks_holding(w.mask, mw, e) {
+                    let lh = load.get(h).copied().unwrap_or(f64::INFINITY);
+                    if pos.get(h).is_some_and(|&p| p != NONE) && lh < bar {
+                        bar = lh;
+                        q = h;
                     }
                 }
             }
@@ -864,15 +858,9 @@ impl Match<'_> {
     fn holders(&self, t: usize, mut f: impl FnMut(usize) -> bool) -> Option<()> {
         for &e in self.tgt.get(t * self.s..(t + 1) * self.s)? {
             let e = usize::from(e);
-            let words = self.mask.get(e * self.mw..(e + 1) * self.mw)?;
-            for (wi, &m) in words.iter().enumerate() {
-                let mut bits = m;
-                while bits != 0 {
-                    let q = wi * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    if f(q) {
-                        return Some(());
-                    }
+            for q in ranks_holding(self.mask, self.mw, e) {
+                if f(q) {
+                    return Some(());
                 }
             }
         }

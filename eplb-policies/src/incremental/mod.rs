@@ -150,7 +150,7 @@ mod work;
 
 use construct::construct;
 use estimate::{estimate, workload_spread};
-use partners::{gather, refresh, stale_after, stale_all};
+use partners::{gather, refresh, slot_of, stale_after, stale_all};
 use routing::*;
 use search::*;
 use variance::*;

@@ -36,15 +36,9 @@ pub(super) fn stale_after(
         if let Some(x) = w.edirty.get_mut(e) {
             *x = 1;
         }
-        let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
-        for (wi, &m) in words.iter().enumerate() {
-            let mut bits = m;
-            while bits != 0 {
-                let rank = wi * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if let Some(x) = w.kdirty.get_mut(rank) {
-                    *x = 1;
-                }
+        for rank in ranks_holding(w.mask, mw, e) {
+            if let Some(x) = w.kdirty.get_mut(rank) {
+                *x = 1;
             }
         }
     }
@@ -65,7 +59,7 @@ pub(super) fn stale_after(
 }
 
 /// The slot of rank `rank` that holds expert `e` (`[R][S]` index), if any.
-fn slot_of(row: &[u16], s: usize, rank: usize, e: usize) -> Option<usize> {
+pub(super) fn slot_of(row: &[u16], s: usize, rank: usize, e: usize) -> Option<usize> {
     let slots = row.get(rank * s..(rank + 1) * s)?;
     slots
         .iter()
@@ -163,9 +157,7 @@ pub(super) fn refresh(w: &mut Work<'_>, row: &[u16], mw: usize, zp: f64) {
 /// Gathers the table in partner order for the step (`[partners][S]`, the buffers the filter and
 /// the checks read): the heaviest rank's experts' other holders get their leave loads without
 /// it; then per partner its largest load over the slots a replicate of a single-copy expert may
-/// take, and with enough slots per partner the least of each filter term over its slots and
-/// over those of every later partner. Also resets the step's per-expert tables of the other
-/// holders' effect.
+/// take. Also resets the step's per-expert tables of the other holders' effect.
 pub(super) fn gather(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
     let (s, mw, hp, partners) = (st.s, st.mw, st.hp, st.partners);
     let mut off = 0u32;

@@ -90,6 +90,21 @@ pub(super) fn share_of(mask: &[u64], mw: usize, r: &Ranks, e: usize, rank: usize
     share(r, d, below)
 }
 
+/// The ranks holding expert `e`, ascending, from its bitset words.
+pub(super) fn ranks_holding(mask: &[u64], mw: usize, e: usize) -> impl Iterator<Item = usize> + '_ {
+    let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
+    words.iter().enumerate().flat_map(|(wi, &m)| {
+        let mut bits = m;
+        core::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                wi * 64 + b
+            })
+        })
+    })
+}
+
 /// Holders of expert `e` below `rank`.
 pub(super) fn below(mask: &[u64], mw: usize, e: usize, rank: usize) -> usize {
     let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);

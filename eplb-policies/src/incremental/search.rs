@@ -212,23 +212,15 @@ fn layer_state(shape: &Shape, z: f64, w: &mut Work<'_>, row: &[u16]) -> Option<f
         let we = w.est.get(e).copied().unwrap_or(0.0);
         let words = w.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
         let d: usize = words.iter().map(|m| m.count_ones() as usize).sum();
-        let mut j = 0;
-        for (wi, &m) in words.iter().enumerate() {
-            let mut bits = m;
-            while bits != 0 {
-                let b = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let rank = wi * 64 + b;
-                let sh = share(rr, d, j);
-                if let Some(x) = w.load.get_mut(rank) {
-                    *x += we * sh;
+        for (j, rank) in ranks_holding(w.mask, mw, e).enumerate() {
+            let sh = share(rr, d, j);
+            if let Some(x) = w.load.get_mut(rank) {
+                *x += we * sh;
+            }
+            if let Some(y) = w.y.get_mut(rank * stride..rank * stride + t) {
+                for (i, yi) in y.iter_mut().enumerate() {
+                    *yi += sh * w.xc.get(e * stride + i).copied().unwrap_or(0.0);
                 }
-                if let Some(y) = w.y.get_mut(rank * stride..rank * stride + t) {
-                    for (i, yi) in y.iter_mut().enumerate() {
-                        *yi += sh * w.xc.get(e * stride + i).copied().unwrap_or(0.0);
-                    }
-                }
-                j += 1;
             }
         }
     }
@@ -414,37 +406,23 @@ fn exempt_shared(w: &mut Work<'_>, row: &[u16], st: &Step<'_>, a: usize) -> usiz
     }
     w.ex_stamp += 1;
     let mask = &*w.mask;
-    let ranks_of = |e: usize| {
-        let words = mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
-        words.iter().enumerate().flat_map(|(wi, &m)| {
-            let mut bits = m;
-            core::iter::from_fn(move || {
-                (bits != 0).then(|| {
-                    let b = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    wi * 64 + b
-                })
-            })
-        })
-    };
     let mut n = 0usize;
-    for h in ranks_of(a) {
+    for h in ranks_holding(mask, mw, a) {
         for &e in row.get(h * s..(h + 1) * s).unwrap_or(&[]) {
             let e = usize::from(e);
             match w.ex_mark.get_mut(e) {
                 Some(x) if *x != w.ex_stamp => *x = w.ex_stamp,
                 _ => continue,
             }
-            for g in ranks_of(e) {
+            for g in ranks_holding(mask, mw, e) {
                 let qi = usize::from(w.opos.get(g).copied().unwrap_or(u16::MAX));
-                let slots = row.get(g * s..(g + 1) * s).unwrap_or(&[]);
-                let Some(j) = slots.iter().position(|&x| usize::from(x) == e) else {
-                    continue;
-                };
                 if g == hp || qi >= partners {
                     continue;
                 }
-                let slot = qi * s + j;
+                let Some(k) = slot_of(row, s, g, e) else {
+                    continue;
+                };
+                let slot = qi * s + (k - g * s);
                 if let (Some(x), Some(ks), Some(kv)) = (
                     w.rep_mu.get_mut(slot),
                     w.ex_slot.get_mut(n),

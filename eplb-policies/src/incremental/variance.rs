@@ -153,18 +153,10 @@ impl<'a> Work<'a> {
     /// index; below it: at the index before), the prefix maximum of the first in `hv` and the
     /// second in `hb` for the suffix maximum on the way back: `O(d)` for every holder at once.
     pub(super) fn leave_sweep(&mut self, mw: usize, e: usize, skip: usize) -> usize {
-        let words = self.mask.get(e * mw..(e + 1) * mw).unwrap_or(&[]);
         let mut d = 0;
-        for (wi, &m) in words.iter().enumerate() {
-            let mut bits = m;
-            while bits != 0 {
-                let rank = wi * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                if let Some(x) = self.hr.get_mut(d) {
-                    *x = rank as u16;
-                }
-                d += 1;
-            }
+        for (rank, x) in ranks_holding(self.mask, mw, e).zip(self.hr.iter_mut()) {
+            *x = rank as u16;
+            d += 1;
         }
         if d < 2 {
             return d;
