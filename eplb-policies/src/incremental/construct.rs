@@ -469,8 +469,7 @@ fn sort_packed(w: &mut Work<'_>, r: usize) -> Option<()> {
 /// each moves by insertion.
 fn resort_packed(w: &mut Work<'_>, r: usize, t: usize) -> Option<()> {
     let (load, ord) = (&*w.c_load, &mut *w.c_rord);
-    let l = |k: u16| load.get(usize::from(k)).copied().unwrap_or(0.0);
-    let before = |x: u16, y: u16| l(x).total_cmp(&l(y)).then(x.cmp(&y)).is_lt();
+    let before = |x: u16, y: u16| lighter(load, x, y);
     let mut m = r.checked_sub(1)?;
     while m > 0 && before(*ord.get(m)?, *ord.get(m - 1)?) {
         ord.swap(m, m - 1);

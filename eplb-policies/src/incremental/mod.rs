@@ -115,7 +115,7 @@
 //! Scratch: per-expert estimates, sums and holder bitsets, `(64 + 8) x N` centered samples,
 //! per-rank loads, sums and centered loads, per-slot caches and filter terms, the per-holder
 //! tables of the other holders' effect, and the cold start's counts, packed ranks and matching:
-//! `O(N (81 + R/64) + R (93 + 24 S))` words. State: a header, `L x N` estimates, `L` history
+//! `O(N (82 + R/64) + R (93 + 25 S))` words. State: a header, `L x N` estimates, `L` history
 //! counts, and the last 8 cycles' shares, `8 x L x N` (about 950 KB for DeepSeek-V3).
 //!
 //! # Differences from the published policies
@@ -150,7 +150,7 @@ mod work;
 
 use construct::construct;
 use estimate::{estimate, workload_spread};
-use partners::{gather, refresh, slot_of, stale_after, stale_all};
+use partners::{gather, partner_slot, refresh, stale_after, stale_all};
 use routing::*;
 use search::*;
 use variance::*;

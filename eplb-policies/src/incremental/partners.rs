@@ -67,6 +67,22 @@ pub(super) fn slot_of(row: &[u16], s: usize, rank: usize, e: usize) -> Option<us
         .map(|j| rank * s + j)
 }
 
+/// The partner-order slot (`[partners][S]`) of expert `e` on rank `rank`, if `rank` is one of
+/// the step's partners (positions in `opos`, the heaviest rank `hp` never) and holds `e`.
+pub(super) fn partner_slot(
+    opos: &[u16],
+    row: &[u16],
+    (s, hp, partners): (usize, usize, usize),
+    rank: usize,
+    e: usize,
+) -> Option<usize> {
+    let qi = usize::from(opos.get(rank).copied().unwrap_or(u16::MAX));
+    if rank == hp || qi >= partners {
+        return None;
+    }
+    slot_of(row, s, rank, e).map(|k| qi * s + (k - rank * s))
+}
+
 /// Brings the table up to date: per stale expert, each of its slots' index among its holders
 /// and the other holders' largest new load when it leaves that slot; then per stale rank, its
 /// slots' share, load given up and filter terms, and its largest and least slot loads.
@@ -188,7 +204,6 @@ pub(super) fn gather(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         }
         let at = (qi * s, q * s, s);
         copy(w.psh, w.k_sh, at);
-        copy(w.pgive, w.k_give, at);
         copy(w.f_u, w.k_u, at);
         copy(w.f_rep, w.k_rep, at);
         copy(w.f_rho, w.k_rho, at);
@@ -209,14 +224,9 @@ pub(super) fn gather(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
         let d = w.leave_sweep(mw, e, hp);
         for j in 0..d {
             let h = usize::from(w.hr.get(j).copied().unwrap_or(0));
-            let qi = usize::from(w.opos.get(h).copied().unwrap_or(u16::MAX));
-            if h == hp || qi >= partners {
-                continue;
-            }
-            let Some(k) = slot_of(row, s, h, e) else {
+            let Some(slot) = partner_slot(w.opos, row, (s, hp, partners), h, e) else {
                 continue;
             };
-            let slot = qi * s + (k - h * s);
             let lv = w.hv.get(j).copied().unwrap_or(f64::MAX);
             let u = w.f_u.get(slot).copied().unwrap_or(0.0);
             if let Some(x) = w.rep_mu.get_mut(slot) {
@@ -231,16 +241,14 @@ pub(super) fn gather(w: &mut Work<'_>, row: &[u16], st: &Step<'_>) {
     // bar of the least gain (branch-free; the loads are finite).
     let strict_bar = st.lp - st.floor_gain;
     let len = partners * s;
-    let (rep, rmu, give) = (
+    let (rep, rmu) = (
         w.f_rep.get(..len).unwrap_or(&[]),
         w.rep_mu.get(..len).unwrap_or(&[]),
-        w.pgive.get(..len).unwrap_or(&[]),
     );
-    let slots = rep
-        .chunks_exact(s)
-        .zip(rmu.chunks_exact(s))
-        .zip(give.chunks_exact(s));
-    for (((rep, rmu), give), x) in slots.zip(w.prep_strict.iter_mut()) {
+    let slots = rep.chunks_exact(s).zip(rmu.chunks_exact(s));
+    for (((rep, rmu), &q), x) in slots.zip(w.order.iter()).zip(w.prep_strict.iter_mut()) {
+        let q = usize::from(q);
+        let give = w.k_give.get(q * s..(q + 1) * s).unwrap_or(&[]);
         let mut strict = f64::MIN;
         for ((&rep, &rmu), &give) in rep.iter().zip(rmu).zip(give) {
             let v = if (rep < f64::INFINITY) & (rmu < strict_bar) {

@@ -415,14 +415,9 @@ fn exempt_shared(w: &mut Work<'_>, row: &[u16], st: &Step<'_>, a: usize) -> usiz
                 _ => continue,
             }
             for g in ranks_holding(mask, mw, e) {
-                let qi = usize::from(w.opos.get(g).copied().unwrap_or(u16::MAX));
-                if g == hp || qi >= partners {
-                    continue;
-                }
-                let Some(k) = slot_of(row, s, g, e) else {
+                let Some(slot) = partner_slot(w.opos, row, (s, hp, partners), g, e) else {
                     continue;
                 };
-                let slot = qi * s + (k - g * s);
                 if let (Some(x), Some(ks), Some(kv)) = (
                     w.rep_mu.get_mut(slot),
                     w.ex_slot.get_mut(n),

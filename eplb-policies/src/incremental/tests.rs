@@ -382,18 +382,29 @@ fn a_layer_the_search_leaves_stalled_is_rebuilt() {
     let (_, by_default) = cold_call(&mut Incremental::new(), shape);
     let (_, flash) = cold_call(&mut crate::flashlb::FlashLb::new(), shape);
     assert!(by_search.after.max > 1.2, "{:?}", by_search.after);
-    assert!(
-        by_default.after.mean <= flash.after.mean * 1.01,
-        "{:?} {:?}",
-        by_default.after,
-        flash.after
-    );
     // Fetches: on these 4 layers within 3% of FlashLB's optimal matching (2% more here; on
     // the 58-layer DeepSeek-V3 case 1% fewer, `BENCHMARKS.md`).
+    assert_near_flashlb("EP32", &by_default, &flash, (1.01, 1.03));
+}
+
+/// Asserts that `ours` is balanced within `mean` times FlashLB's mean PAR and fetches within
+/// `moves` times its fetches.
+fn assert_near_flashlb(
+    label: &str,
+    ours: &crate::Summary,
+    flash: &crate::Summary,
+    (mean, moves): (f64, f64),
+) {
     assert!(
-        by_default.moves as f64 <= flash.moves as f64 * 1.03,
-        "{} {}",
-        by_default.moves,
+        ours.after.mean <= flash.after.mean * mean,
+        "{label}: {:?} {:?}",
+        ours.after,
+        flash.after
+    );
+    assert!(
+        ours.moves as f64 <= flash.moves as f64 * moves,
+        "{label}: {} {}",
+        ours.moves,
         flash.moves
     );
 }
@@ -448,18 +459,7 @@ fn the_polished_rebuild_beats_flashlb_with_several_slots_per_rank() {
         let shape = Shape::new(4, 256, ranks, 256 / ranks + 1).unwrap();
         let (ours, flash) = rebuilt_and_flashlb(shape);
         assert!(ours.after.max < 1.0015, "R {ranks}: {:?}", ours.after);
-        assert!(
-            ours.after.mean <= flash.after.mean,
-            "R {ranks}: {:?} {:?}",
-            ours.after,
-            flash.after
-        );
-        assert!(
-            ours.moves as f64 <= flash.moves as f64 * 1.03,
-            "R {ranks}: {} {}",
-            ours.moves,
-            flash.moves
-        );
+        assert_near_flashlb(&std::format!("R {ranks}"), &ours, &flash, (1.0, 1.03));
     }
 }
 

@@ -86,10 +86,8 @@ work! {
         nu: f64 = f64s(r * s),
         /// Per expert, the norm of its centered samples, `sqrt(gd)`.
         nx: f64 = f64s(n),
-        /// Per step: the share of each partner slot's expert on its rank and the load it gives
-        /// (`[partners][S]`).
+        /// Per step: the share of each partner slot's expert on its rank (`[partners][S]`).
         psh: f64 = f64s(r * s),
-        pgive: f64 = f64s(r * s),
         /// Per step: each partner's largest slot load (`[partners]`).
         pmax: f64 = f64s(r),
         /// Per step: each partner's largest load in a slot whose expert has another copy
