@@ -6,7 +6,7 @@ Usage: scripts/sim_fingerprints.py EPLB_BINARY [--quick]
 A fingerprint is FNV-1a 64 of the placements-log bytes with every `"policy_time_s"` member
 removed (the policy's wall time is the one non-deterministic number in the log). Prints one line
 per case: `series R X extra-options policy fingerprint seconds`. `--quick` runs only the cases
-that `eplb-runtime/tests/sim_fingerprints.rs` recomputes.
+that `eplb-cli/tests/sim_fingerprints.rs` recomputes.
 """
 import os, re, subprocess, sys, tempfile, time
 

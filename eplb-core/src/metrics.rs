@@ -16,6 +16,41 @@ pub enum Routing {
     Log2Phy,
 }
 
+impl Routing {
+    /// The command-line name: `even` or `log2phy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Routing::Even => "even",
+            Routing::Log2Phy => "log2phy",
+        }
+    }
+}
+
+/// A routing name that is neither `even` nor `log2phy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownRouting;
+
+impl core::fmt::Display for UnknownRouting {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("unknown routing; expected `even` or `log2phy`")
+    }
+}
+
+impl core::error::Error for UnknownRouting {}
+
+impl core::str::FromStr for Routing {
+    type Err = UnknownRouting;
+
+    /// `even` or `log2phy` (exactly, as the command line and `simulate --json` spell them).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "even" => Ok(Routing::Even),
+            "log2phy" => Ok(Routing::Log2Phy),
+            _ => Err(UnknownRouting),
+        }
+    }
+}
+
 /// The routing share of `log2phy`, used by the metrics, the policies' scoring and the
 /// simulator alike: of the `ranks` source ranks, how many send an expert's tokens to its `j`-th
 /// distinct holder (ranks ascending) when it has `holders` of them: `m_j = floor((R - 1 - j) /

@@ -21,7 +21,7 @@
 //! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
-//! [`crate::deployment`] (hardware, quant type, role, ...). It is kept raw
+//! [`crate::config::deployment`] (hardware, quant type, role, ...). It is kept raw
 //! ([`EplbConfig::deployment`]) and parsed ([`EplbConfig::deployment_facts`]); its problems are
 //! reported with the config's ([`ConfigError::Deployment`]), and so is a quant type that EPLB
 //! does not support on the named hardware, when EPLB is on. Its usage advice joins
@@ -78,9 +78,10 @@
     )
 )]
 
+pub mod deployment;
 mod env;
 mod error;
-pub(crate) mod suggest;
+pub mod suggest;
 
 use core::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -89,7 +90,7 @@ use eplb_core::{HeatStage, Shape};
 use eplb_policies::{AnyPolicy, PolicyKind};
 use serde_json::{Map, Value};
 
-use crate::deployment::{Advice, Deployment};
+use self::deployment::{Advice, Deployment};
 use crate::policies::Param;
 
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
@@ -397,7 +398,7 @@ impl EplbConfig {
         self.facts.as_ref()
     }
 
-    /// The usage advice for this config and its deployment (see [`crate::deployment`]):
+    /// The usage advice for this config and its deployment (see [`crate::config::deployment`]):
     /// `algorithm_execution_interval` below 50 and the deployment's not-recommended scenarios
     /// when the cycle runs, unverified quant types when EPLB is on, unsupported combinations
     /// while EPLB is off.

@@ -10,7 +10,7 @@
 //! Nothing here blocks on the planner: when a plan is due and some rank does not have it yet,
 //! every rank tries again after the next iteration. A failed or timed-out exchange leaves the
 //! layer on its old placement on every rank (the ranks agree on success before committing).
-//! [`Controller::from_config`] builds a rank's controller from an `eplb_config` in one call.
+//! [`crate::startup::controller`] builds a rank's controller from an `eplb_config` in one call.
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,24 +19,14 @@ use eplb_core::{
     Cycle, HeatStage, LayerPlacement, Placement, ReplicaChoice, Shape, StageClassifier,
 };
 
-use crate::config::EplbConfig;
-use crate::modes::ModelInfo;
 use crate::planner::{Plan, PlanRequest, Planner};
+pub use crate::rank::RunMode;
 use crate::rank::{Action, Health, MachineConfig, MachineError, RankMachine};
 use crate::transfer::{RankPlan, plan_layer};
 use crate::transport::{Transport, TransportError};
 
-/// What the controller does with a plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunMode {
-    /// Apply plans: move weights layer by layer.
-    Dynamic,
-    /// Plan but never move a weight; each plan is handed to the record sink.
-    Record,
-}
-
 /// Receives each plan in record mode (rank 0 writes the expert-map JSON).
-pub type RecordSink = Box<dyn FnMut(&Shape, &[u16]) -> Result<(), String> + Send>;
+pub type RecordSink = Box<dyn FnMut(&Shape, &[u16]) -> std::io::Result<()> + Send>;
 
 /// Settings of one controller.
 #[derive(Debug, Clone)]
@@ -244,30 +234,6 @@ impl<T: Transport> Controller<T> {
         };
         for l in 0..shape.layers() {
             c.refresh_maps(l)?;
-        }
-        Ok(c)
-    }
-
-    /// The controller of `transport.rank()` as `cfg` says, in one call: the start-up placement
-    /// ([`modes::startup`](crate::modes::startup)), the controller settings
-    /// ([`modes::controller_config`](crate::modes::controller_config)), this rank's own planner
-    /// thread with the configured policy, and in record mode on rank 0 the sink that writes the
-    /// expert map to `expert_map_record_path`. Errors say what is wrong (a mode that runs no
-    /// controller, a shape the model does not fit, an unreadable map).
-    pub fn from_config(cfg: &EplbConfig, model: &ModelInfo, transport: T) -> Result<Self, String> {
-        let (shape, placement) = crate::modes::startup(cfg, model)?;
-        let ccfg = crate::modes::controller_config(cfg, model)?;
-        let policy = crate::policies::policy_for(cfg.policy())?;
-        let planner = Arc::new(Planner::spawn(policy, shape));
-        let rank = transport.rank();
-        let record = ccfg.mode == RunMode::Record;
-        let mut c =
-            Self::new(shape, placement, ccfg, transport, planner).map_err(|e| e.to_string())?;
-        if record
-            && rank == 0
-            && let Some(path) = cfg.expert_map_record_path()
-        {
-            c.set_record_sink(crate::modes::record_sink(path.to_path_buf()));
         }
         Ok(c)
     }

@@ -1,11 +1,13 @@
-//! `eplb-runtime`: the std runtime of eplb.
+//! `eplb-runtime`: the std serving runtime of eplb, the library an engine links.
 //!
-//! The config ([`config`]), the per-rank controller that drives the core cycle ([`controller`]),
-//! the planner thread ([`planner`]), transfer planning ([`transfer`]), the [`transport::Transport`] trait with
-//! the in-process host transport ([`transport`]), the simulator ([`simulate`]), deployment
-//! facts and usage advice ([`deployment`]), expert payloads and rebalance cost ([`payload`]), the
-//! HTML report of `eplb report` ([`report`]), atomic file output ([`fsio`]) and the `eplb`
-//! command-line tool.
+//! The config with its deployment facts ([`config`]), start-up from a config
+//! ([`startup`]: modes, the initial placement, the wiring of a [`controller::Controller`]),
+//! the per-rank sans-IO cycle ([`rank`]) and the controller that drives it ([`controller`]),
+//! the planner thread ([`planner`]), transfer planning ([`transfer`]), the
+//! [`transport::Transport`] trait with the in-process host transport and HCCL ([`transport`]),
+//! expert payloads ([`payload`]), the policies by name with their parameters ([`policies`]) and
+//! atomic, bounded file I/O ([`fsio`]). The simulator is `eplb-sim`; the `eplb` tool is
+//! `eplb-cli`. Neither clap nor plotters is in this crate's dependency tree (the gate checks it).
 //!
 //! **Invariant:** the serving thread never blocks on the planner: a late plan is retried at the
 //! next iteration, on every rank alike.
@@ -14,17 +16,13 @@
 //! layer is committed only when every rank's exchange succeeded.
 #![forbid(unsafe_code)]
 
-pub mod cli;
 pub mod config;
 pub mod controller;
-pub mod deployment;
 pub mod fsio;
-pub mod modes;
 pub mod payload;
 pub mod planner;
 pub mod policies;
 pub mod rank;
-pub mod report;
-pub mod simulate;
+pub mod startup;
 pub mod transfer;
 pub mod transport;

@@ -1,7 +1,7 @@
 //! Policy construction for the runtime, and the `static` pseudo-policy of the simulator.
 
 use eplb_core::Shape;
-use eplb_policies::{AnyPolicy, Error, Input, Policy, PolicyKind};
+use eplb_policies::{AnyPolicy, Error, Input, ParamError, Policy, PolicyKind};
 
 /// A policy that never rebalances: the new placement is the current one (the `static` baseline
 /// of `eplb simulate`).
@@ -31,8 +31,8 @@ impl Policy for Keep {
 }
 
 /// A boxed policy of `kind`, ready for the planner thread.
-pub fn policy_for(kind: PolicyKind) -> Result<Box<dyn Policy + Send>, String> {
-    Ok(Box::new(eplb_policies::AnyPolicy::new(kind)))
+pub fn policy_for(kind: PolicyKind) -> Box<dyn Policy + Send> {
+    Box::new(eplb_policies::AnyPolicy::new(kind))
 }
 
 /// One policy parameter by name, as `--param` and `eplb_policy_params` give it.
@@ -40,27 +40,12 @@ pub type Param = (String, f64);
 
 /// The policy of `kind` with `params` set in order through the policy's own parser
 /// ([`AnyPolicy::set_param`]): an unknown key or a value out of range is an error naming it.
-pub fn policy_with(kind: PolicyKind, params: &[Param]) -> Result<AnyPolicy, String> {
+pub fn policy_with(kind: PolicyKind, params: &[Param]) -> Result<AnyPolicy, ParamError<'_>> {
     let mut p = AnyPolicy::new(kind);
     for (k, v) in params {
-        p.set_param(k, *v).map_err(|e| e.to_string())?;
+        p.set_param(k, *v)?;
     }
     Ok(p)
-}
-
-/// A `--param KEY=VALUE` argument: the key and its value as a number.
-pub fn parse_param(s: &str) -> Result<Param, String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("--param {s}: expected KEY=VALUE"))?;
-    if k.is_empty() {
-        return Err(format!("--param {s}: empty parameter name"));
-    }
-    let x: f64 = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("--param {s}: parameter `{k}`: `{v}` is not a number"))?;
-    Ok((k.to_owned(), x))
 }
 
 #[cfg(test)]
@@ -68,14 +53,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_parse_and_reach_the_policy_parser() {
-        assert_eq!(
-            parse_param("min_gain=0.02"),
-            Ok(("min_gain".to_owned(), 0.02))
-        );
-        assert!(parse_param("min_gain").unwrap_err().contains("KEY=VALUE"));
-        assert!(parse_param("=1").is_err());
-        assert!(parse_param("z=abc").unwrap_err().contains("`z`"));
+    fn params_reach_the_policy_parser() {
         let p = policy_with(
             PolicyKind::Incremental,
             &[
@@ -88,14 +66,18 @@ mod tests {
             panic!("not incremental")
         };
         assert_eq!((inc.params().min_gain, inc.params().max_fetches), (0.5, 7));
-        let e = policy_with(PolicyKind::Incremental, &[("max_fetches".to_owned(), -1.0)]);
+        let bad = [("max_fetches".to_owned(), -1.0)];
+        let e = policy_with(PolicyKind::Incremental, &bad);
         assert!(
             e.unwrap_err()
+                .to_string()
                 .contains("`max_fetches` = -1 is out of range")
         );
-        let e = policy_with(PolicyKind::FlashLb, &[("min_gain".to_owned(), 1.0)]);
+        let unknown = [("min_gain".to_owned(), 1.0)];
+        let e = policy_with(PolicyKind::FlashLb, &unknown);
         assert!(
             e.unwrap_err()
+                .to_string()
                 .contains("unknown parameter `min_gain` for policy `flashlb`")
         );
     }

@@ -46,10 +46,17 @@ use std::fmt;
 
 use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step};
 
-use crate::controller::RunMode;
-
 /// The digest word of a failed plan (a real placement hash of 0 is mapped to 1).
 pub const FAILED_PLAN: u64 = 0;
+
+/// What a rank does with an agreed plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Apply plans: move weights layer by layer.
+    Dynamic,
+    /// Plan but never move a weight; each plan is handed to the driver to record.
+    Record,
+}
 
 /// Settings of one rank machine.
 #[derive(Debug, Clone, Copy)]

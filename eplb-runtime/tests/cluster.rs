@@ -126,10 +126,7 @@ fn run(
 
 /// A planner thread running the default policy on `shape`.
 fn default_planner(shape: Shape) -> Arc<Planner> {
-    Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        shape,
-    ))
+    Arc::new(Planner::spawn(policy_for(PolicyKind::Default), shape))
 }
 
 fn assert_agree(out: &[Outcome]) {
@@ -149,7 +146,7 @@ fn assert_agree(out: &[Outcome]) {
 fn every_policy_moves_weights_byte_exact() {
     for kind in PolicyKind::ALL {
         let out = run(
-            &|_| policy_for(kind).unwrap(),
+            &|_| policy_for(kind),
             RunMode::Dynamic,
             HeatStage::All,
             60,
@@ -170,7 +167,7 @@ fn every_policy_moves_weights_byte_exact() {
 #[test]
 fn ranks_with_their_own_planners_agree() {
     let out = run(
-        &|_| policy_for(PolicyKind::Default).unwrap(),
+        &|_| policy_for(PolicyKind::Default),
         RunMode::Dynamic,
         HeatStage::All,
         50,
@@ -186,7 +183,7 @@ fn failed_or_timed_out_exchange_keeps_the_old_layer_everywhere() {
     for fault in [Fault::Fail, Fault::Timeout] {
         // Layer 0 fails on rank 3 every cycle; other layers move.
         let out = run(
-            &|_| policy_for(PolicyKind::Default).unwrap(),
+            &|_| policy_for(PolicyKind::Default),
             RunMode::Dynamic,
             HeatStage::All,
             40,
@@ -387,7 +384,7 @@ fn one_ranks_planner_failing_once_never_makes_ranks_diverge() {
     for kind in PolicyKind::ALL {
         let out = run(
             &|rank| {
-                let p = policy_for(kind).unwrap();
+                let p = policy_for(kind);
                 if rank == 3 {
                     // Fails its first call.
                     Hooked::boxed(p, |call| match call {
@@ -429,7 +426,7 @@ fn a_plan_late_on_another_rank_each_cycle_never_stalls_or_diverges() {
                 // Every 4th call, from `rank % 4`, first sleeps: with one planner per rank,
                 // the plan is late on a different rank each cycle.
                 let offset = rank % 4;
-                Hooked::boxed(policy_for(kind).unwrap(), move |call| {
+                Hooked::boxed(policy_for(kind), move |call| {
                     if call % 4 == offset {
                         std::thread::sleep(Duration::from_millis(40));
                     }
@@ -544,7 +541,7 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
     // Dynamic: each rank gets the default layout, its own planner with the configured policy,
     // and moves weights. Record: rank 0 writes the expert map, nothing moves.
     use eplb_runtime::config::EplbConfig;
-    use eplb_runtime::modes::ModelInfo;
+    use eplb_runtime::startup::ModelInfo;
     let model = ModelInfo {
         layers: 4,
         experts: 16,
@@ -583,7 +580,7 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
             .map(|rank| {
                 let rows = common::rank_rows(&shape, &initial, rank);
                 let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
-                let mut c = Controller::from_config(&cfg, &model, t).unwrap();
+                let mut c = eplb_runtime::startup::controller(&cfg, &model, t).unwrap();
                 assert_eq!(*c.shape(), shape);
                 std::thread::spawn(move || {
                     let mut it = 0;
@@ -616,7 +613,9 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
     // A mode that runs no controller is an error that says so.
     let off = EplbConfig::default();
     let t = HostTransport::new(HostWorld::new(1, Duration::from_millis(10)), 0, &[], BYTES);
-    let err = Controller::from_config(&off, &model, t).unwrap_err();
+    let err = eplb_runtime::startup::controller(&off, &model, t)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("runs no controller"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }

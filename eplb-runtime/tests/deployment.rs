@@ -4,11 +4,11 @@
 use std::sync::Mutex;
 
 use eplb_core::HeatStage;
-use eplb_runtime::config::{ConfigError, DYNAMIC_EPLB, EplbConfig, Mode};
-use eplb_runtime::deployment::{
+use eplb_runtime::config::deployment::{
     Advice, Deployment, DeploymentError, Hardware, QuantType, Role, Support, check_support,
     supported_hardware,
 };
+use eplb_runtime::config::{ConfigError, DYNAMIC_EPLB, EplbConfig, Mode};
 
 const GUARD: [(&str, &str); 1] = [(DYNAMIC_EPLB, "1")];
 

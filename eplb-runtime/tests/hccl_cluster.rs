@@ -112,10 +112,7 @@ fn run(base: i32, iters: usize, inject: &dyn Fn(&FakeCann)) -> Vec<Outcome> {
     let init = initial();
     let transports = endpoints(&rt, base, &init);
     inject(&ctl);
-    let planner = Arc::new(Planner::spawn(
-        policy_for(PolicyKind::Default).unwrap(),
-        shape,
-    ));
+    let planner = Arc::new(Planner::spawn(policy_for(PolicyKind::Default), shape));
     let cfg = ControllerConfig {
         heat_interval: 4,
         algo_interval: 2,

@@ -32,7 +32,7 @@ fn a_host_world_with_duration_max_runs_collectives() {
 #[test]
 fn the_planner_waits_with_duration_max() {
     let shape = Shape::new(1, 4, 2, 2).unwrap();
-    let planner = Planner::spawn(policy_for(PolicyKind::Default).unwrap(), shape);
+    let planner = Planner::spawn(policy_for(PolicyKind::Default), shape);
     let current = common::default_layout(&shape);
     planner.submit(PlanRequest {
         cycle: 1,
@@ -50,9 +50,7 @@ fn the_planner_waits_with_duration_max() {
 mod common;
 
 use eplb_core::Placement;
-use eplb_policies::{Error, Input, Policy};
 use eplb_runtime::planner::plan_once;
-use eplb_runtime::simulate::{SimPolicy, simulate_with};
 
 /// Loads `[L][N]` summed over a trace's windows.
 fn summed(rel: &str) -> (usize, usize, Vec<f64>) {
@@ -77,7 +75,7 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
         seed: 3,
     };
     // The static start: DeepSeek's map, with co-located copies.
-    let mut ds = policy_for(PolicyKind::DeepSeek).unwrap();
+    let mut ds = policy_for(PolicyKind::DeepSeek);
     let lens = eplb_policies::buffer_lens(ds.as_ref(), &shape).unwrap();
     let (mut scratch, mut state) = (vec![0u64; lens.scratch], vec![0u64; lens.state]);
     let start = plan_once(ds.as_mut(), &shape, &req(initial), &mut scratch, &mut state)
@@ -86,7 +84,7 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
     assert!(Placement::new(shape, &start).unwrap().colocated_rows() > 0);
     // Then a dynamic cycle through the planner thread, as the controller runs it.
     for kind in PolicyKind::ALL {
-        let planner = Planner::spawn(policy_for(kind).unwrap(), shape);
+        let planner = Planner::spawn(policy_for(kind), shape);
         planner.submit(req(start.clone()));
         let got = planner.wait_result(1, Duration::from_secs(120)).unwrap();
         let plan = got
@@ -100,65 +98,5 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
                 .check_servable()
                 .unwrap();
         }
-    }
-}
-
-/// The default policy, failing on the calls whose number `fails` says.
-struct Flaky {
-    inner: eplb_policies::AnyPolicy,
-    calls: u32,
-    fails: fn(u32) -> bool,
-}
-
-impl Policy for Flaky {
-    fn kind(&self) -> PolicyKind {
-        PolicyKind::Default
-    }
-    fn scratch_len(&self, shape: &Shape) -> usize {
-        self.inner.scratch_len(shape)
-    }
-    fn place(
-        &mut self,
-        input: &Input<'_>,
-        scratch: &mut [u64],
-        state: &mut [u64],
-        out: &mut [u16],
-    ) -> Result<(), Error> {
-        self.calls += 1;
-        if (self.fails)(self.calls) {
-            return Err(Error::NoPlacement {
-                layer: 0,
-                why: "injected failure",
-            });
-        }
-        self.inner.place(input, scratch, state, out)
-    }
-}
-
-#[test]
-fn simulate_counts_the_plans_that_failed() {
-    let trace = common::trace("data/traces/mixtral8x7b_gsm8k_decode.json");
-    let mut cfg = common::anchor_cfg(4, 4, SimPolicy::Policy(PolicyKind::Default));
-    cfg.heat_interval = 2;
-    let odd: fn(u32) -> bool = |c| c % 2 == 0;
-    let all: fn(u32) -> bool = |_| true;
-    for (fails, every) in [(odd, false), (all, true)] {
-        let flaky = Flaky {
-            inner: eplb_policies::AnyPolicy::new(PolicyKind::Default),
-            calls: 0,
-            fails,
-        };
-        let r = simulate_with(&trace, &cfg, Box::new(flaky), &mut |_, _| {}).unwrap();
-        assert!(r.plans >= 2, "{}", r.plans);
-        if every {
-            assert_eq!(r.plan_failures, r.plans);
-            assert_eq!(r.changes, 0);
-        } else {
-            assert_eq!(r.plan_failures, r.plans / 2);
-        }
-        let why = r.first_plan_failure.clone().unwrap();
-        assert!(why.contains("injected failure"), "{why}");
-        let v = eplb_runtime::cli::sim_json(&r, "default", cfg.routing);
-        assert_eq!(v["plan_failures"], r.plan_failures);
     }
 }

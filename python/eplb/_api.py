@@ -258,37 +258,51 @@ def write_map(path, placement) -> None:
 
 
 
-def _cli_args(options: dict) -> list:
-    args = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if key == "params":
-            for k, v in dict(value).items():
-                args += ["--param", f"{k}={v}"]
-        elif value is True:
-            args.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                args += [flag, str(v)]
-        else:
-            args += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
-    return args
+_SIMULATE_OPTIONS = frozenset({
+    "ranks", "redundant", "policy", "heat_interval", "algo_interval", "ranks_per_node", "groups",
+    "initial", "routing", "seed", "params", "placements_log", "model", "hidden", "intermediate",
+    "quant", "fused_mc2", "link", "max_input_bytes",
+})
 
 
 def simulate(trace, **options) -> dict:
     """``eplb simulate --json`` on ``trace``: the same dict the CLI prints.
 
     Options are the CLI's, with underscores: ``ranks``, ``redundant``, ``policy``,
-    ``heat_interval``, ``algo_interval``, ``ranks_per_node``, ``groups``, ``initial``,
-    ``routing``, ``seed``, ``placements_log``, ``model``, ``quant``, ``link``, ... (``True`` for
-    a flag). It runs the CLI's own code in this process, on one thread, with the GIL released.
-    Errors raise :class:`EplbError` with the CLI's message.
+    ``heat_interval``, ``algo_interval`` (required), ``ranks_per_node``, ``groups``,
+    ``initial``, ``routing``, ``seed``, ``params`` (a dict), ``placements_log``, ``model``,
+    ``hidden``, ``intermediate``, ``quant``, ``fused_mc2``, ``link``, ``max_input_bytes``.
+    They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
+    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message.
     """
-    argv = ["--trace", os.fspath(trace), *_cli_args(options)]
+    unknown = sorted(set(options) - _SIMULATE_OPTIONS)
+    if unknown:
+        raise EplbError(f"simulate: unexpected argument `{unknown[0]}`; expected one of "
+                        f"{', '.join(sorted(_SIMULATE_OPTIONS))}")
+    missing = [k for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")
+               if options.get(k) is None]
+    if missing:
+        raise EplbError(f"simulate: missing required argument `{missing[0]}`")
+    kw = dict(options)
+    params = []
+    for k, v in dict(kw.get("params") or {}).items():
+        try:
+            params.append((str(k), float(v)))
+        except (TypeError, ValueError):
+            raise EplbError(f"simulate: --param {k}={v}: parameter `{k}`: `{v}` is not a number") from None
+    kw["params"] = params
+    for key in ("placements_log",):
+        if kw.get(key) is not None:
+            kw[key] = os.fspath(kw[key])
+    for key in ("initial", "routing", "policy", "model", "quant", "link"):
+        if kw.get(key) is not None:
+            kw[key] = str(kw[key])
+    kw = {k: v for k, v in kw.items() if v is not None}
+    args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        text = _native.simulate_json(argv)
+        text = _native.simulate(os.fspath(trace), *args, **kw)
     except EplbError as e:
+        raise EplbError(f"simulate: {e}") from None
+    except (TypeError, OverflowError) as e:
         raise EplbError(f"simulate: {e}") from None
     return json.loads(text)

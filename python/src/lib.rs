@@ -10,12 +10,18 @@
 #![forbid(unsafe_code)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Layout, Placement, Shape};
 use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
 use eplb_policies::{AnyPolicy, Input, Output, Policy, PolicyKind, Samples, scratch_len};
+use eplb_runtime::config::deployment::QuantType;
+use eplb_sim::cost::{CostSpec, Link, ModelPreset};
+use eplb_sim::json as sim_json;
+use eplb_sim::replay::{check_params, parse_sim_policy};
+use eplb_sim::{Initial, Replay, SimConfig, SimError};
 use numpy::ndarray::{ArrayD, ArrayViewD};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayDyn, PyArrayMethods};
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
@@ -739,11 +745,107 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     })
 }
 
-/// `eplb simulate ARGS --json` in this process (GIL released): the JSON text it prints.
-/// `eplb.simulate` parses it, so it returns exactly the CLI's dict.
+/// `eplb simulate --json` in this process with typed settings (GIL released): the JSON text
+/// of the object the command prints (the very bytes, so no float is re-rounded). Unset cost
+/// settings take the command's defaults (the trace's model, else DeepSeek-V3 W8A8; 10 Gbit/s).
 #[pyfunction]
-fn simulate_json(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
-    guarded(py, move || eplb_runtime::cli::simulate_json(argv))
+#[pyo3(signature = (
+    trace, ranks, redundant, policy, heat_interval, algo_interval, *,
+    ranks_per_node = None, groups = None, initial = "default".to_owned(),
+    routing = "log2phy".to_owned(), seed = 0, params = Vec::new(), placements_log = None,
+    model = None, hidden = None, intermediate = None, quant = None, fused_mc2 = false,
+    link = None, max_input_bytes = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT,
+))]
+#[allow(clippy::too_many_arguments)]
+fn simulate(
+    py: Python<'_>,
+    trace: PathBuf,
+    ranks: u16,
+    redundant: u32,
+    policy: String,
+    heat_interval: u32,
+    algo_interval: u32,
+    ranks_per_node: Option<u16>,
+    groups: Option<u16>,
+    initial: String,
+    routing: String,
+    seed: u64,
+    params: Vec<(String, f64)>,
+    placements_log: Option<PathBuf>,
+    model: Option<String>,
+    hidden: Option<u64>,
+    intermediate: Option<u64>,
+    quant: Option<String>,
+    fused_mc2: bool,
+    link: Option<String>,
+    max_input_bytes: u64,
+) -> PyResult<String> {
+    guarded(py, move || -> Result<String, String> {
+        if ranks == 0 {
+            return Err("ranks must be at least 1".to_owned());
+        }
+        let policy = parse_sim_policy(&policy).map_err(|e| e.to_string())?;
+        check_params(policy, &params).map_err(|e| e.to_string())?;
+        let initial: Initial = initial.parse().map_err(|e: SimError| e.to_string())?;
+        let routing: Routing = routing
+            .parse()
+            .map_err(|e| format!("routing `{routing}`: {e}"))?;
+        fn named<T: std::str::FromStr>(v: Option<String>, flag: &str) -> Result<Option<T>, String>
+        where
+            T::Err: std::fmt::Display,
+        {
+            v.map(|s| s.parse::<T>().map_err(|e| format!("{flag} {s}: {e}")))
+                .transpose()
+        }
+        let cost = CostSpec {
+            model: named::<ModelPreset>(model, "model")?,
+            hidden,
+            intermediate,
+            quant: named::<QuantType>(quant, "quant")?,
+            fused_mc2,
+            link: named::<Link>(link, "link")?,
+        };
+        cost.resolve()?;
+        if let Some(log) = &placements_log {
+            eplb_runtime::fsio::refuse_overwrite_input(log, &[trace.as_path()])?;
+        }
+        let source = trace.display().to_string();
+        let bytes = eplb_runtime::fsio::read_bounded(&trace, max_input_bytes)
+            .map_err(|e| format!("{source}: {e}"))?;
+        let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
+        for w in &replay.warnings {
+            log::warn!("eplb: {source}: {w}");
+        }
+        let cfg = SimConfig {
+            ranks,
+            redundant,
+            ranks_per_node,
+            groups,
+            policy,
+            heat_interval,
+            algo_interval,
+            initial,
+            routing,
+            seed,
+            expert_bytes: 64,
+        };
+        let run = replay
+            .run(&cfg, &params, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        if let Some(path) = &placements_log {
+            sim_json::write_placements_log(
+                path,
+                &run.result,
+                policy.name(),
+                replay.name.as_deref(),
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
+            log::warn!("eplb: {warning}");
+        }
+        Ok(sim_json::run_json(&run, &replay.basis, policy.name(), routing).to_string())
+    })
 }
 
 /// Policy names and the parameters each takes.
@@ -773,7 +875,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_map, m)?)?;
     m.add_function(wrap_pyfunction!(validate_map, m)?)?;
     m.add_function(wrap_pyfunction!(map_json, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate_json, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(policy_params, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

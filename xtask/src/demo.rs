@@ -39,7 +39,7 @@ pub fn demo(args: &[String]) -> Result<(), String> {
             "--release",
             "--quiet",
             "-p",
-            "eplb-runtime",
+            "eplb-cli",
             "--bin",
             "eplb",
         ]),

@@ -1,14 +1,14 @@
-//! `cargo xtask fuzz [--seconds N] [--target NAME]...`: runs the cargo-fuzz targets of
-//! `eplb-map/fuzz`: the decoders (`map_json`, `blob`, `trace`), and what users feed the tool
-//! beyond them: the checked policy call (`rebalance`), the config reader (`config`) and the
-//! trace-to-simulate path (`simulate`).
+//! `cargo xtask fuzz [--seconds N] [--target NAME]...`: runs the cargo-fuzz targets, each in a
+//! fuzz crate beside what it fuzzes: `eplb-map/fuzz` holds the decoders (`map_json`, `blob`,
+//! `trace`) and the checked policy call (`rebalance`); `eplb-runtime/fuzz` the config reader
+//! (`config`); `eplb-sim/fuzz` the trace-to-simulate path (`simulate`).
 //!
 //! Each target runs for `N` seconds (default 60) with the installed `nightly` toolchain
-//! (`cargo +nightly fuzz run`), from `eplb-map/fuzz` (a separate crate, not a workspace member).
-//! New corpus entries go to `eplb-map/fuzz/corpus/<target>` (ignored by git); the checked-in
-//! seeds in `eplb-map/fuzz/seeds/<target>` and the dictionary `eplb-map/fuzz/dict/<target>.dict`
-//! are used when present. A crash stops the run with an error; libFuzzer leaves the input in
-//! `eplb-map/fuzz/artifacts/<target>/`; keep it as a regression test in
+//! (`cargo +nightly fuzz run`), from its fuzz crate `DIR` (separate crates, not workspace
+//! members). New corpus entries go to `DIR/corpus/<target>` (ignored by git); the checked-in
+//! seeds in `DIR/seeds/<target>` and the dictionary `DIR/dict/<target>.dict` are used when
+//! present. A crash stops the run with an error; libFuzzer leaves the input in
+//! `DIR/artifacts/<target>/`; keep a decoder's as a regression test in
 //! `eplb-map/tests/fuzz_regressions/<target>/`. cargo-fuzz is installed with
 //! `cargo install cargo-fuzz` when missing.
 
@@ -74,21 +74,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
         targets.extend(TARGETS);
     }
     ensure_cargo_fuzz()?;
-    let dir = fuzz_dir();
     for target in targets {
-        run_target(&dir, target, seconds)?;
+        run_target(&fuzz_dir(target), target, seconds)?;
     }
     Ok(())
 }
 
-/// `eplb-map/fuzz` of this workspace.
-fn fuzz_dir() -> PathBuf {
+/// The fuzz crate of `target`, beside what it fuzzes: `eplb-runtime/fuzz` (the config reader),
+/// `eplb-sim/fuzz` (the simulator), `eplb-map/fuzz` (the decoders and the checked policy call).
+fn fuzz_dir(target: &str) -> PathBuf {
     let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask
-        .parent()
-        .unwrap_or(xtask)
-        .join("eplb-map")
-        .join("fuzz")
+    let crate_dir = match target {
+        "config" => "eplb-runtime",
+        "simulate" => "eplb-sim",
+        _ => "eplb-map",
+    };
+    xtask.parent().unwrap_or(xtask).join(crate_dir).join("fuzz")
 }
 
 /// Installs cargo-fuzz when `cargo fuzz` is not available.

@@ -67,7 +67,7 @@ tasks:
   test    the whole gate: fmt, clippy, tests, docs, no_std proof, Python wheel + pytest,
           cross builds (if targets present)
   cross   build the no_std crates for aarch64-unknown-none and aarch64-unknown-linux-gnu
-  fuzz    run each eplb-map fuzz target (--seconds N, default 60; --target NAME)
+  fuzz    run each fuzz target (--seconds N, default 60; --target NAME)
   bench   run the criterion benchmarks (extra args go to `cargo bench`)
   aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds,
           the C test for aarch64 under qemu-aarch64 (when installed) against the x86_64 bytes
@@ -118,6 +118,7 @@ fn test(args: &[String]) -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    crate_boundaries()?;
     run(
         "cargo test",
         cargo().args(["test", "--workspace", "--all-features"]),
@@ -133,6 +134,51 @@ fn test(args: &[String]) -> Result<(), String> {
     aicpu::aarch64_check(&golden)?;
     python::test()?;
     cross(false)
+}
+
+/// The tools' dependencies stay out of the libraries an engine links: neither `eplb-runtime`
+/// (the serving library) nor `eplb-sim` (the offline library) has clap or plotters in its
+/// normal dependency tree (`cargo tree -i`, as rust-analyzer guards its boundaries). The
+/// check proves itself on `eplb-cli`, which must have both.
+fn crate_boundaries() -> Result<(), String> {
+    eprintln!("==> crate boundaries: no clap or plotters under eplb-runtime or eplb-sim");
+    let depends = |krate: &str, dep: &str| -> Result<bool, String> {
+        let out = cargo()
+            .args([
+                "tree",
+                "-p",
+                krate,
+                "-e",
+                "normal",
+                "--all-features",
+                "-i",
+                dep,
+            ])
+            .output()
+            .map_err(|e| format!("cannot run cargo tree: {e}"))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let absent = stderr.contains("did not match any packages");
+        if !out.status.success() && !absent {
+            return Err(format!("cargo tree -p {krate} -i {dep} failed: {stderr}"));
+        }
+        Ok(!out.stdout.is_empty())
+    };
+    for dep in ["clap", "plotters"] {
+        if !depends("eplb-cli", dep)? {
+            return Err(format!(
+                "the boundary check is broken: eplb-cli should depend on {dep}"
+            ));
+        }
+        for krate in ["eplb-runtime", "eplb-sim"] {
+            if depends(krate, dep)? {
+                return Err(format!(
+                    "{krate} depends on {dep} (see `cargo tree -p {krate} -e normal -i {dep}`); \
+                     the tools' crates belong in eplb-cli"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Builds the `#![no_std]` staticlib with its own panic handler that links the no_std crates.

@@ -145,7 +145,7 @@ pub fn test() -> Result<(), String> {
     let wheel = build_wheel(&maturin)?;
     run(
         "python: the eplb CLI for the comparison tests",
-        cargo().args(["build", "--quiet", "-p", "eplb-runtime", "--bin", "eplb"]),
+        cargo().args(["build", "--quiet", "-p", "eplb-cli", "--bin", "eplb"]),
     )?;
     let venv = root().join("target").join("python-test-venv");
     make_venv(&venv)?;

@@ -165,7 +165,7 @@ pub enum ConfigError {
     },
     /// A problem with the `deployment` object, or a quant type that EPLB does not support on
     /// the named hardware (with EPLB on); the message names the key or the combination.
-    Deployment(crate::deployment::DeploymentError),
+    Deployment(crate::config::deployment::DeploymentError),
 }
 
 fn quoted(path: &std::path::Path) -> String {

@@ -1,7 +1,7 @@
 //! "Did you mean ...?": a small edit distance and the closest candidate.
 
 /// Levenshtein distance between `a` and `b`, counted in `char`s (insert, delete, substitute).
-pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
+pub fn levenshtein(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     // `row[j]` is the distance between the prefix of `a` read so far and `b[..j]`.
     let mut row: Vec<usize> = (0..=b.len()).collect();
@@ -28,7 +28,7 @@ pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
 /// must be at most `max(2, len / 3)` where `len` is the length of `given` in `char`s (ties go to
 /// the earlier candidate); failing that, the first candidate that starts with `given` (of at
 /// least 4 `char`s) qualifies.
-pub(crate) fn closest<'c>(given: &str, candidates: &[&'c str]) -> Option<&'c str> {
+pub fn closest<'c>(given: &str, candidates: &[&'c str]) -> Option<&'c str> {
     let lower = given.to_lowercase();
     if let Some(c) = candidates.iter().find(|c| c.to_lowercase() == lower) {
         return Some(c);

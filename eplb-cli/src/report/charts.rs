@@ -35,11 +35,6 @@ pub fn policy_color(name: &str, index: usize) -> RGBColor {
     }
 }
 
-/// `#rrggbb` of a colour (for HTML swatches).
-pub fn css(c: RGBColor) -> String {
-    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
-}
-
 fn err<E: std::fmt::Display>(e: E) -> String {
     format!("cannot draw the chart: {e}")
 }

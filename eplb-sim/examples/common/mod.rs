@@ -4,7 +4,7 @@
 use eplb_core::metrics::Routing;
 use eplb_policies::PolicyKind;
 use eplb_policies::incremental::Params;
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace};
+use eplb_sim::simulate::{Initial, SimConfig, SimPolicy, SimTrace};
 
 /// The trace at `path` (eplb-trace/v1 or any heat format `load_heat` reads), integer counts.
 pub fn load_trace(path: &str) -> SimTrace {

@@ -20,8 +20,9 @@ use eplb_core::{Placement, Shape};
 use eplb_policies::PolicyKind;
 use serde_json::{Value, json};
 
-use crate::payload::{CostBasis, MoveCost, sequence_cost};
-use crate::simulate::{SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with};
+use eplb_sim::cost::{CostBasis, MoveCost, sequence_cost};
+use eplb_sim::simulate::{simulate, simulate_with};
+use eplb_sim::{SimConfig, SimPolicy, SimResult, SimTrace};
 
 /// The policies of `--policies`: `all`, or a comma-separated list of `static` and policy names
 /// or numbers. `static` is always run (first) as the baseline of the heat map and rank loads.
@@ -76,7 +77,10 @@ impl PolicyList {
 }
 
 /// The parameters of `all` that policy `k` takes.
-fn params_of(k: PolicyKind, all: &[crate::policies::Param]) -> Vec<crate::policies::Param> {
+fn params_of(
+    k: PolicyKind,
+    all: &[eplb_runtime::policies::Param],
+) -> Vec<eplb_runtime::policies::Param> {
     all.iter()
         .filter(|(key, _)| k.params().iter().any(|i| i.name == key.as_str()))
         .cloned()
@@ -115,7 +119,7 @@ pub struct ReportJob<'a> {
     /// The policies.
     pub policies: PolicyList,
     /// `--param KEY=VALUE`: each is given to every policy of the list that takes `KEY`.
-    pub params: Vec<crate::policies::Param>,
+    pub params: Vec<eplb_runtime::policies::Param>,
     /// The cost model.
     pub basis: &'a CostBasis,
     /// The command line that made the page, shell-quoted.
@@ -266,7 +270,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
     }
     for p in &order {
         if let SimPolicy::Policy(k) = *p {
-            crate::policies::policy_with(k, &params_of(k, &job.params))
+            eplb_runtime::policies::policy_with(k, &params_of(k, &job.params))
                 .map_err(|e| format!("--param: {e}"))?;
         }
     }
@@ -285,7 +289,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             SimPolicy::Static => Vec::new(),
         };
         let run = match (policy, own.is_empty()) {
-            (SimPolicy::Policy(k), false) => crate::policies::policy_with(k, &own)
+            (SimPolicy::Policy(k), false) => eplb_runtime::policies::policy_with(k, &own)
                 .map_err(|e| format!("--param: {e}"))
                 .and_then(|p| simulate_with(job.trace, &cfg, Box::new(p), &mut cb)),
             _ => simulate(job.trace, &cfg, &mut cb),
@@ -316,8 +320,8 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             job.basis.payload.total_bytes(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
-        let mut metrics = crate::cli::sim_json(&result, name, cfg.routing);
-        crate::cli::add_sim_cost(&mut metrics, &costs, job.basis);
+        let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
+        eplb_sim::json::add_sim_cost(&mut metrics, &costs, job.basis);
         progress.finished(
             i + 1,
             n,
@@ -360,16 +364,6 @@ pub struct RankLoads {
 }
 
 impl Report {
-    /// The runs, `static` first.
-    pub fn runs(&self) -> &[Run] {
-        &self.runs
-    }
-
-    /// The policies of `all` that were left out, with the reason.
-    pub fn skipped(&self) -> &[(String, String)] {
-        &self.skipped
-    }
-
     fn shape(&self) -> Shape {
         self.runs[0].result.shape
     }

@@ -1,13 +1,123 @@
 //! Start-up per mode: the placement a rank starts from, the controller settings a config
-//! implies, and the record-mode sink that writes the expert-map JSON.
+//! implies, the record-mode sink that writes the expert-map JSON, and a rank's whole
+//! [`Controller`] from a config in one call ([`controller`]).
+//!
+//! Start-up wiring lives here, beside the driver and not inside it: this module uses the
+//! controller, the planner and the config; none of them uses it.
 
+use core::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use eplb_core::{Layout, Placement, ReplicaChoice, Shape, StageClassifier};
 use eplb_map::map::{ReadOptions, read_map_json, to_json};
 
-use crate::config::{EplbConfig, Mode};
-use crate::controller::{ControllerConfig, RecordSink, RunMode};
+use crate::config::{ConfigError, EplbConfig, Mode};
+use crate::controller::{
+    Controller, ControllerConfig, ControllerError, DEFAULT_MAX_COLLECTIVE_FAILURES, RecordSink,
+};
+use crate::fsio::ReadError;
+use crate::planner::Planner;
+use crate::rank::RunMode;
+use crate::transport::Transport;
+
+/// Why a rank could not start: what is wrong, and where.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The config's mode runs no controller (off or static).
+    NoController(Mode),
+    /// The model and the config do not form a shape (or a topology).
+    Shape(eplb_core::Error),
+    /// The config's settings do not fit the model (a redundancy the ranks cannot hold, one
+    /// rank in a dynamic mode).
+    Config(ConfigError),
+    /// A map file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: ReadError,
+    },
+    /// A map file is not a valid expert map for the model.
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: eplb_map::Error,
+    },
+    /// The controller refused its start (a transport that does not match the shape).
+    Controller(ControllerError),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::NoController(m) => write!(f, "mode {m} runs no controller"),
+            StartError::Shape(e) => e.fmt(f),
+            StartError::Config(e) => e.fmt(f),
+            StartError::Read { path, error } => write!(f, "{}: {error}", path.display()),
+            StartError::Map { path, error } => write!(f, "{}: {error}", path.display()),
+            StartError::Controller(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::NoController(_) => None,
+            StartError::Shape(e) => Some(e),
+            StartError::Config(e) => Some(e),
+            StartError::Read { error, .. } => Some(error),
+            StartError::Map { error, .. } => Some(error),
+            StartError::Controller(e) => Some(e),
+        }
+    }
+}
+
+impl From<eplb_core::Error> for StartError {
+    fn from(e: eplb_core::Error) -> Self {
+        StartError::Shape(e)
+    }
+}
+
+impl From<ConfigError> for StartError {
+    fn from(e: ConfigError) -> Self {
+        StartError::Config(e)
+    }
+}
+
+impl From<ControllerError> for StartError {
+    fn from(e: ControllerError) -> Self {
+        StartError::Controller(e)
+    }
+}
+
+/// The controller of `transport.rank()` as `cfg` says, in one call: the start-up placement
+/// ([`startup`]), the controller settings ([`controller_config`]), this rank's own planner
+/// thread with the configured policy, and in record mode on rank 0 the sink that writes the
+/// expert map to `expert_map_record_path` ([`record_sink`]).
+pub fn controller<T: Transport>(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+    transport: T,
+) -> Result<Controller<T>, StartError> {
+    let (shape, placement) = startup(cfg, model)?;
+    let ccfg = controller_config(cfg, model)?;
+    let policy = crate::policies::policy_for(cfg.policy());
+    let planner = Arc::new(Planner::spawn(policy, shape));
+    let rank = transport.rank();
+    let record = ccfg.mode == RunMode::Record;
+    let mut c = Controller::new(shape, placement, ccfg, transport, planner)?;
+    if record
+        && rank == 0
+        && let Some(path) = cfg.expert_map_record_path()
+    {
+        c.set_record_sink(record_sink(path.to_path_buf()));
+    }
+    Ok(c)
+}
 
 /// What the serving engine tells the runtime about the model and the parallel layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,42 +146,45 @@ pub struct ModelInfo {
 /// copies are a warning) and checked against the model; its redundancy wins over the configured
 /// one, as in vLLM-Ascend. Dynamic or record without a map: the default layout with the
 /// configured redundancy. Off: the contiguous layout without redundancy (vLLM's own map).
-pub fn startup(cfg: &EplbConfig, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
-    let topo = |s: Shape| {
-        s.topology(model.ranks_per_node.max(1), model.groups.max(1))
-            .map_err(|e| e.to_string())
-    };
+pub fn startup(cfg: &EplbConfig, model: &ModelInfo) -> Result<(Shape, Vec<u16>), StartError> {
+    let topo = |s: Shape| s.topology(model.ranks_per_node.max(1), model.groups.max(1));
     if let Some(path) = cfg.expert_map_path() {
         let (shape, placement) = read_static_map(path, model)?;
         return Ok((topo(shape)?, placement));
     }
     let (shape, layout) = match cfg.mode() {
         Mode::Off | Mode::Static => (
-            Shape::from_redundant(model.layers, model.experts, model.ranks, 0)
-                .map_err(|e| e.to_string())?,
+            Shape::from_redundant(model.layers, model.experts, model.ranks, 0)?,
             Layout::Contiguous,
         ),
         Mode::Dynamic | Mode::Record => (
-            cfg.shape(model.layers, model.experts, model.ranks)
-                .map_err(|e| e.to_string())?,
+            cfg.shape(model.layers, model.experts, model.ranks)?,
             Layout::Default,
         ),
     };
     let shape = topo(shape)?;
     let mut p = vec![0u16; shape.placement_len()];
-    layout.fill(&shape, &mut p).map_err(|e| e.to_string())?;
+    layout.fill(&shape, &mut p)?;
     Ok((shape, p))
 }
 
 /// Reads a static expert map for `model`.
-pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16>), String> {
-    let bytes = crate::fsio::read_bounded(path, crate::fsio::DEFAULT_INPUT_LIMIT)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_static_map(path: &Path, model: &ModelInfo) -> Result<(Shape, Vec<u16>), StartError> {
+    let bytes =
+        crate::fsio::read_bounded(path, crate::fsio::DEFAULT_INPUT_LIMIT).map_err(|error| {
+            StartError::Read {
+                path: path.to_path_buf(),
+                error,
+            }
+        })?;
     let opts = ReadOptions::lenient()
         .experts(model.experts)
         .ranks(model.ranks)
         .layers(model.layers);
-    let map = read_map_json(&bytes, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let map = read_map_json(&bytes, &opts).map_err(|error| StartError::Map {
+        path: path.to_path_buf(),
+        error,
+    })?;
     let shape = map.shape();
     if map.colocated_rows() > 0 {
         log::warn!(
@@ -112,11 +225,14 @@ pub fn colocated_row_list(placement: &[u16], shape: &Shape) -> String {
 }
 
 /// The controller settings a config implies (dynamic or record modes).
-pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<ControllerConfig, String> {
+pub fn controller_config(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+) -> Result<ControllerConfig, StartError> {
     let mode = match cfg.mode() {
         Mode::Dynamic => RunMode::Dynamic,
         Mode::Record => RunMode::Record,
-        m => return Err(format!("mode {m} runs no controller")),
+        m => return Err(StartError::NoController(m)),
     };
     Ok(ControllerConfig {
         heat_interval: cfg.heat_interval(),
@@ -130,7 +246,7 @@ pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<Controll
         } else {
             ReplicaChoice::Plain
         },
-        max_collective_failures: crate::controller::DEFAULT_MAX_COLLECTIVE_FAILURES,
+        max_collective_failures: DEFAULT_MAX_COLLECTIVE_FAILURES,
     })
 }
 
@@ -139,10 +255,11 @@ pub fn controller_config(cfg: &EplbConfig, model: &ModelInfo) -> Result<Controll
 /// renamed over the old one), so a reader never sees half a map.
 pub fn record_sink(path: PathBuf) -> RecordSink {
     Box::new(move |shape: &Shape, placement: &[u16]| {
-        let p = Placement::new(*shape, placement).map_err(|e| e.to_string())?;
+        let p = Placement::new(*shape, placement)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         let text = to_json(&p);
         crate::fsio::write_atomic(&path, text.as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     })
 }
 

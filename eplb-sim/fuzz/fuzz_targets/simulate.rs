@@ -7,7 +7,7 @@
 use eplb_core::metrics::Routing;
 use eplb_map::heat::load_heat;
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
+use eplb_sim::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts above this many values are skipped, so that one execution stays fast.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::charts::{self, FetchSeries, HeatAxes, HeatPanel, ParSeries};
 use super::{Report, Run};
-use crate::payload::{human_bytes, human_ms};
+use eplb_sim::cost::{human_bytes, human_ms};
 
 /// `s` escaped for HTML text and attribute values.
 pub fn esc(s: &str) -> String {

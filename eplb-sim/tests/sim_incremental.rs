@@ -7,13 +7,13 @@ mod common;
 
 use common::{anchor_cfg, trace};
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{SimPolicy, simulate};
+use eplb_sim::simulate::{SimPolicy, simulate};
 
-fn run(ranks: u16, redundant: u32) -> eplb_runtime::simulate::SimResult {
+fn run(ranks: u16, redundant: u32) -> eplb_sim::simulate::SimResult {
     run_on("esft_chain", ranks, redundant)
 }
 
-fn run_on(series: &str, ranks: u16, redundant: u32) -> eplb_runtime::simulate::SimResult {
+fn run_on(series: &str, ranks: u16, redundant: u32) -> eplb_sim::simulate::SimResult {
     let trace = trace(&format!("data/series/{series}.json"));
     let cfg = anchor_cfg(ranks, redundant, SimPolicy::Policy(PolicyKind::Incremental));
     let r = simulate(&trace, &cfg, &mut |_, _| {}).unwrap();

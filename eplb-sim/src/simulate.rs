@@ -1,4 +1,4 @@
-//! `eplb simulate`: replays a trace's windows through `R` [rank machines](crate::rank), the
+//! `eplb simulate`: replays a trace's windows through `R` [rank machines](eplb_runtime::rank), the
 //! policy and transfer planning on one thread, exactly as `SIMULATION.md` defines.
 //!
 //! One trace window is one forward iteration on every rank's machine. The simulator is the
@@ -18,11 +18,11 @@ use std::time::Instant;
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
-use crate::controller::RunMode;
-use crate::policies::{Keep, policy_for};
-use crate::rank::{Action, MachineConfig, RankMachine, Vote};
-use crate::transfer::plan_layer;
 use eplb_policies::PolicyKind;
+use eplb_runtime::policies::{Keep, policy_for};
+use eplb_runtime::rank::RunMode;
+use eplb_runtime::rank::{Action, MachineConfig, RankMachine, Vote};
+use eplb_runtime::transfer::plan_layer;
 
 /// A trace in memory: `counts[w][l][e]`.
 ///
@@ -294,7 +294,7 @@ pub fn simulate(
 ) -> Result<SimResult, String> {
     let policy: Box<dyn eplb_policies::Policy + Send> = match cfg.policy {
         SimPolicy::Static => Box::new(Keep),
-        SimPolicy::Policy(k) => policy_for(k)?,
+        SimPolicy::Policy(k) => policy_for(k),
     };
     simulate_with(trace, cfg, policy, progress)
 }

@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use eplb_core::metrics::Routing;
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
+use eplb_sim::simulate::{Initial, SimConfig, SimPolicy, SimTrace, simulate};
 
 /// The aggregate traces the series is built from, one segment each, in order.
 const SOURCES: [&str; 4] = [

@@ -9,7 +9,7 @@ mod common;
 use eplb_core::metrics::Routing;
 use eplb_policies::PolicyKind;
 use eplb_policies::incremental::{Incremental, Params};
-use eplb_runtime::simulate::simulate_with;
+use eplb_sim::simulate::simulate_with;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

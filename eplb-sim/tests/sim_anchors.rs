@@ -5,7 +5,7 @@ mod common;
 
 use common::{anchor_cfg as cfg, trace};
 use eplb_policies::PolicyKind;
-use eplb_runtime::simulate::{SimPolicy, simulate};
+use eplb_sim::simulate::{SimPolicy, simulate};
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 0.00005 + 1e-9

@@ -18,7 +18,7 @@ mod common;
 use eplb_core::{Placement, Shape};
 use eplb_policies::incremental::{Incremental, Params};
 use eplb_policies::{Error, Input, Policy, PolicyKind, Samples};
-use eplb_runtime::simulate::simulate_with;
+use eplb_sim::simulate::simulate_with;
 
 /// One recorded call: current placement, loads, samples (windows, data), seed, output.
 struct Call {

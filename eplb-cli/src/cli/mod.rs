@@ -1,0 +1,375 @@
+//! The `eplb` command-line tool (`DESIGN.md`, "The command-line tool"): one module per
+//! subcommand, and here what they share (the parser, the output buffer, the replay options).
+//!
+//! Errors go to stderr as `error: ...` with exit status 1 (2 for usage errors); `--json` prints
+//! one JSON object on stdout.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use eplb_core::Shape;
+use eplb_core::metrics::Routing;
+use eplb_map::heat::Heat;
+use eplb_map::map::{ReadOptions, read_map_json};
+use eplb_policies::PolicyKind;
+use eplb_runtime::config::deployment::QuantType;
+use eplb_runtime::policies::Param;
+use eplb_sim::cost::{CostBasis, CostSpec, Link, ModelPreset};
+use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
+
+/// The `eplb` tool.
+#[derive(Debug, Parser)]
+#[command(
+    name = "eplb",
+    version,
+    about = "Expert Parallelism Load Balancer for MoE serving"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Largest input file read, in bytes (default 1 GiB); inputs must be regular files.
+    #[arg(long, global = true, default_value_t = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT)]
+    max_input_bytes: u64,
+}
+
+/// What every command writes through: the input size limit and the buffered standard output,
+/// written once at the end by [`run`] (so a closed pipe or a full disk is handled in one place).
+struct Io {
+    limit: u64,
+    out: String,
+}
+
+impl Io {
+    fn read(&self, path: &Path) -> Result<Vec<u8>, String> {
+        eplb_runtime::fsio::read_bounded(path, self.limit)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// One line on standard error; a closed or full stderr is ignored (there is nowhere left to
+/// report it), never a panic as `eprintln!` would.
+macro_rules! errln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Appends one line to the command's standard output.
+macro_rules! outln {
+    ($io:expr) => { $io.out.push('\n') };
+    ($io:expr, $($arg:tt)*) => {{
+        use core::fmt::Write as _;
+        let _ = writeln!($io.out, $($arg)*);
+    }};
+}
+
+mod check_config;
+mod hotness;
+mod plan;
+mod report;
+mod simulate;
+mod validate;
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compute a placement from recorded heat and write a vLLM-Ascend expert-map JSON.
+    Plan(plan::PlanArgs),
+    /// Check an expert-map JSON; exit 0 when valid, else 1 with every problem found.
+    Validate(validate::ValidateArgs),
+    /// Validate an `eplb_config` JSON as the runtime would at start-up.
+    CheckConfig(check_config::CheckConfigArgs),
+    /// The hotness numbers (PAR over layers) of a placement under recorded heat.
+    Hotness(hotness::HotnessArgs),
+    /// Replay a trace through the dynamic cycle and score the placements (SIMULATION.md).
+    Simulate(simulate::SimulateArgs),
+    /// Simulate several policies on one trace and write one self-contained HTML page of charts.
+    Report(report::ReportArgs),
+}
+
+#[derive(Debug, Args)]
+struct Topology {
+    /// Ranks per node (DeepSeek's hierarchy); default: all ranks on one node.
+    #[arg(long)]
+    ranks_per_node: Option<u16>,
+    /// Expert groups of the model (DeepSeek's hierarchy); default 1.
+    #[arg(long)]
+    groups: Option<u16>,
+}
+
+/// What one expert weighs and how fast it moves, for the cost estimate of `plan`, `simulate`
+/// and `report` (default: the model the trace names if known, else DeepSeek-V3 W8A8; 10 Gbit/s).
+#[derive(Debug, Args)]
+struct CostArgs {
+    /// Model preset sizing an expert: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b,
+    /// deepseek-v2-lite; default: the trace's model when known (ESFT: deepseek-v2-lite), else
+    /// deepseek-v3.
+    #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
+    model: Option<ModelPreset>,
+    /// Hidden size H (with --intermediate, instead of --model).
+    #[arg(long, requires = "intermediate")]
+    hidden: Option<u64>,
+    /// Expert intermediate size I (with --hidden, instead of --model).
+    #[arg(long, requires = "hidden")]
+    intermediate: Option<u64>,
+    /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8.
+    #[arg(long, value_parser = parse_from_str::<QuantType>)]
+    quant: Option<QuantType>,
+    /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
+    #[arg(long)]
+    fused_mc2: bool,
+    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or <N>gbps.
+    #[arg(long, value_parser = parse_from_str::<Link>)]
+    link: Option<Link>,
+}
+
+impl CostArgs {
+    fn resolve(&self) -> Result<CostBasis, String> {
+        self.resolve_for_trace(None)
+    }
+
+    /// With no model flags, a trace that names a known model sizes the expert.
+    fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
+        self.spec().resolve_for_trace(trace_model)
+    }
+
+    /// The flags as the cost model's settings.
+    fn spec(&self) -> CostSpec {
+        CostSpec {
+            model: self.model,
+            hidden: self.hidden,
+            intermediate: self.intermediate,
+            quant: self.quant,
+            fused_mc2: self.fused_mc2,
+            link: self.link.clone(),
+        }
+    }
+}
+
+fn parse_from_str<T>(s: &str) -> Result<T, String>
+where
+    T: core::str::FromStr,
+    T::Err: core::fmt::Display,
+{
+    s.parse::<T>().map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RoutingArg {
+    /// vLLM-Ascend's static per-source-rank replica choice.
+    Log2phy,
+    /// Even split over replicas.
+    Even,
+}
+
+/// The options `simulate` and `report` share: the trace, the shape, the cycle, the start, the
+/// routing model, the seed and the cost model.
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// An eplb-trace/v1 trace with windows.
+    #[arg(long)]
+    trace: PathBuf,
+    /// EP ranks.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    ranks: u16,
+    /// Redundant experts.
+    #[arg(long)]
+    redundant: u32,
+    /// Heat windows per cycle (H >= 1).
+    #[arg(long)]
+    heat_interval: u32,
+    /// Windows between the snapshot and the new placement (A >= 1).
+    #[arg(long)]
+    algo_interval: u32,
+    #[command(flatten)]
+    topo: Topology,
+    /// `default` or `random:SEED`.
+    #[arg(long, default_value = "default")]
+    initial: String,
+    /// Routing model of the metrics.
+    #[arg(long, value_enum, default_value = "log2phy")]
+    routing: RoutingArg,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    cost: CostArgs,
+}
+
+impl ReplayArgs {
+    /// Reads the trace (bounded) and builds the settings for `policy`; the trace reader's
+    /// warnings go to standard error.
+    fn load(&self, io: &Io, policy: SimPolicy) -> Result<(Replay, SimConfig), String> {
+        let initial: Initial = self.initial.parse().map_err(|e| format!("{e}"))?;
+        self.cost.resolve()?;
+        let bytes = io.read(&self.trace)?;
+        let source = self.trace.display().to_string();
+        let replay = Replay::load(&bytes, &source, &self.cost.spec()).map_err(|e| e.to_string());
+        if let Ok(r) = &replay {
+            for w in &r.warnings {
+                errln!("warning: {source}: {w}");
+            }
+        }
+        let replay = replay?;
+        let cfg = SimConfig {
+            ranks: self.ranks,
+            redundant: self.redundant,
+            ranks_per_node: self.topo.ranks_per_node,
+            groups: self.topo.groups,
+            policy,
+            heat_interval: self.heat_interval,
+            algo_interval: self.algo_interval,
+            initial,
+            routing: match self.routing {
+                RoutingArg::Log2phy => Routing::Log2Phy,
+                RoutingArg::Even => Routing::Even,
+            },
+            seed: self.seed,
+            expert_bytes: 64,
+        };
+        Ok((replay, cfg))
+    }
+}
+
+/// Runs the tool on `args` (including the program name) and returns the exit code.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let argv: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(c) => c,
+        Err(e) => {
+            if e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // --help and --version go to stdout, through the same checks as any output.
+            return finish(Ok(ExitCode::SUCCESS), e.render().to_string().as_bytes());
+        }
+    };
+    let mut io = Io {
+        limit: cli.max_input_bytes,
+        out: String::new(),
+    };
+    let result = match cli.command {
+        Command::Plan(a) => plan::run(&a, &mut io),
+        Command::Validate(a) => validate::run(&a, &mut io),
+        Command::CheckConfig(a) => check_config::run(&a, &mut io),
+        Command::Hotness(a) => hotness::run(&a, &mut io),
+        Command::Simulate(a) => simulate::run(&a, &mut io),
+        Command::Report(a) => report::run(&a, &argv, &mut io),
+    };
+    finish(result, io.out.as_bytes())
+}
+
+/// Writes a command's standard output, then its error if any. A closed pipe (EPIPE) ends the
+/// command quietly with its own status; any other write error is `error: stdout: ...`, exit 1.
+fn finish(result: Result<ExitCode, String>, out: &[u8]) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_all(out).and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            errln!("error: stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            errln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse::<PolicyKind>()
+        .map_err(|e| format!("--policy {s}: {e}"))
+}
+
+fn layout_shape(heat: &Heat, ranks: u16, redundant: u32, topo: &Topology) -> Result<Shape, String> {
+    let l = u16::try_from(heat.layers()).map_err(|_| "too many layers".to_string())?;
+    let n = u16::try_from(heat.experts()).map_err(|_| "too many experts".to_string())?;
+    Shape::from_redundant(l, n, ranks, redundant)
+        .and_then(|s| {
+            s.topology(
+                topo.ranks_per_node.unwrap_or(ranks),
+                topo.groups.unwrap_or(1),
+            )
+        })
+        .map_err(|e| e.to_string())
+}
+
+fn read_current(io: &Io, path: &Path, shape: &Shape) -> Result<Vec<u16>, String> {
+    let opts = ReadOptions::lenient()
+        .experts(shape.experts() as u16)
+        .ranks(shape.ranks() as u16)
+        .layers(shape.layers() as u16);
+    let map =
+        read_map_json(&io.read(path)?, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    if map.shape().slots_per_rank() != shape.slots_per_rank() {
+        return Err(format!(
+            "{}: {} slots per device, but --ranks/--redundant give {}",
+            path.display(),
+            map.shape().slots_per_rank(),
+            shape.slots_per_rank()
+        ));
+    }
+    if map.colocated_rows() > 0 {
+        let rows =
+            eplb_runtime::startup::colocated_row_list(map.placement().as_slice(), &map.shape());
+        errln!(
+            "warning: {}: {} device rows hold an expert twice ({rows}); the policy plans from a servable copy",
+            path.display(),
+            map.colocated_rows()
+        );
+    }
+    Ok(map.into_placement().into_vec())
+}
+
+fn warn_heat(heat: &Heat, path: &Path) {
+    for w in heat.warnings() {
+        errln!("warning: {}: {w}", path.display());
+    }
+}
+
+/// A `--param KEY=VALUE` argument: the key and its value as a number.
+fn parse_param(s: &str) -> Result<Param, String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--param {s}: expected KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("--param {s}: empty parameter name"));
+    }
+    let x: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("--param {s}: parameter `{k}`: `{v}` is not a number"))?;
+    Ok((k.to_owned(), x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_parse() {
+        assert_eq!(
+            parse_param("min_gain=0.02"),
+            Ok(("min_gain".to_owned(), 0.02))
+        );
+        assert!(parse_param("min_gain").unwrap_err().contains("KEY=VALUE"));
+        assert!(parse_param("=1").is_err());
+        assert!(parse_param("z=abc").unwrap_err().contains("`z`"));
+    }
+}

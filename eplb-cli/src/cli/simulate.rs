@@ -1,0 +1,139 @@
+//! `eplb simulate`: one policy replayed over a trace (`eplb_sim`), printed or as `--json`.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args;
+use eplb_core::metrics::Routing;
+use eplb_runtime::policies::Param;
+use eplb_sim::SimResult;
+use eplb_sim::cost::{CostBasis, MoveCost, human_bytes, human_ms};
+use eplb_sim::json::{self, sim_cost};
+use eplb_sim::replay::{check_params, parse_sim_policy};
+
+use super::{Io, ReplayArgs, parse_param};
+
+#[derive(Debug, Args)]
+pub(super) struct SimulateArgs {
+    #[command(flatten)]
+    replay: ReplayArgs,
+    /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
+    #[arg(long)]
+    policy: String,
+    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
+    params: Vec<Param>,
+    /// Write the eplb-placements/v1 log here.
+    #[arg(long)]
+    placements_log: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let policy = parse_sim_policy(&a.policy).map_err(|e| e.to_string())?;
+    // Parameters are checked before any input is read.
+    check_params(policy, &a.params).map_err(|e| e.to_string())?;
+    if let Some(log) = &a.placements_log {
+        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.replay.trace.as_path()])?;
+    }
+    let (replay, cfg) = a.replay.load(io, policy)?;
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut shown = false;
+    let mut progress = |done: usize, total: usize| {
+        if tty && started.elapsed().as_secs_f64() > 1.0 {
+            let width = 30;
+            let filled = done * width / total.max(1);
+            let _ = write!(
+                std::io::stderr(),
+                "\r[{}{}] {done}/{total} windows",
+                "=".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            let _ = std::io::stderr().flush();
+            shown = true;
+        }
+    };
+    let run = replay
+        .run(&cfg, &a.params, &mut progress)
+        .map_err(|e| e.to_string())?;
+    if shown {
+        errln!();
+    }
+    let (r, basis) = (&run.result, &replay.basis);
+    if let Some(path) = &a.placements_log {
+        json::write_placements_log(path, r, policy.name(), replay.name.as_deref())
+            .map_err(|e| e.to_string())?;
+    }
+    if a.json {
+        let v = json::run_json(&run, basis, policy.name(), cfg.routing);
+        outln!(io, "{v}");
+    } else {
+        print_sim(io, r, policy.name(), cfg.routing);
+        outln!(io, "{}", basis.describe());
+        outln!(io, "{}", sim_cost_line(&run.costs, basis));
+    }
+    // A failed plan keeps the old placement: say so, and never pass a run whose every plan
+    // failed off as the policy's result.
+    if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
+        errln!("warning: {warning}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sim_cost_line(costs: &[MoveCost], basis: &CostBasis) -> String {
+    let (total, per_cycle, ms) = sim_cost(costs, basis);
+    format!(
+        "cost: {} moved over {} cycles ({} per cycle on average); at {}: about {} per cycle (busiest rank's link, layers one after another)",
+        human_bytes(total),
+        costs.len(),
+        human_bytes(per_cycle.round() as u64),
+        basis.link.name(),
+        human_ms(ms)
+    )
+}
+
+fn print_sim(io: &mut Io, r: &SimResult, policy: &str, routing: Routing) {
+    let s = r.shape;
+    outln!(
+        io,
+        "policy {policy}: L={} N={} R={} S={} X={}, routing {}, {} cycles",
+        s.layers(),
+        s.experts(),
+        s.ranks(),
+        s.slots_per_rank(),
+        s.redundant(),
+        routing.name(),
+        r.cycles
+    );
+    outln!(
+        io,
+        "PAR: mean {:.4}  p99 {:.4}  max {:.3}  | from first activation: mean {:.4}  p99 {:.4}",
+        r.mean_par,
+        r.p99_par,
+        r.max_par,
+        r.mean_par_from_first_activation,
+        r.p99_par_from_first_activation
+    );
+    outln!(
+        io,
+        "changes {}  moves {} ({:.1} per change, {:.1}% of slots)  slot writes {}  same-rank duplicate rows max {}",
+        r.changes,
+        r.moves_total,
+        r.moves_per_change(),
+        100.0 * r.moves_per_change() / s.placement_len() as f64,
+        r.slot_writes_total,
+        r.same_rank_duplicate_rows_max
+    );
+    outln!(
+        io,
+        "policy time per cycle: mean {:.2} ms, max {:.2} ms; lower bound mean PAR {:.4}",
+        r.policy_time_ms_mean,
+        r.policy_time_ms_max,
+        r.lower_bound_mean_par
+    );
+}

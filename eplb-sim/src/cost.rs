@@ -1,0 +1,584 @@
+//! What a rebalance costs: expert copies moved, their bytes, and the time at a link per rank.
+//!
+//! [`move_cost`] plans each changed layer as the runtime does ([`eplb_runtime::transfer::plan_layer`])
+//! and counts, per layer, the expert copies sent between ranks, their bytes, and the bytes of
+//! the busiest rank (the larger of what it sends and what it receives). At a [`Link`]
+//! bandwidth per rank, a layer's exchange takes the busiest rank's bytes over the bandwidth
+//! (the links work in parallel and in both directions); layers are updated one after another,
+//! so a rebalance takes the sum over layers ([`MoveCost::transfer_ms`]). One expert's bytes are
+//! its payload's ([`eplb_runtime::payload::ExpertPayload`]) for a [`ModelPreset`] or custom
+//! dimensions and a quant type ([`CostSpec`]).
+
+use core::fmt;
+use core::str::FromStr;
+
+use eplb_core::Shape;
+use eplb_runtime::config::deployment::{QuantType, UnknownName};
+use eplb_runtime::payload::{ExpertPayload, ModelDims};
+use eplb_runtime::transfer::{PlanError, plan_layer};
+use serde_json::{Value, json};
+
+/// A model whose expert dimensions are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelPreset {
+    /// DeepSeek-V3 / R1: `H = 7168`, `I = 2048`.
+    DeepSeekV3,
+    /// Qwen3-235B-A22B: `H = 4096`, `I = 1536`.
+    Qwen3_235B,
+    /// Qwen3-30B-A3B: `H = 2048`, `I = 768`.
+    Qwen3_30B,
+    /// DeepSeek-V2-Lite (and the ESFT models built on it): `H = 2048`, `I = 1408`, bf16.
+    DeepSeekV2Lite,
+}
+
+const MODEL_NAMES: [&str; 4] = ["deepseek-v3", "qwen3-235b", "qwen3-30b", "deepseek-v2-lite"];
+
+impl ModelPreset {
+    /// Every preset.
+    pub const ALL: [ModelPreset; 4] = [
+        ModelPreset::DeepSeekV3,
+        ModelPreset::Qwen3_235B,
+        ModelPreset::Qwen3_30B,
+        ModelPreset::DeepSeekV2Lite,
+    ];
+
+    /// The command-line name: `deepseek-v3`, `qwen3-235b`, `qwen3-30b` or `deepseek-v2-lite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelPreset::DeepSeekV3 => "deepseek-v3",
+            ModelPreset::Qwen3_235B => "qwen3-235b",
+            ModelPreset::Qwen3_30B => "qwen3-30b",
+            ModelPreset::DeepSeekV2Lite => "deepseek-v2-lite",
+        }
+    }
+
+    /// The model's display name.
+    pub fn title(self) -> &'static str {
+        match self {
+            ModelPreset::DeepSeekV3 => "DeepSeek-V3/R1",
+            ModelPreset::Qwen3_235B => "Qwen3-235B-A22B",
+            ModelPreset::Qwen3_30B => "Qwen3-30B-A3B",
+            ModelPreset::DeepSeekV2Lite => "DeepSeek-V2-Lite",
+        }
+    }
+
+    /// `H` and `I`.
+    pub fn dims(self) -> ModelDims {
+        let (hidden, intermediate) = match self {
+            ModelPreset::DeepSeekV3 => (7168, 2048),
+            ModelPreset::Qwen3_235B => (4096, 1536),
+            ModelPreset::Qwen3_30B => (2048, 768),
+            // deepseek-ai/DeepSeek-V2-Lite `config.json`: `hidden_size` 2048,
+            // `moe_intermediate_size` 1408 (64 routed experts, top-6, `torch_dtype` bfloat16).
+            ModelPreset::DeepSeekV2Lite => (2048, 1408),
+        };
+        ModelDims {
+            hidden,
+            intermediate,
+        }
+    }
+}
+
+impl ModelPreset {
+    /// The quant type of the model's published checkpoint, when it is not what an Ascend
+    /// deployment of it usually runs (W8A8): DeepSeek-V2-Lite ships in bf16 only.
+    pub fn checkpoint_quant(self) -> Option<QuantType> {
+        match self {
+            ModelPreset::DeepSeekV2Lite => Some(QuantType::None),
+            _ => None,
+        }
+    }
+
+    /// The preset of the model an `eplb-trace/v1` trace names in its `model` object (`name`,
+    /// `arch`, `num_experts`), when it is not the DeepSeek-V3 default: `deepseek_v2` with 64
+    /// experts (or "lite" in the name) is DeepSeek-V2-Lite (the ESFT traces). `None` for
+    /// anything else, `deepseek_v3` included (the default already is DeepSeek-V3).
+    pub fn from_trace_model(model: &Value) -> Option<Self> {
+        let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
+        let name = model
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let experts = model.get("num_experts").and_then(Value::as_u64);
+        match arch.as_str() {
+            "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
+                Some(ModelPreset::DeepSeekV2Lite)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl FromStr for ModelPreset {
+    type Err = UnknownName;
+
+    /// Case-insensitive; also `deepseek-r1`, `qwen3-235b-a22b`, `qwen3-30b-a3b`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "deepseek-v3" | "deepseek-r1" => Ok(ModelPreset::DeepSeekV3),
+            "qwen3-235b" | "qwen3-235b-a22b" => Ok(ModelPreset::Qwen3_235B),
+            "qwen3-30b" | "qwen3-30b-a3b" => Ok(ModelPreset::Qwen3_30B),
+            "deepseek-v2-lite" => Ok(ModelPreset::DeepSeekV2Lite),
+            _ => Err(UnknownName {
+                what: "model",
+                got: s.to_owned(),
+                expected: &MODEL_NAMES,
+                suggestion: eplb_runtime::config::suggest::closest(s, &MODEL_NAMES),
+            }),
+        }
+    }
+}
+
+/// The bandwidth of each rank's link for weight transfers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    name: String,
+    bytes_per_s: f64,
+}
+
+/// Why a link description was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkError {
+    /// The text given.
+    pub got: String,
+    /// A rate was given, but it is so small that a transfer would take forever.
+    pub too_slow: bool,
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.too_slow {
+            return write!(
+                f,
+                "link {:?} is too slow: a transfer time would be infinite; give a rate of at least {MIN_GBPS:e} Gbit/s",
+                self.got
+            );
+        }
+        write!(
+            f,
+            "unknown link {:?}; expected 10gbps, hccs, roce or <N>gbps with N > 0",
+            self.got
+        )
+    }
+}
+
+/// The slowest link rate accepted (Gbit/s): at it, `u64::MAX` bytes take a finite time.
+pub const MIN_GBPS: f64 = 1e-9;
+
+impl core::error::Error for LinkError {}
+
+impl Link {
+    /// The seed's minimum network for redistribution: 10 Gbit/s.
+    pub fn min_10gbps() -> Self {
+        Self {
+            name: "10gbps".to_owned(),
+            bytes_per_s: 10e9 / 8.0,
+        }
+    }
+
+    /// A2 HCCS peer-to-peer: about 56 GB/s per NPU pair (`research/cann-hccl.md`, a secondary
+    /// source, unconfirmed).
+    pub fn hccs() -> Self {
+        Self {
+            name: "hccs".to_owned(),
+            bytes_per_s: 56e9,
+        }
+    }
+
+    /// One RoCE port per NPU at 200 GbE (`research/cann-hccl.md`, commonly quoted, not
+    /// verified).
+    pub fn roce() -> Self {
+        Self {
+            name: "roce".to_owned(),
+            bytes_per_s: 200e9 / 8.0,
+        }
+    }
+
+    /// `gbit` Gbit/s; `None` unless finite and at least [`MIN_GBPS`].
+    pub fn gbps(gbit: f64) -> Option<Self> {
+        (gbit.is_finite() && gbit >= MIN_GBPS).then(|| Self {
+            name: format!("{gbit}gbps"),
+            bytes_per_s: gbit * 1e9 / 8.0,
+        })
+    }
+
+    /// The name (`10gbps`, `hccs`, `roce`, `<N>gbps`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes per second.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes_per_s
+    }
+
+    /// Gbit/s.
+    pub fn gbit_per_s(&self) -> f64 {
+        self.bytes_per_s * 8.0 / 1e9
+    }
+
+    /// Milliseconds to move `bytes` over this link.
+    pub fn ms(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.bytes_per_s * 1e3
+    }
+
+    /// `{"name", "gbit_per_s"}`.
+    pub fn to_json(&self) -> Value {
+        json!({"name": self.name, "gbit_per_s": self.gbit_per_s()})
+    }
+}
+
+impl FromStr for Link {
+    type Err = LinkError;
+
+    /// `10gbps` (the default), `hccs`, `roce`, or `<N>gbps` (`25gbps`, `2.5gbps`); any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        let err = || LinkError {
+            got: s.to_owned(),
+            too_slow: false,
+        };
+        match t.as_str() {
+            "hccs" => Ok(Link::hccs()),
+            "roce" => Ok(Link::roce()),
+            _ => {
+                let n = t.strip_suffix("gbps").ok_or_else(err)?;
+                let gbit: f64 = n.trim().parse().map_err(|_| err())?;
+                if gbit > 0.0 && gbit < MIN_GBPS {
+                    return Err(LinkError {
+                        got: s.to_owned(),
+                        too_slow: true,
+                    });
+                }
+                let mut link = Link::gbps(gbit).ok_or_else(err)?;
+                link.name = t;
+                Ok(link)
+            }
+        }
+    }
+}
+
+/// The cost of one layer's exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerCost {
+    /// Expert copies sent between ranks.
+    pub transfers: usize,
+    /// Bytes sent between ranks.
+    pub bytes: u64,
+    /// The busiest rank's bytes: the larger of what it sends and what it receives.
+    pub max_rank_bytes: u64,
+}
+
+/// The cost of going from one placement to another, per layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveCost {
+    /// Bytes of one expert.
+    pub expert_bytes: u64,
+    /// Per layer (unchanged layers cost nothing).
+    pub layers: Vec<LayerCost>,
+}
+
+impl MoveCost {
+    /// Expert copies sent between ranks, over all layers.
+    pub fn transfers(&self) -> usize {
+        self.layers.iter().map(|l| l.transfers).sum()
+    }
+
+    /// Bytes sent between ranks, over all layers.
+    pub fn bytes_moved(&self) -> u64 {
+        self.layers.iter().map(|l| l.bytes).sum()
+    }
+
+    /// Bytes sent between ranks, per layer.
+    pub fn bytes_per_layer(&self) -> Vec<u64> {
+        self.layers.iter().map(|l| l.bytes).collect()
+    }
+
+    /// Estimated time of the whole update at `link` per rank: per layer, the busiest rank's
+    /// bytes over the bandwidth; layers one after another.
+    pub fn transfer_ms(&self, link: &Link) -> f64 {
+        self.layers.iter().map(|l| link.ms(l.max_rank_bytes)).sum()
+    }
+
+    /// The longest single layer's exchange at `link` (it must hide behind one forward).
+    pub fn transfer_ms_max_layer(&self, link: &Link) -> f64 {
+        self.layers
+            .iter()
+            .map(|l| link.ms(l.max_rank_bytes))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// The cost of replacing placement `old` with `new` (both `[L][R][S]` of `shape`) when one
+/// expert is `expert_bytes` long; each changed layer is planned as the runtime plans it.
+pub fn move_cost(
+    shape: &Shape,
+    old: &[u16],
+    new: &[u16],
+    expert_bytes: usize,
+) -> Result<MoveCost, PlanError> {
+    for (what, got) in [("old placement", old.len()), ("new placement", new.len())] {
+        if got != shape.placement_len() {
+            return Err(PlanError::Shape {
+                what,
+                expected: shape.placement_len(),
+                got,
+            });
+        }
+    }
+    let per = shape.slots_per_layer().max(1);
+    let bytes = expert_bytes as u64;
+    let mut layers = Vec::with_capacity(shape.layers());
+    for (l, (o, n)) in old.chunks_exact(per).zip(new.chunks_exact(per)).enumerate() {
+        if o == n {
+            layers.push(LayerCost {
+                transfers: 0,
+                bytes: 0,
+                max_rank_bytes: 0,
+            });
+            continue;
+        }
+        let plan = plan_layer(shape, l, o, n)?;
+        let mut sent = vec![0u64; shape.ranks()];
+        let mut recv = vec![0u64; shape.ranks()];
+        for t in &plan.transfers {
+            if let Some(s) = sent.get_mut(usize::from(t.src)) {
+                *s = s.saturating_add(bytes);
+            }
+            if let Some(r) = recv.get_mut(usize::from(t.dst)) {
+                *r = r.saturating_add(bytes);
+            }
+        }
+        let max_rank_bytes = sent.iter().chain(&recv).copied().max().unwrap_or(0);
+        layers.push(LayerCost {
+            transfers: plan.transfers.len(),
+            bytes: bytes.saturating_mul(plan.transfers.len() as u64),
+            max_rank_bytes,
+        });
+    }
+    Ok(MoveCost {
+        expert_bytes: bytes,
+        layers,
+    })
+}
+
+/// The cost of each step of a sequence of placements (`placements[k]` to `placements[k+1]`).
+pub fn sequence_cost<'p>(
+    shape: &Shape,
+    placements: impl IntoIterator<Item = &'p [u16]>,
+    expert_bytes: usize,
+) -> Result<Vec<MoveCost>, PlanError> {
+    let mut out = Vec::new();
+    let mut prev: Option<&[u16]> = None;
+    for p in placements {
+        if let Some(old) = prev {
+            out.push(move_cost(shape, old, p, expert_bytes)?);
+        }
+        prev = Some(p);
+    }
+    Ok(out)
+}
+
+/// What a cost estimate is asked for (the command-line flags); unset fields take the defaults:
+/// DeepSeek-V3, W8A8, the 10 Gbit/s link.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CostSpec {
+    /// A model preset.
+    pub model: Option<ModelPreset>,
+    /// `H`, given with `intermediate` instead of a preset.
+    pub hidden: Option<u64>,
+    /// `I`, given with `hidden` instead of a preset.
+    pub intermediate: Option<u64>,
+    /// The quant type.
+    pub quant: Option<QuantType>,
+    /// Whether fused MC2 is on.
+    pub fused_mc2: bool,
+    /// The link per rank.
+    pub link: Option<Link>,
+}
+
+/// A resolved [`CostSpec`]: the payload and link a cost estimate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostBasis {
+    /// The model's name (a preset's title, or `custom`).
+    pub model: String,
+    /// Its dimensions.
+    pub dims: ModelDims,
+    /// The quant type.
+    pub quant: QuantType,
+    /// Whether fused MC2 is on.
+    pub fused_mc2: bool,
+    /// One expert's tensors.
+    pub payload: ExpertPayload,
+    /// The link per rank.
+    pub link: Link,
+    /// Which of `model`, `quant`, `link` were defaulted.
+    pub defaulted: Vec<&'static str>,
+}
+
+/// `n` bytes in binary units (`42.04 MiB`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        unit = u;
+        if v < 1024.0 || u == "TiB" {
+            break;
+        }
+        v /= 1024.0;
+    }
+    if unit == "B" {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
+/// A duration in milliseconds for people (`35.3 ms`, `4.21 s`).
+pub fn human_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+impl CostSpec {
+    /// Applies the defaults and builds the payload. `hidden` and `intermediate` go together
+    /// and exclude `model`.
+    pub fn resolve(&self) -> Result<CostBasis, String> {
+        self.resolve_for_trace(None)
+    }
+
+    /// [`CostSpec::resolve`] for a trace of `trace_model` (see
+    /// [`ModelPreset::from_trace_model`]): with no `model`, `hidden` or `intermediate` given,
+    /// the expert is sized by the trace's model instead of the DeepSeek-V3 default, and an
+    /// unset quant type is the model's checkpoint type ([`ModelPreset::checkpoint_quant`]).
+    pub fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
+        let mut defaulted = Vec::new();
+        let from_trace = match (self.model, self.hidden, self.intermediate, trace_model) {
+            (None, None, None, Some(m)) => Some(m),
+            _ => None,
+        };
+        let (model, dims) = match (self.model, self.hidden, self.intermediate) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                return Err(
+                    "give either --model or --hidden with --intermediate, not both".to_owned(),
+                );
+            }
+            (None, Some(hidden), Some(intermediate)) => (
+                "custom".to_owned(),
+                ModelDims {
+                    hidden,
+                    intermediate,
+                },
+            ),
+            (None, Some(_), None) | (None, None, Some(_)) => {
+                return Err("--hidden and --intermediate go together".to_owned());
+            }
+            (Some(m), None, None) => (m.title().to_owned(), m.dims()),
+            (None, None, None) => match from_trace {
+                Some(m) => (format!("{} (from the trace)", m.title()), m.dims()),
+                None => {
+                    defaulted.push("model");
+                    let m = ModelPreset::DeepSeekV3;
+                    (m.title().to_owned(), m.dims())
+                }
+            },
+        };
+        let quant = self.quant.unwrap_or_else(|| {
+            defaulted.push("quant");
+            from_trace
+                .and_then(ModelPreset::checkpoint_quant)
+                .unwrap_or(QuantType::W8A8)
+        });
+        let link = self.link.clone().unwrap_or_else(|| {
+            defaulted.push("link");
+            Link::min_10gbps()
+        });
+        let payload =
+            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(|e| e.to_string())?;
+        Ok(CostBasis {
+            model,
+            dims,
+            quant,
+            fused_mc2: self.fused_mc2,
+            payload,
+            link,
+            defaulted,
+        })
+    }
+}
+
+impl CostBasis {
+    /// `{"model", "hidden", "intermediate", "quant_type", "fused_mc2", "expert_bytes",
+    /// "tensors", "defaulted"}`.
+    pub fn payload_json(&self) -> Value {
+        let p = self.payload.to_json();
+        json!({
+            "model": self.model,
+            "hidden": self.dims.hidden,
+            "intermediate": self.dims.intermediate,
+            "quant_type": self.quant.name(),
+            "fused_mc2": self.fused_mc2,
+            "expert_bytes": p.get("expert_bytes"),
+            "tensors": p.get("tensors"),
+            "defaulted": self.defaulted,
+        })
+    }
+
+    /// One line: the model, quant type, expert size, link, and what was defaulted.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "payload: {} (H={}, I={}) {}{}, {} per expert ({} bytes, {} tensors); link {} ({} Gbit/s per rank)",
+            self.model,
+            self.dims.hidden,
+            self.dims.intermediate,
+            self.quant,
+            if self.fused_mc2 { " fused MC2" } else { "" },
+            human_bytes(self.payload.total_bytes() as u64),
+            self.payload.total_bytes(),
+            self.payload.tensors().len(),
+            self.link.name(),
+            self.link.gbit_per_s()
+        );
+        if !self.defaulted.is_empty() {
+            s.push_str(&format!(
+                " [default {}: set --model/--quant/--link]",
+                self.defaulted.join(", ")
+            ));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(44 * 1024), "44.00 KiB");
+        assert_eq!(human_bytes(42 * 1024 * 1024), "42.00 MiB");
+        assert_eq!(human_ms(35.25), "35.2 ms");
+        assert_eq!(human_ms(4210.0), "4.21 s");
+    }
+
+    #[test]
+    fn links() {
+        assert_eq!("10gbps".parse::<Link>().unwrap(), {
+            let mut l = Link::min_10gbps();
+            l.name = "10gbps".into();
+            l
+        });
+        assert_eq!("HCCS".parse::<Link>().unwrap().bytes_per_s(), 56e9);
+        assert_eq!("roce".parse::<Link>().unwrap().gbit_per_s(), 200.0);
+        assert_eq!("2.5gbps".parse::<Link>().unwrap().bytes_per_s(), 312.5e6);
+        for bad in ["0gbps", "-1gbps", "fast", "gbps", "nangbps", "infgbps"] {
+            assert!(bad.parse::<Link>().is_err(), "{bad}");
+        }
+    }
+}
