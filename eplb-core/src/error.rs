@@ -123,6 +123,22 @@ pub enum Error {
         /// What overflowed.
         what: &'static str,
     },
+    /// A per-slot load of the time model is negative, NaN or infinite.
+    BadSlotLoad {
+        /// Layer.
+        layer: u16,
+        /// Rank.
+        rank: u16,
+        /// Slot on that rank.
+        slot: u16,
+    },
+    /// A number of the time model (hardware, model, tokens, bytes, times) is out of range.
+    BadParameter {
+        /// Which number (`hardware HBM bandwidth`, `tokens per rank`, ...).
+        what: &'static str,
+        /// What it must be (`a finite number > 0`, ...).
+        requirement: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -218,6 +234,13 @@ impl fmt::Display for Error {
                 "layer {layer}, index {index}: load must be a finite number >= 0"
             ),
             Error::Overflow { what } => write!(f, "{what} overflows"),
+            Error::BadSlotLoad { layer, rank, slot } => write!(
+                f,
+                "layer {layer}, rank {rank}, slot {slot}: slot load must be a finite number >= 0"
+            ),
+            Error::BadParameter { what, requirement } => {
+                write!(f, "time model: {what} must be {requirement}")
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Shapes and their validation, placements `[L][R][S]` with their expert maps and `log2phy`,
 //! the initial layouts, the heat window, the metrics (rank loads, PAR, hotness, lower bound),
-//! the heat-stage filter and the cycle state machine.
+//! the heat-stage filter, the cycle state machine and the serving-time model (milliseconds per
+//! iteration, the stall of moves, the pay-off gate).
 //!
 //! **Invariant:** no allocation: every buffer is a caller's slice or a fixed-size value.
 //!
@@ -38,6 +39,7 @@ pub mod metrics;
 pub mod placement;
 mod shape;
 pub mod stage;
+pub mod time;
 
 pub use cycle::{Cycle, Phase, Step};
 pub use error::Error;
@@ -47,3 +49,4 @@ pub use metrics::{Hotness, Routing};
 pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placement, ReplicaChoice};
 pub use shape::Shape;
 pub use stage::{HeatStage, IterationStage, StageClassifier};
+pub use time::{Dtype, Hardware, LayerTime, ModelSpec, Role, TimeModel};
