@@ -127,7 +127,10 @@ pub const DEFAULT_POLICY: PolicyKind = PolicyKind::Swift;
 /// Called only after the path passed the file checks. The runtime passes `eplb-map`'s reader
 /// here, in its lenient mode (static loading reads leniently: co-located copies are a warning,
 /// not an error, so that any placement `eplb plan` writes can be read back).
-pub type MapValidator<'a> = dyn Fn(&Path) -> Result<(), String> + 'a;
+pub type MapValidator<'a> = dyn Fn(&Path) -> Result<(), MapRejected> + 'a;
+
+/// Why a [`MapValidator`] rejected a map: any error (a read error, an `eplb_map::Error`, ...).
+pub type MapRejected = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the runtime does, as decided by the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -817,11 +820,11 @@ impl Parser {
             return false;
         }
         if let Some(validate) = map_validator
-            && let Err(message) = validate(path)
+            && let Err(why) = validate(path)
         {
             self.errs.push(ConfigError::MapInvalid {
                 path: path.to_owned(),
-                message,
+                message: why.to_string(),
             });
             return false;
         }

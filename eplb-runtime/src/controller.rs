@@ -23,7 +23,7 @@ use crate::planner::{Plan, PlanRequest, Planner};
 pub use crate::rank::RunMode;
 use crate::rank::{Action, Health, MachineConfig, MachineError, RankMachine};
 use crate::transfer::{RankPlan, plan_layer};
-use crate::transport::{Transport, TransportError};
+use crate::transport::{Op, Site, Transport, TransportError};
 
 /// Receives each plan in record mode (rank 0 writes the expert-map JSON).
 pub type RecordSink = Box<dyn FnMut(&Shape, &[u16]) -> std::io::Result<()> + Send>;
@@ -368,7 +368,8 @@ impl<T: Transport> Controller<T> {
                 self.in_flight = Some((
                     empty,
                     Err(TransportError::Invalid {
-                        what: e.to_string(),
+                        at: Site::new(Op::Launch, rank).layer(l),
+                        detail: format!("the layer's transfers cannot be planned: {e}"),
                     }),
                     false,
                 ));

@@ -162,15 +162,36 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// An output path that names an input file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverwritesInput {
+    /// The output path given.
+    pub output: std::path::PathBuf,
+    /// The input it names.
+    pub input: std::path::PathBuf,
+}
+
+impl core::fmt::Display for OverwritesInput {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{}: the output is the input file {}; write to another path",
+            self.output.display(),
+            self.input.display()
+        )
+    }
+}
+
+impl std::error::Error for OverwritesInput {}
+
 /// An error naming `output` when it is the same file as one of `inputs` (writing it would
 /// destroy the input).
-pub fn refuse_overwrite_input(output: &Path, inputs: &[&Path]) -> Result<(), String> {
+pub fn refuse_overwrite_input(output: &Path, inputs: &[&Path]) -> Result<(), OverwritesInput> {
     match inputs.iter().find(|i| same_file(output, i)) {
-        Some(i) => Err(format!(
-            "{}: the output is the input file {}; write to another path",
-            output.display(),
-            i.display()
-        )),
+        Some(i) => Err(OverwritesInput {
+            output: output.to_path_buf(),
+            input: i.to_path_buf(),
+        }),
         None => Ok(()),
     }
 }

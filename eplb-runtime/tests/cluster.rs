@@ -13,6 +13,7 @@ use eplb_runtime::planner::Planner;
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::Health;
 use eplb_runtime::transport::host::{Fault, HostTransport, HostWorld, canonical_expert_bytes};
+use eplb_runtime::transport::{Op, Site};
 
 const R: usize = 8;
 const BYTES: usize = 32;
@@ -645,7 +646,8 @@ impl eplb_runtime::transport::Transport for OneSided {
         if self.fail && self.armed && !self.done && local.len() == 2 {
             self.done = true;
             return Err(eplb_runtime::transport::TransportError::Timeout {
-                what: "layer vote (injected, one side only)".into(),
+                at: Site::new(Op::AllGather, self.inner.rank()),
+                detail: "layer vote (injected, one side only)".into(),
             });
         }
         r

@@ -736,11 +736,11 @@ fn map_validator_hook() {
     std::fs::write(tmp.path().join("good.json"), "good").unwrap();
     std::fs::write(tmp.path().join("bad.json"), "bad").unwrap();
     let validator: &MapValidator<'_> = &|p: &Path| {
-        let text = std::fs::read_to_string(p).map_err(|e| e.to_string())?;
+        let text = std::fs::read_to_string(p)?;
         if text == "good" {
             Ok(())
         } else {
-            Err("layer 0: device 1 has 4 slots, device 0 has 5".to_owned())
+            Err("layer 0: device 1 has 4 slots, device 0 has 5".into())
         }
     };
     let good = tmp.json("{\"expert_map_path\": \"{TMP}/good.json\"}");
@@ -759,7 +759,7 @@ fn map_validator_hook() {
     // The validator is not called for a missing file.
     let missing = tmp.json("{\"expert_map_path\": \"{TMP}/none.json\"}");
     let called = core::cell::Cell::new(false);
-    let spy = |_: &Path| -> Result<(), String> {
+    let spy = |_: &Path| -> Result<(), eplb_runtime::config::MapRejected> {
         called.set(true);
         Ok(())
     };

@@ -50,7 +50,7 @@ fn the_planner_waits_with_duration_max() {
 mod common;
 
 use eplb_core::Placement;
-use eplb_runtime::planner::plan_once;
+use eplb_runtime::planner::{PolicyHost, plan_once};
 
 /// Loads `[L][N]` summed over a trace's windows.
 fn summed(rel: &str) -> (usize, usize, Vec<f64>) {
@@ -75,12 +75,8 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
         seed: 3,
     };
     // The static start: DeepSeek's map, with co-located copies.
-    let mut ds = policy_for(PolicyKind::DeepSeek);
-    let lens = eplb_policies::buffer_lens(ds.as_ref(), &shape).unwrap();
-    let (mut scratch, mut state) = (vec![0u64; lens.scratch], vec![0u64; lens.state]);
-    let start = plan_once(ds.as_mut(), &shape, &req(initial), &mut scratch, &mut state)
-        .unwrap()
-        .placement;
+    let mut ds = PolicyHost::new(policy_for(PolicyKind::DeepSeek), shape);
+    let start = plan_once(&mut ds, &req(initial)).unwrap().placement;
     assert!(Placement::new(shape, &start).unwrap().colocated_rows() > 0);
     // Then a dynamic cycle through the planner thread, as the controller runs it.
     for kind in PolicyKind::ALL {

@@ -12,13 +12,11 @@
 //! bounded: more than 16 collectives in one iteration, or a layer walk longer than `2L + 2`
 //! iterations, fails the run as a livelock.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Instant;
-
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
 use eplb_policies::PolicyKind;
+use eplb_runtime::planner::{PlanFailure, PolicyHost};
 use eplb_runtime::policies::{Keep, policy_for};
 use eplb_runtime::rank::RunMode;
 use eplb_runtime::rank::{Action, MachineConfig, RankMachine, Vote};
@@ -548,23 +546,17 @@ struct SimWorld {
     shape: Shape,
     /// The first policy failure, with its cycle (for the report).
     first_failure: Option<String>,
-    policy: Box<dyn eplb_policies::Policy + Send>,
-    scratch: Vec<u64>,
-    /// The policy state after the last cycle every rank took.
-    state: Vec<u64>,
-    /// The state after the cycle being planned (kept iff every rank takes it).
-    working: Vec<u64>,
+    /// The policy, planned in place once per cycle for every rank and settled by the first
+    /// rank's `Settle` (the host ignores the repeats).
+    host: PolicyHost,
     gathered: Vec<u64>,
     gather_len: usize,
     loads: Vec<f64>,
     samples: Vec<f64>,
+    /// The placement of the last plan (valid when `planned` says so).
     plan: Vec<u16>,
-    changed: Vec<bool>,
-    par_before: Vec<f64>,
-    par_after: Vec<f64>,
     /// The cycle planned last and whether its plan is valid.
     planned: Option<(u64, bool)>,
-    settled: u64,
     /// Wall time of the last policy call (0 when it failed).
     plan_time: f64,
     /// Per rank: the layer launched and whether its exchange can succeed.
@@ -591,27 +583,18 @@ impl SimWorld {
             shape.slots_per_rank(),
             shape.experts(),
         );
-        let lens =
-            eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
-        let scratch = vec![0u64; lens.scratch];
-        let state = vec![0u64; lens.state];
+        // The shape's range, the policy's topology and its buffer sizes, before a window runs.
+        eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
         Ok(Self {
             first_failure: None,
             shape,
-            scratch,
-            working: state.clone(),
-            state,
-            policy,
+            host: PolicyHost::new(policy, shape),
             gathered: vec![0; r * w * l * s],
             gather_len: 0,
             loads: vec![0.0; l * n],
             samples: vec![0.0; w * l * n],
             plan: vec![0; shape.placement_len()],
-            changed: vec![false; l],
-            par_before: vec![0.0; l],
-            par_after: vec![0.0; l],
             planned: None,
-            settled: 0,
             plan_time: 0.0,
             launched: vec![None; r],
             layer_ok: None,
@@ -722,16 +705,7 @@ impl SimWorld {
                     cycle,
                     taken,
                     resync,
-                }) => {
-                    if cycle > self.settled {
-                        self.settled = cycle;
-                        if taken {
-                            core::mem::swap(&mut self.state, &mut self.working);
-                        } else if resync {
-                            self.state.fill(0);
-                        }
-                    }
-                }
+                }) => self.host.settle(cycle, taken, resync),
                 Some(Action::Record { .. }) | Some(Action::Abort { .. }) => {}
                 Some(Action::Launch { layer }) => {
                     let ok = self.layer_plannable(m, layer);
@@ -813,34 +787,21 @@ impl SimWorld {
         let samples = &mut self.samples[..t * l * n];
         m.fold_heat(gathered, &mut self.loads, samples)
             .map_err(|e| e.to_string())?;
-        self.working.copy_from_slice(&self.state);
         let shape = self.shape;
-        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<f64, String> {
-            let current = Placement::new(shape, m.placement()).map_err(|e| e.to_string())?;
+        let cycle = m.cycle_number();
+        let outcome = (|| {
+            let current = Placement::new(shape, m.placement())
+                .map_err(|e| PlanFailure::Input(eplb_policies::Error::Core(e)))?;
             let samples = eplb_policies::Samples::new(&shape, t, &self.samples[..t * l * n])
-                .map_err(|e| e.to_string())?;
+                .map_err(PlanFailure::Input)?;
             let input = eplb_policies::Input::new(current, &self.loads, Some(samples), seed)
-                .map_err(|e| e.to_string())?;
-            let started = Instant::now();
-            eplb_policies::rebalance(
-                self.policy.as_mut(),
-                &input,
-                &mut self.scratch,
-                &mut self.working,
-                eplb_policies::Output {
-                    placement: &mut self.plan,
-                    changed: &mut self.changed,
-                    par_before: &mut self.par_before,
-                    par_after: &mut self.par_after,
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            Ok(started.elapsed().as_secs_f64())
-        }))
-        .unwrap_or_else(|_| Err("policy panicked".into()));
+                .map_err(PlanFailure::Input)?;
+            self.host.plan(cycle, &input)
+        })();
         match outcome {
-            Ok(secs) => {
-                self.plan_time = secs;
+            Ok(plan) => {
+                self.plan_time = plan.elapsed.as_secs_f64();
+                self.plan = plan.placement;
                 Ok(true)
             }
             Err(e) => {

@@ -16,8 +16,9 @@ use std::sync::Mutex;
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{Layout, Placement, Shape};
 use eplb_map::map::{ReadOptions, check_map_json, read_map_json, to_json};
-use eplb_policies::{AnyPolicy, Input, Output, Policy, PolicyKind, Samples, scratch_len};
+use eplb_policies::{AnyPolicy, Input, PolicyKind, Samples};
 use eplb_runtime::config::deployment::QuantType;
+use eplb_runtime::planner::PolicyHost;
 use eplb_sim::cost::{CostSpec, Link, ModelPreset};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
@@ -278,13 +279,6 @@ fn make_shape(
         .map_err(|e| err(e.to_string()))
 }
 
-#[derive(Clone)]
-struct State {
-    policy: AnyPolicy,
-    scratch: Vec<u64>,
-    state: Vec<u64>,
-}
-
 /// One policy on one shape, with its state (FlashLB's history, the incremental policy's
 /// estimates) kept between calls. Calls on one object are serialised by a lock.
 #[pyclass(frozen, module = "eplb._native")]
@@ -292,7 +286,9 @@ struct NativePolicy {
     shape: Shape,
     seed: u64,
     kind: PolicyKind,
-    inner: Mutex<Option<State>>,
+    /// The policy with its buffers and state (`None` until the first call, and after `reset`):
+    /// the runtime's [`PolicyHost`], which keeps the state of the last call that succeeded.
+    inner: Mutex<Option<PolicyHost<AnyPolicy>>>,
     template: AnyPolicy,
 }
 
@@ -435,14 +431,8 @@ impl NativePolicy {
                 .inner
                 .lock()
                 .map_err(|_| "the policy's lock was poisoned by an earlier failure".to_string())?;
-            let st = guard.get_or_insert_with(|| {
-                let policy = self.template.clone();
-                State {
-                    scratch: vec![0u64; scratch_len(&policy, &shape)],
-                    state: vec![0u64; policy.state_len(&shape)],
-                    policy,
-                }
-            });
+            let host = guard
+                .get_or_insert_with(|| PolicyHost::new(Box::new(self.template.clone()), shape));
             let cur = Placement::new(shape, &current_v).map_err(|e| format!("current: {e}"))?;
             let smp = match &samples_v {
                 Some((t, v)) => {
@@ -451,23 +441,18 @@ impl NativePolicy {
                 None => None,
             };
             let input = Input::new(cur, &loads_v, smp, seed).map_err(|e| e.to_string())?;
-            let mut placement = vec![0u16; shape.placement_len()];
-            let (mut changed, mut before, mut after) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-            let started = std::time::Instant::now();
-            let summary = eplb_policies::rebalance(
-                &mut st.policy,
-                &input,
-                &mut st.scratch,
-                &mut st.state,
-                Output {
-                    placement: &mut placement,
-                    changed: &mut changed,
-                    par_before: &mut before,
-                    par_after: &mut after,
-                },
-            )
-            .map_err(|e| format!("{}: {e}", self.kind.name()))?;
-            let rust_s = started.elapsed().as_secs_f64();
+            // Taken at once when it succeeds; a failure leaves the state as it was.
+            let plan = host
+                .plan_and_take(0, &input)
+                .map_err(|e| format!("{}: {e}", self.kind.name()))?;
+            let (placement, changed, before, after, summary) = (
+                plan.placement,
+                plan.changed,
+                plan.par_before,
+                plan.par_after,
+                plan.summary,
+            );
+            let rust_s = plan.elapsed.as_secs_f64();
             let per = shape.slots_per_layer();
             let moves: Vec<i64> = current_v
                 .chunks_exact(per)
@@ -554,29 +539,17 @@ fn rebalance_experts<'py>(
     };
     let shape = make_shape(l, n, num_gpus, num_replicas - n, Some(rpn), Some(groups))?;
     let placement = guarded(py, || {
-        let mut policy = AnyPolicy::new(PolicyKind::DeepSeek);
+        let mut host = PolicyHost::new(Box::new(AnyPolicy::new(PolicyKind::DeepSeek)), shape);
         let mut current = vec![0u16; shape.placement_len()];
         Layout::default()
             .fill(&shape, &mut current)
             .map_err(|e| e.to_string())?;
         let cur = Placement::new(shape, &current).map_err(|e| e.to_string())?;
         let input = Input::new(cur, &w, None, 0).map_err(|e| format!("weight: {e}"))?;
-        let mut scratch = vec![0u64; scratch_len(&policy, &shape)];
-        let mut placement = vec![0u16; shape.placement_len()];
-        let (mut c, mut b, mut a) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-        eplb_policies::rebalance(
-            &mut policy,
-            &input,
-            &mut scratch,
-            &mut [],
-            Output {
-                placement: &mut placement,
-                changed: &mut c,
-                par_before: &mut b,
-                par_after: &mut a,
-            },
-        )
-        .map_err(|e| format!("deepseek: {e}"))?;
+        let placement = host
+            .plan_and_take(0, &input)
+            .map_err(|e| format!("deepseek: {e}"))?
+            .placement;
         Ok(placement)
     })?;
     let p = num_replicas;
@@ -807,7 +780,8 @@ fn simulate(
         };
         cost.resolve()?;
         if let Some(log) = &placements_log {
-            eplb_runtime::fsio::refuse_overwrite_input(log, &[trace.as_path()])?;
+            eplb_runtime::fsio::refuse_overwrite_input(log, &[trace.as_path()])
+                .map_err(|e| e.to_string())?;
         }
         let source = trace.display().to_string();
         let bytes = eplb_runtime::fsio::read_bounded(&trace, max_input_bytes)

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_runtime::config::deployment::{Deployment, Hardware, QuantType, Role};
-use eplb_runtime::config::{EplbConfig, ProcessEnv};
+use eplb_runtime::config::{EplbConfig, MapRejected, ProcessEnv};
 
 use super::{Io, parse_from_str};
 
@@ -70,7 +70,7 @@ pub(super) struct CheckConfigArgs {
 }
 
 pub(super) fn run(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> {
-    let validator = |p: &Path| -> Result<(), String> {
+    let validator = |p: &Path| -> Result<(), MapRejected> {
         let mut opts = ReadOptions::lenient();
         if let Some(n) = a.experts {
             opts = opts.experts(n);
@@ -78,10 +78,9 @@ pub(super) fn run(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> 
         if let Some(r) = a.ranks {
             opts = opts.ranks(r);
         }
-        let bytes = eplb_runtime::fsio::read_bounded(p, io.limit).map_err(|e| e.to_string())?;
-        read_map_json(&bytes, &opts)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        let bytes = eplb_runtime::fsio::read_bounded(p, io.limit)?;
+        read_map_json(&bytes, &opts)?;
+        Ok(())
     };
     let overrides = a.deployment.facts();
     let cfg = match EplbConfig::from_file_with_deployment(

@@ -9,7 +9,7 @@ use eplb_core::{Layout, Placement};
 use eplb_map::heat::load_heat;
 use eplb_map::map::to_json;
 use eplb_policies::PolicyKind;
-use eplb_runtime::planner::{PlanRequest, plan_once};
+use eplb_runtime::planner::{PlanRequest, PolicyHost, plan_once};
 use eplb_runtime::policies::{Param, policy_with};
 use eplb_sim::cost::{CostBasis, MoveCost, human_bytes, human_ms, move_cost};
 use serde_json::json;
@@ -62,7 +62,7 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     if let Some(out) = &a.out {
         let mut inputs = vec![a.loads.as_path()];
         inputs.extend(a.current.as_deref());
-        eplb_runtime::fsio::refuse_overwrite_input(out, &inputs)?;
+        eplb_runtime::fsio::refuse_overwrite_input(out, &inputs).map_err(|e| e.to_string())?;
     }
     a.cost.resolve()?;
     let bytes = io.read(&a.loads)?;
@@ -97,19 +97,14 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         samples,
         seed: a.seed,
     };
-    let mut policy: Box<dyn eplb_policies::Policy + Send> = Box::new(policy);
     // The shape's range, the policy's topology and its buffer sizes, before any allocation.
-    let lens = eplb_policies::buffer_lens(policy.as_ref(), &shape)
+    eplb_policies::buffer_lens(&policy, &shape)
         .map_err(|e| format!("policy {}: {e}", kind.name()))?;
-    let mut scratch = vec![0u64; lens.scratch];
-    let mut state = vec![0u64; lens.state];
-    let plan =
-        plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut state).map_err(|e| match &a
-            .current
-        {
-            Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
-            None => format!("policy {}: {e}", kind.name()),
-        })?;
+    let mut host = PolicyHost::new(Box::new(policy), shape);
+    let plan = plan_once(&mut host, &req).map_err(|e| match &a.current {
+        Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
+        None => format!("policy {}: {e}", kind.name()),
+    })?;
     if plan.summary.colocated_rows > 0 {
         errln!(
             "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",

@@ -33,7 +33,8 @@ pub(super) fn run(
 ) -> Result<ExitCode, String> {
     use crate::report::{PolicyList, ReportJob, shell_quote};
     let policies = PolicyList::parse(&a.policies)?;
-    eplb_runtime::fsio::refuse_overwrite_input(&a.out, &[a.replay.trace.as_path()])?;
+    eplb_runtime::fsio::refuse_overwrite_input(&a.out, &[a.replay.trace.as_path()])
+        .map_err(|e| e.to_string())?;
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
     {

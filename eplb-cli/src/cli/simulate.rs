@@ -38,7 +38,8 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     // Parameters are checked before any input is read.
     check_params(policy, &a.params).map_err(|e| e.to_string())?;
     if let Some(log) = &a.placements_log {
-        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.replay.trace.as_path()])?;
+        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.replay.trace.as_path()])
+            .map_err(|e| e.to_string())?;
     }
     let (replay, cfg) = a.replay.load(io, policy)?;
     let started = Instant::now();

@@ -27,7 +27,7 @@ pub use eplb_ascend_sys as sys;
 use sys::types::HcclDataType;
 use sys::{BufferId, Comm, ErrorKind, P2p, P2pKind, Region, RootInfo, Runtime, Workspace};
 
-use super::{Transport, TransportError};
+use super::{Op, Site, Transport, TransportError};
 use crate::transfer::{RankPlan, SlotSource};
 
 /// Alignment of every slot and packed block (on-chip device copies want 64-byte addresses).
@@ -129,21 +129,26 @@ impl fmt::Debug for HcclTransport {
     }
 }
 
-fn failed(what: String, e: &sys::Error) -> TransportError {
+/// The error of a failed CANN call at `at`; `what` names the step (may be empty).
+fn failed(at: Site, what: &str, e: &sys::Error) -> TransportError {
+    let detail = if what.is_empty() {
+        e.to_string()
+    } else {
+        format!("{what}: {e}")
+    };
     if e.kind() == ErrorKind::Timeout {
-        TransportError::Timeout {
-            what: format!("{what}: {e}"),
-        }
+        TransportError::Timeout { at, detail }
     } else {
         TransportError::Failed {
-            what: format!("{what}: {e}"),
+            at,
             code: e.code(),
+            detail,
         }
     }
 }
 
-fn invalid(what: String) -> TransportError {
-    TransportError::Invalid { what }
+fn invalid(at: Site, detail: String) -> TransportError {
+    TransportError::Invalid { at, detail }
 }
 
 /// Groups ops ordered by peer into `(peer, ops)`; `Err` names the first op out of order.
@@ -181,31 +186,29 @@ impl HcclTransport {
         cfg: HcclConfig,
     ) -> Result<Self, TransportError> {
         if ranks == 0 || rank >= ranks || ranks > usize::from(u16::MAX) {
-            return Err(invalid(format!("rank {rank} of {ranks} ranks")));
+            return Err(invalid(
+                Site::new(Op::Setup, rank),
+                format!("rank {rank} of {ranks} ranks"),
+            ));
         }
+        let at = Site::new(Op::Setup, rank);
         if layout.layers == 0 || layout.slots_per_rank == 0 || layout.expert_bytes == 0 {
-            return Err(invalid(format!("empty slot layout {layout:?}")));
+            return Err(invalid(at, format!("empty slot layout {layout:?}")));
         }
-        let stride =
-            round_up(layout.expert_bytes).ok_or_else(|| invalid("expert size overflows".into()))?;
+        let stride = round_up(layout.expert_bytes)
+            .ok_or_else(|| invalid(at, "expert size overflows".into()))?;
         let layer_len = stride
             .checked_mul(layout.slots_per_rank)
-            .ok_or_else(|| invalid("layer size overflows".into()))?;
-        let here = format!("rank {rank}");
-        let mut ws = Workspace::new(rt, cfg.device).map_err(|e| failed(here.clone(), &e))?;
+            .ok_or_else(|| invalid(at, "layer size overflows".into()))?;
+        let mut ws = Workspace::new(rt, cfg.device).map_err(|e| failed(at, "", &e))?;
         ws.set_drain_timeout(Some(cfg.timeout));
         let comm = Comm::init_root_info(rt, cfg.device, ranks as u32, rank as u32, root)
-            .map_err(|e| failed(format!("{here}: joining the HCCL world"), &e))?;
+            .map_err(|e| failed(at, "joining the HCCL world", &e))?;
         let mut layers = Vec::with_capacity(layout.layers);
         for _ in 0..layout.layers {
-            layers.push(
-                ws.alloc(layer_len)
-                    .map_err(|e| failed(format!("{here}: slots"), &e))?,
-            );
+            layers.push(ws.alloc(layer_len).map_err(|e| failed(at, "slots", &e))?);
         }
-        let staging = ws
-            .alloc(layer_len)
-            .map_err(|e| failed(format!("{here}: staging"), &e))?;
+        let staging = ws.alloc(layer_len).map_err(|e| failed(at, "staging", &e))?;
         Ok(Self {
             ws,
             comm,
@@ -233,15 +236,23 @@ impl HcclTransport {
         let buf = self
             .layers
             .get(layer)
-            .ok_or_else(|| invalid(format!("layer {layer} out of range")))?;
+            .ok_or_else(|| invalid(self.slot_site(layer), "out of range".into()))?;
         if slot >= self.layout.slots_per_rank {
-            return Err(invalid(format!("layer {layer}: slot {slot} out of range")));
+            return Err(invalid(
+                self.slot_site(layer),
+                format!("slot {slot} out of range"),
+            ));
         }
         Ok(Region::new(
             *buf,
             slot * self.stride,
             self.layout.expert_bytes,
         ))
+    }
+
+    /// Where a slot access on `layer` fails (loading, reading or staging a slot).
+    fn slot_site(&self, layer: usize) -> Site {
+        Site::new(Op::Setup, self.rank).layer(layer)
     }
 
     fn staging_region(&self, slot: usize) -> Region {
@@ -257,30 +268,27 @@ impl HcclTransport {
     ) -> Result<(), TransportError> {
         let r = self.slot_region(layer, slot)?;
         if bytes.len() != r.len {
-            return Err(invalid(format!(
-                "layer {layer} slot {slot}: {} bytes for an expert of {}",
-                bytes.len(),
-                r.len
-            )));
+            return Err(invalid(
+                self.slot_site(layer),
+                format!(
+                    "slot {slot}: {} bytes for an expert of {}",
+                    bytes.len(),
+                    r.len
+                ),
+            ));
         }
-        self.ws.write(r, bytes).map_err(|e| {
-            failed(
-                format!("rank {}: loading layer {layer} slot {slot}", self.rank),
-                &e,
-            )
-        })
+        self.ws
+            .write(r, bytes)
+            .map_err(|e| failed(self.slot_site(layer), &format!("loading slot {slot}"), &e))
     }
 
     /// The bytes of a live slot (device to host).
     pub fn slot(&self, layer: usize, slot: usize) -> Result<Vec<u8>, TransportError> {
         let r = self.slot_region(layer, slot)?;
         let mut out = vec![0u8; r.len];
-        self.ws.read(r, &mut out).map_err(|e| {
-            failed(
-                format!("rank {}: reading layer {layer} slot {slot}", self.rank),
-                &e,
-            )
-        })?;
+        self.ws
+            .read(r, &mut out)
+            .map_err(|e| failed(self.slot_site(layer), &format!("reading slot {slot}"), &e))?;
         Ok(out)
     }
 
@@ -326,8 +334,8 @@ impl HcclTransport {
         h
     }
 
-    fn collective(&mut self, local: &[u64]) -> Result<Vec<u64>, TransportError> {
-        let what = format!("rank {}: all-gather", self.rank);
+    fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<u64>, TransportError> {
+        let at = Site::new(op, self.rank);
         // HCCL cannot gather nothing; an empty contribution still takes part (one dummy value)
         // so that every rank issues the same collectives in the same order.
         let send: Vec<u8> = if local.is_empty() {
@@ -338,21 +346,19 @@ impl HcclTransport {
         let recv_len = send.len() * self.ranks;
         let t = self.timeout;
         let s = Self::ensure(&mut self.ws, &mut self.gather_send, send.len(), t)
-            .map_err(|e| failed(what.clone(), &e))?;
+            .map_err(|e| failed(at, "", &e))?;
         let r = Self::ensure(&mut self.ws, &mut self.gather_recv, recv_len, t)
-            .map_err(|e| failed(what.clone(), &e))?;
+            .map_err(|e| failed(at, "", &e))?;
         let (sr, rr) = (Region::new(s, 0, send.len()), Region::new(r, 0, recv_len));
-        self.ws
-            .write(sr, &send)
-            .map_err(|e| failed(what.clone(), &e))?;
+        self.ws.write(sr, &send).map_err(|e| failed(at, "", &e))?;
         self.ws
             .all_gather(&mut self.comm, sr, rr, HcclDataType::UINT64)
-            .map_err(|e| failed(what.clone(), &e))?;
-        self.sync(&what, self.timeout.saturating_mul(2))?;
+            .map_err(|e| failed(at, "", &e))?;
+        self.sync(at, self.timeout.saturating_mul(2))?;
         let mut bytes = vec![0u8; recv_len];
         self.ws
             .read(rr, &mut bytes)
-            .map_err(|e| failed(what.clone(), &e))?;
+            .map_err(|e| failed(at, "", &e))?;
         let all: Vec<u64> = bytes
             .chunks_exact(8)
             .map(|c| {
@@ -369,15 +375,16 @@ impl HcclTransport {
 
     /// Synchronizes the stream with the timeout; a failure carries the communicator's async
     /// error too.
-    fn sync(&mut self, what: &str, timeout: Duration) -> Result<(), TransportError> {
+    fn sync(&mut self, at: Site, timeout: Duration) -> Result<(), TransportError> {
         match self.ws.synchronize(Some(timeout)) {
             Ok(()) => Ok(()),
             Err(e) => {
-                let mut err = failed(what.to_string(), &e);
+                let mut err = failed(at, "", &e);
                 if let Some(a) = self.comm.async_error() {
                     match &mut err {
-                        TransportError::Timeout { what } | TransportError::Failed { what, .. } => {
-                            what.push_str(&format!(" (HCCL: {a})"));
+                        TransportError::Timeout { detail, .. }
+                        | TransportError::Failed { detail, .. } => {
+                            detail.push_str(&format!(" (HCCL: {a})"));
                         }
                         _ => {}
                     }
@@ -389,22 +396,25 @@ impl HcclTransport {
 
     fn launch_inner(&mut self, plan: &RankPlan) -> Result<InFlight, TransportError> {
         let layer = plan.layer;
-        let here = format!("rank {}: layer {layer}", self.rank);
+        let at = Site::new(Op::Launch, self.rank).layer(layer);
         if layer >= self.layout.layers {
-            return Err(invalid(format!("{here} out of range")));
+            return Err(invalid(at, "out of range".into()));
         }
         let me = self.rank as u16;
         let peer_ok = |p: u16| usize::from(p) < self.ranks && p != me;
         let sends = by_peer(&plan.sends, |o| (o.peer, o.expert))
-            .map_err(|i| invalid(format!("{here}: send #{i} out of (peer, expert) order")))?;
+            .map_err(|i| invalid(at, format!("send #{i} out of (peer, expert) order")))?;
         let recvs = by_peer(&plan.recvs, |o| (o.peer, o.expert))
-            .map_err(|i| invalid(format!("{here}: receive #{i} out of (peer, expert) order")))?;
+            .map_err(|i| invalid(at, format!("receive #{i} out of (peer, expert) order")))?;
         if plan.recvs.len() > self.layout.slots_per_rank {
-            return Err(invalid(format!(
-                "{here}: {} receives but only {} receive slots",
-                plan.recvs.len(),
-                self.layout.slots_per_rank
-            )));
+            return Err(invalid(
+                at,
+                format!(
+                    "{} receives but only {} receive slots",
+                    plan.recvs.len(),
+                    self.layout.slots_per_rank
+                ),
+            ));
         }
         let e = self.layout.expert_bytes;
         let stride = self.stride;
@@ -414,7 +424,7 @@ impl HcclTransport {
         let mut off = 0usize;
         for (peer, ops) in &sends {
             if !peer_ok(*peer) {
-                return Err(invalid(format!("{here}: send to rank {peer}")));
+                return Err(invalid(at, format!("send to rank {peer}")));
             }
             for op in ops {
                 self.slot_region(layer, usize::from(op.slot))?;
@@ -428,17 +438,17 @@ impl HcclTransport {
         off = 0;
         for (peer, ops) in &recvs {
             if !peer_ok(*peer) {
-                return Err(invalid(format!("{here}: receive from rank {peer}")));
+                return Err(invalid(at, format!("receive from rank {peer}")));
             }
             let h = header_len(ops.len());
             for (k, op) in ops.iter().enumerate() {
                 match recv_at.get_mut(usize::from(op.buffer)) {
                     Some(at @ None) => *at = Some(off + h + k * stride),
                     _ => {
-                        return Err(invalid(format!(
-                            "{here}: receive buffer {} reused or out of range",
-                            op.buffer
-                        )));
+                        return Err(invalid(
+                            at,
+                            format!("receive buffer {} reused or out of range", op.buffer),
+                        ));
                     }
                 }
             }
@@ -451,7 +461,7 @@ impl HcclTransport {
         }
         let recv_len = off;
         let t = self.timeout;
-        let err = |e: sys::Error| failed(here.clone(), &e);
+        let err = |e: sys::Error| failed(at, "", &e);
         let mut items = Vec::with_capacity(sends.len() + recvs.len());
         // Headers first (synchronous writes), then the packing copies, then the exchange.
         if send_len > 0 {
@@ -520,19 +530,22 @@ impl HcclTransport {
             return if fl.blocks.is_empty() {
                 Ok(())
             } else {
-                Err(invalid("receive arena missing".into()))
+                Err(invalid(
+                    Site::new(Op::Wait, self.rank).layer(fl.layer),
+                    "receive arena missing".into(),
+                ))
             };
         };
         for b in &fl.blocks {
-            let what = format!(
-                "rank {}: layer {} block from rank {}",
-                self.rank, fl.layer, b.peer
-            );
+            let at = Site {
+                peer: Some(b.peer),
+                ..Site::new(Op::Wait, self.rank).layer(fl.layer)
+            };
             let want = self.header(fl.layer, b.peer, self.rank as u16, &b.experts);
             let mut got = vec![0u8; want.len()];
             self.ws
                 .read(Region::new(rbuf, b.offset, got.len()), &mut got)
-                .map_err(|e| failed(what.clone(), &e))?;
+                .map_err(|e| failed(at, "", &e))?;
             if got != want {
                 let layer = got.get(8..12).map(|s| {
                     let mut a = [0u8; 4];
@@ -540,8 +553,9 @@ impl HcclTransport {
                     u32::from_le_bytes(a)
                 });
                 return Err(TransportError::Protocol {
-                    what: format!(
-                        "{what}: header does not match the plan (experts {:?}; got layer {layer:?}, \
+                    at,
+                    detail: format!(
+                        "the block's header does not match the plan (experts {:?}; got layer {layer:?}, \
                          magic ok: {})",
                         b.experts,
                         got.get(..4) == Some(&MAGIC[..])
@@ -554,13 +568,16 @@ impl HcclTransport {
 
     fn commit_inner(&mut self, plan: &RankPlan, fl: &InFlight) -> Result<(), TransportError> {
         let layer = plan.layer;
-        let here = format!("rank {}: layer {layer} commit", self.rank);
+        let at = Site::new(Op::Commit, self.rank).layer(layer);
         let s = self.layout.slots_per_rank;
         if plan.install.len() != s {
-            return Err(invalid(format!(
-                "{here}: install plan for {} slots, the rank has {s}",
-                plan.install.len()
-            )));
+            return Err(invalid(
+                at,
+                format!(
+                    "install plan for {} slots, the rank has {s}",
+                    plan.install.len()
+                ),
+            ));
         }
         // Where each changed slot's new content comes from, checked before anything moves.
         let mut moves = Vec::new();
@@ -571,7 +588,7 @@ impl HcclTransport {
                 SlotSource::Local { from_slot } => {
                     let f = usize::from(from_slot);
                     if f >= s {
-                        return Err(invalid(format!("{here}: local move from slot {f}")));
+                        return Err(invalid(at, format!("local move from slot {f}")));
                     }
                     if let Some(x) = stage.get_mut(f) {
                         *x = true;
@@ -579,19 +596,19 @@ impl HcclTransport {
                     self.staging_region(f)
                 }
                 SlotSource::Received { buffer } => {
-                    let at = fl
+                    let offset = fl
                         .recv_at
                         .get(usize::from(buffer))
                         .copied()
                         .flatten()
                         .ok_or_else(|| {
-                            invalid(format!("{here}: receive buffer {buffer} was not received"))
+                            invalid(at, format!("receive buffer {buffer} was not received"))
                         })?;
                     let rbuf = self
                         .recv
                         .buf
-                        .ok_or_else(|| invalid(format!("{here}: receive arena missing")))?;
-                    Region::new(rbuf, at, self.layout.expert_bytes)
+                        .ok_or_else(|| invalid(at, "receive arena missing".into()))?;
+                    Region::new(rbuf, offset, self.layout.expert_bytes)
                 }
             };
             if let Some(x) = stage.get_mut(slot) {
@@ -614,7 +631,7 @@ impl HcclTransport {
             }
             self.ws.synchronize(Some(self.timeout))
         })();
-        staged.map_err(|e| failed(format!("{here}: staging (nothing installed)"), &e))?;
+        staged.map_err(|e| failed(at, "staging (nothing installed)", &e))?;
         // 2. Install.
         let installed: Result<(), sys::Error> = (|| {
             for (slot, from) in &moves {
@@ -643,13 +660,11 @@ impl HcclTransport {
             self.ws.synchronize(Some(self.timeout))
         })();
         match restored {
-            Ok(()) => Err(failed(
-                format!("{here} failed; the old layer is restored"),
-                &e,
-            )),
+            Ok(()) => Err(failed(at, "the old layer is restored", &e)),
             Err(r) => Err(failed(
-                format!(
-                    "{here} failed and restoring the old layer failed too ({r}); the layer may be half-installed"
+                at,
+                &format!(
+                    "restoring the old layer failed too ({r}); the layer may be half-installed"
                 ),
                 &e,
             )),
@@ -668,16 +683,20 @@ impl Transport for HcclTransport {
 
     fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
         if Some(out.len()) != local.len().checked_mul(self.ranks) {
-            return Err(invalid(format!(
-                "all_gather output holds {} values, needs {}",
-                out.len(),
-                local.len().saturating_mul(self.ranks)
-            )));
+            return Err(invalid(
+                Site::new(Op::AllGather, self.rank),
+                format!(
+                    "the output holds {} values, needs {}",
+                    out.len(),
+                    local.len().saturating_mul(self.ranks)
+                ),
+            ));
         }
-        let all = self.collective(local)?;
+        let all = self.collective(Op::AllGather, local)?;
         if all.len() != out.len() {
             return Err(TransportError::Protocol {
-                what: "all_gather returned the wrong length".into(),
+                at: Site::new(Op::AllGather, self.rank),
+                detail: "the gather returned the wrong length".into(),
             });
         }
         out.copy_from_slice(&all);
@@ -685,16 +704,16 @@ impl Transport for HcclTransport {
     }
 
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
-        let all = self.collective(&[u64::from(flag)])?;
+        let all = self.collective(Op::AllAgree, &[u64::from(flag)])?;
         Ok(all.len() == self.ranks && all.iter().all(|&v| v == 1))
     }
 
     fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
         if let Some(fl) = &self.in_flight {
-            return Err(invalid(format!(
-                "rank {}: layer {} launched while layer {} is in flight",
-                self.rank, plan.layer, fl.layer
-            )));
+            return Err(invalid(
+                Site::new(Op::Launch, self.rank).layer(plan.layer),
+                format!("launched while layer {} is in flight", fl.layer),
+            ));
         }
         let fl = self.launch_inner(plan)?;
         self.in_flight = Some(fl);
@@ -702,14 +721,14 @@ impl Transport for HcclTransport {
     }
 
     fn wait(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        let here = format!("rank {}: layer {} exchange", self.rank, plan.layer);
+        let at = Site::new(Op::Wait, self.rank).layer(plan.layer);
         match &self.in_flight {
             Some(fl) if fl.layer == plan.layer => {}
-            _ => return Err(invalid(format!("{here}: nothing launched"))),
+            _ => return Err(invalid(at, "nothing launched".into())),
         }
-        self.sync(&here, self.timeout)?;
+        self.sync(at, self.timeout)?;
         let Some(fl) = self.in_flight.take() else {
-            return Err(invalid(format!("{here}: nothing launched")));
+            return Err(invalid(at, "nothing launched".into()));
         };
         let checked = self.check_headers(&fl);
         self.in_flight = Some(InFlight {
@@ -720,12 +739,12 @@ impl Transport for HcclTransport {
     }
 
     fn commit(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        let here = format!("rank {}: layer {} commit", self.rank, plan.layer);
+        let at = Site::new(Op::Commit, self.rank).layer(plan.layer);
         let fl = match self.in_flight.take() {
             Some(fl) if fl.layer == plan.layer && fl.waited => fl,
             other => {
                 self.in_flight = other;
-                return Err(invalid(format!("{here}: the exchange was not waited for")));
+                return Err(invalid(at, format!("the exchange was not waited for")));
             }
         };
         self.commit_inner(plan, &fl)
@@ -748,7 +767,7 @@ pub fn local_world(
     timeout: Duration,
 ) -> Result<Vec<HcclTransport>, TransportError> {
     let root = RootInfo::generate(rt, device_base)
-        .map_err(|e| failed("generating the root info".into(), &e))?;
+        .map_err(|e| failed(Site::new(Op::Setup, 0), "generating the root info", &e))?;
     let root = Arc::new(root);
     let handles: Vec<_> = (0..ranks)
         .map(|rank| {
@@ -763,10 +782,11 @@ pub fn local_world(
         })
         .collect();
     let mut out = Vec::with_capacity(ranks);
-    for h in handles {
+    for (rank, h) in handles.into_iter().enumerate() {
         let t = h.join().map_err(|_| TransportError::Failed {
-            what: "a rank thread panicked while joining".into(),
+            at: Site::new(Op::Setup, rank),
             code: 0,
+            detail: "the rank's thread panicked while joining".into(),
         })??;
         out.push(t);
     }

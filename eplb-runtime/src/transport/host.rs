@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Transport, TransportError};
+use super::{Op, Site, Transport, TransportError};
 use crate::payload::ExpertPayload;
 use crate::transfer::{RankPlan, SlotSource};
 
@@ -228,8 +228,9 @@ impl HostTransport {
         self.slot(layer, slot)?.get(t.range())
     }
 
-    fn collective(&mut self, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
+    fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
         let seq = self.seq;
+        let at = Site::new(op, self.rank).seq(seq);
         self.seq += 1;
         let world = Arc::clone(&self.world);
         let mut st = world.lock();
@@ -255,7 +256,8 @@ impl HostTransport {
                     }
                 }
                 return Err(TransportError::Timeout {
-                    what: format!("rank {}: collective #{seq}", self.rank),
+                    at,
+                    detail: String::new(),
                 });
             };
             st = world
@@ -265,7 +267,8 @@ impl HostTransport {
                 .0;
         }
         let round = st.rounds.get_mut(&seq).ok_or(TransportError::Protocol {
-            what: format!("collective #{seq} vanished"),
+            at,
+            detail: "the round vanished".into(),
         })?;
         let parts: Vec<Vec<u64>> = round.parts.values().cloned().collect();
         round.read += 1;
@@ -275,12 +278,13 @@ impl HostTransport {
         Ok(parts)
     }
 
-    fn check_layer(&self, layer: usize) -> Result<(), TransportError> {
+    fn check_layer(&self, op: Op, layer: usize) -> Result<(), TransportError> {
         if layer < self.slots.len() {
             Ok(())
         } else {
             Err(TransportError::Invalid {
-                what: format!("layer {layer} out of range"),
+                at: Site::new(op, self.rank).layer(layer),
+                detail: format!("{} layers", self.slots.len()),
             })
         }
     }
@@ -298,18 +302,20 @@ impl Transport for HostTransport {
     fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
         if out.len() != local.len() * self.world.ranks {
             return Err(TransportError::Invalid {
-                what: format!(
-                    "all_gather output holds {} values, needs {}",
+                at: Site::new(Op::AllGather, self.rank),
+                detail: format!(
+                    "the output holds {} values, needs {}",
                     out.len(),
                     local.len() * self.world.ranks
                 ),
             });
         }
-        let parts = self.collective(local)?;
+        let parts = self.collective(Op::AllGather, local)?;
         for (chunk, part) in out.chunks_exact_mut(local.len().max(1)).zip(&parts) {
             if part.len() != chunk.len() {
                 return Err(TransportError::Protocol {
-                    what: "all_gather contributions differ in length".into(),
+                    at: Site::new(Op::AllGather, self.rank),
+                    detail: "the contributions differ in length".into(),
                 });
             }
             chunk.copy_from_slice(part);
@@ -328,12 +334,12 @@ impl Transport for HostTransport {
     }
 
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
-        let parts = self.collective(&[u64::from(flag)])?;
+        let parts = self.collective(Op::AllAgree, &[u64::from(flag)])?;
         Ok(parts.iter().all(|p| p.first() == Some(&1)))
     }
 
     fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        self.check_layer(plan.layer)?;
+        self.check_layer(Op::Launch, plan.layer)?;
         let mut st = self.world.lock();
         for op in &plan.sends {
             let bytes = self
@@ -342,10 +348,10 @@ impl Transport for HostTransport {
                 .and_then(|l| l.get(usize::from(op.slot)))
                 .cloned()
                 .ok_or_else(|| TransportError::Invalid {
-                    what: format!(
-                        "layer {}: send from slot {} out of range",
-                        plan.layer, op.slot
-                    ),
+                    at: Site::new(Op::Launch, self.rank)
+                        .layer(plan.layer)
+                        .message(op.peer, op.expert),
+                    detail: format!("send from slot {} out of range", op.slot),
                 })?;
             st.mail
                 .entry((self.rank, usize::from(op.peer)))
@@ -361,35 +367,32 @@ impl Transport for HostTransport {
     }
 
     fn wait(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        self.check_layer(plan.layer)?;
+        self.check_layer(Op::Wait, plan.layer)?;
+        let at = Site::new(Op::Wait, self.rank).layer(plan.layer);
         let world = Arc::clone(&self.world);
         let fault = world.lock().faults.get(&(plan.layer, self.rank)).copied();
         match fault {
             Some(Fault::Fail) => {
                 return Err(TransportError::Failed {
-                    what: format!(
-                        "rank {}: layer {} exchange (injected)",
-                        self.rank, plan.layer
-                    ),
+                    at,
                     code: -1,
+                    detail: "injected".into(),
                 });
             }
             Some(Fault::Timeout) => {
                 std::thread::sleep(world.timeout);
                 return Err(TransportError::Timeout {
-                    what: format!(
-                        "rank {}: layer {} receives (injected)",
-                        self.rank, plan.layer
-                    ),
+                    at,
+                    detail: String::new(),
                 });
             }
             None => {}
         }
         if plan.recvs.len() > self.buffers.len() {
             return Err(TransportError::Invalid {
-                what: format!(
-                    "layer {}: {} receives but only {} buffers",
-                    plan.layer,
+                at,
+                detail: format!(
+                    "{} receives but only {} buffers",
                     plan.recvs.len(),
                     self.buffers.len()
                 ),
@@ -408,10 +411,8 @@ impl Transport for HostTransport {
                 }
                 let Some(left) = deadline.left() else {
                     return Err(TransportError::Timeout {
-                        what: format!(
-                            "rank {}: layer {} receive of expert {} from rank {}",
-                            self.rank, plan.layer, op.expert, op.peer
-                        ),
+                        at: at.message(op.peer, op.expert),
+                        detail: String::new(),
                     });
                 };
                 st = world
@@ -422,18 +423,17 @@ impl Transport for HostTransport {
             };
             if msg.layer != plan.layer || msg.expert != op.expert {
                 return Err(TransportError::Protocol {
-                    what: format!(
-                        "rank {} expected layer {} expert {} from rank {}, got layer {} expert {}",
-                        self.rank, plan.layer, op.expert, op.peer, msg.layer, msg.expert
-                    ),
+                    at: at.message(op.peer, op.expert),
+                    detail: format!("got layer {} expert {}", msg.layer, msg.expert),
                 });
             }
             if msg.bytes.len() != self.expert_bytes {
                 return Err(TransportError::Protocol {
-                    what: format!(
-                        "expert {} arrived with {} bytes",
-                        op.expert,
-                        msg.bytes.len()
+                    at: at.message(op.peer, op.expert),
+                    detail: format!(
+                        "{} bytes arrived, an expert has {}",
+                        msg.bytes.len(),
+                        self.expert_bytes
                     ),
                 });
             }
@@ -445,16 +445,17 @@ impl Transport for HostTransport {
     }
 
     fn commit(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        self.check_layer(plan.layer)?;
+        self.check_layer(Op::Commit, plan.layer)?;
         let Some(live) = self.slots.get_mut(plan.layer) else {
             return Ok(());
         };
         if plan.install.len() != live.len() {
             return Err(TransportError::Invalid {
-                what: format!(
-                    "layer {}: install plan for {} slots",
-                    plan.layer,
-                    plan.install.len()
+                at: Site::new(Op::Commit, self.rank).layer(plan.layer),
+                detail: format!(
+                    "an install plan for {} slots, the layer has {}",
+                    plan.install.len(),
+                    live.len()
                 ),
             });
         }

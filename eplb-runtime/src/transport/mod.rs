@@ -15,41 +15,182 @@ use crate::transfer::RankPlan;
 pub mod hccl;
 pub mod host;
 
-/// A transport failure. Keeps the vendor code and message where there is one.
+/// The transport operation a failure happened in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// [`Transport::all_gather`].
+    AllGather,
+    /// [`Transport::all_agree`].
+    AllAgree,
+    /// [`Transport::launch`] or [`Transport::launch_sends`].
+    Launch,
+    /// [`Transport::wait`].
+    Wait,
+    /// [`Transport::commit`].
+    Commit,
+    /// [`Transport::abort`].
+    Abort,
+    /// Setting the endpoint up or tearing it down.
+    Setup,
+}
+
+impl Op {
+    /// The method's name (`all_gather`, `wait`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllGather => "all_gather",
+            Op::AllAgree => "all_agree",
+            Op::Launch => "launch",
+            Op::Wait => "wait",
+            Op::Commit => "commit",
+            Op::Abort => "abort",
+            Op::Setup => "setup",
+        }
+    }
+}
+
+/// Where a transport failure happened: the operation and the rank, and where they apply the
+/// layer, the peer rank, the expert and the collective's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Site {
+    /// The operation.
+    pub op: Op,
+    /// The rank that saw the failure.
+    pub rank: usize,
+    /// The layer of an exchange.
+    pub layer: Option<usize>,
+    /// The peer rank a message came from or went to.
+    pub peer: Option<u16>,
+    /// The expert a message carried.
+    pub expert: Option<u16>,
+    /// The collective's sequence number on this endpoint.
+    pub seq: Option<u64>,
+}
+
+impl Site {
+    /// `op` on `rank`, nothing more known.
+    pub fn new(op: Op, rank: usize) -> Self {
+        Self {
+            op,
+            rank,
+            layer: None,
+            peer: None,
+            expert: None,
+            seq: None,
+        }
+    }
+
+    /// With the layer.
+    pub fn layer(self, layer: usize) -> Self {
+        Self {
+            layer: Some(layer),
+            ..self
+        }
+    }
+
+    /// With the peer and the expert of one message.
+    pub fn message(self, peer: u16, expert: u16) -> Self {
+        Self {
+            peer: Some(peer),
+            expert: Some(expert),
+            ..self
+        }
+    }
+
+    /// With the collective's sequence number.
+    pub fn seq(self, seq: u64) -> Self {
+        Self {
+            seq: Some(seq),
+            ..self
+        }
+    }
+}
+
+impl fmt::Display for Site {
+    /// `rank 3: layer 5 wait (expert 7 from rank 2)`, `rank 0: all_gather #12`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}: ", self.rank)?;
+        if let Some(l) = self.layer {
+            write!(f, "layer {l} ")?;
+        }
+        f.write_str(self.op.name())?;
+        if let Some(s) = self.seq {
+            write!(f, " #{s}")?;
+        }
+        match (self.expert, self.peer) {
+            (Some(e), Some(p)) => write!(f, " (expert {e}, rank {p})"),
+            (None, Some(p)) => write!(f, " (rank {p})"),
+            (Some(e), None) => write!(f, " (expert {e})"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// A transport failure: where ([`Site`]), and the vendor code and message where there is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TransportError {
     /// The operation did not complete in time.
     Timeout {
-        /// What timed out.
-        what: String,
+        /// Where.
+        at: Site,
+        /// The backend's description, if it gave one (empty otherwise).
+        detail: String,
     },
     /// The backend reported a failure.
     Failed {
-        /// What failed.
-        what: String,
+        /// Where.
+        at: Site,
         /// Vendor error code (0 when there is none).
         code: i32,
+        /// The backend's description.
+        detail: String,
     },
     /// Peers disagree on the protocol (wrong layer, expert or size in a message).
     Protocol {
-        /// What was wrong.
-        what: String,
+        /// Where.
+        at: Site,
+        /// What was expected and what arrived.
+        detail: String,
     },
-    /// A buffer or index does not fit this endpoint.
+    /// A buffer or index does not fit this endpoint (the caller's bug).
     Invalid {
-        /// What was wrong.
-        what: String,
+        /// Where.
+        at: Site,
+        /// What does not fit.
+        detail: String,
     },
+}
+
+impl TransportError {
+    /// Where the failure happened.
+    pub fn site(&self) -> &Site {
+        match self {
+            TransportError::Timeout { at, .. }
+            | TransportError::Failed { at, .. }
+            | TransportError::Protocol { at, .. }
+            | TransportError::Invalid { at, .. } => at,
+        }
+    }
 }
 
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TransportError::Timeout { what } => write!(f, "{what}: timed out"),
-            TransportError::Failed { what, code } => write!(f, "{what}: failed (code {code})"),
-            TransportError::Protocol { what } => write!(f, "protocol mismatch: {what}"),
-            TransportError::Invalid { what } => write!(f, "invalid transport use: {what}"),
+            TransportError::Timeout { at, detail } if detail.is_empty() => {
+                write!(f, "{at}: timed out")
+            }
+            TransportError::Timeout { at, detail } => write!(f, "{at}: timed out: {detail}"),
+            TransportError::Failed { at, code, detail } => {
+                write!(f, "{at}: failed (code {code}): {detail}")
+            }
+            TransportError::Protocol { at, detail } => {
+                write!(f, "{at}: protocol mismatch: {detail}")
+            }
+            TransportError::Invalid { at, detail } => {
+                write!(f, "{at}: invalid transport use: {detail}")
+            }
         }
     }
 }

@@ -1,23 +1,13 @@
-//! The planner thread: runs the policy off the serving thread, with scratch and state allocated
-//! once.
+//! The planner thread: a [`PolicyHost`] off the serving thread, behind a channel.
 //!
 //! Controllers [`submit`](Planner::submit) a request per cycle and poll
 //! [`try_result`](Planner::try_result); they never block on it. In a real deployment each rank
 //! process has its own planner; ranks that share a process may share one, since every rank
 //! submits the same request (the policies are deterministic). A policy error or panic becomes an
-//! error outcome: logged, counted, and the placement stays as it was.
-//!
-//! **Policy state advances only for cycles every rank took.** A stateful policy (FlashLB's ring
-//! and thresholds, the incremental policy's history) plans each cycle on a copy of its state.
-//! When the ranks have agreed on the cycle's plan digest, the controller
-//! [`settle`](Planner::settle)s it: taken, the copy becomes the state; abandoned (a failed plan
-//! or a digest mismatch anywhere, a failed collective), the copy is dropped and the next cycle
-//! plans from the state before it, on every rank alike. A panic also drops the copy. When the
-//! ranks held different plans (a digest mismatch: their states may already differ) every rank
-//! restarts the policy from its initial state, so they agree again from the next cycle on.
+//! error outcome: logged, counted, and the placement stays as it was. The controller
+//! [`settle`](Planner::settle)s each cycle as the host's docs say.
 
 use std::collections::BTreeMap;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -34,52 +24,17 @@ enum Msg {
     },
 }
 
-use eplb_core::{Placement, Shape};
-use eplb_policies::{Input, Output, Policy, Samples, Summary, buffer_lens, rebalance};
+use eplb_core::Shape;
+use eplb_policies::Policy;
 
-/// What the planner is asked for one cycle.
-#[derive(Debug, Clone)]
-pub struct PlanRequest {
-    /// The cycle number (every rank counts cycles alike).
-    pub cycle: u64,
-    /// The live placement the heat was measured on, `[L][R][S]`.
-    pub current: Vec<u16>,
-    /// Logical loads `[L][N]`, summed over the heat interval.
-    pub loads: Vec<f64>,
-    /// Per-window logical loads `(T, [T][L][N])`, oldest first.
-    pub samples: Option<(usize, Vec<f64>)>,
-    /// Seed for randomised policies.
-    pub seed: u64,
-}
-
-/// A computed plan.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    /// The cycle it answers.
-    pub cycle: u64,
-    /// The new placement `[L][R][S]`.
-    pub placement: Vec<u16>,
-    /// Per layer: changed.
-    pub changed: Vec<bool>,
-    /// Per layer PAR before (even split).
-    pub par_before: Vec<f64>,
-    /// Per layer PAR after (even split).
-    pub par_after: Vec<f64>,
-    /// Totals.
-    pub summary: Summary,
-    /// Wall time of the policy call alone.
-    pub elapsed: Duration,
-}
-
-/// The outcome of one request.
-pub type Outcome = Result<Plan, String>;
+use super::{Outcome, PlanFailure, PlanRequest, PolicyHost};
 
 #[derive(Debug, Default)]
 struct Shared {
     submitted: BTreeMap<u64, u64>,
     results: BTreeMap<u64, Arc<Outcome>>,
     failures: u64,
-    first_failure: Option<String>,
+    first_failure: Option<(u64, PlanFailure)>,
 }
 
 /// Statistics of a planner.
@@ -132,10 +87,7 @@ impl Planner {
                 if prev != fp {
                     sh.results.insert(
                         req.cycle,
-                        Arc::new(Err(format!(
-                            "cycle {}: ranks submitted different heat or placements",
-                            req.cycle
-                        ))),
+                        Arc::new(Err(PlanFailure::Diverged { cycle: req.cycle })),
                     );
                     sh.failures += 1;
                     self.shared.1.notify_all();
@@ -156,7 +108,7 @@ impl Planner {
         if !sent {
             let mut sh = self.lock();
             sh.results
-                .insert(cycle, Arc::new(Err("the planner thread is gone".into())));
+                .insert(cycle, Arc::new(Err(PlanFailure::PlannerGone)));
             sh.failures += 1;
             self.shared.1.notify_all();
         }
@@ -207,7 +159,7 @@ impl Planner {
     }
 
     /// The first policy failure (error or panic) of this planner, with its cycle.
-    pub fn first_failure(&self) -> Option<String> {
+    pub fn first_failure(&self) -> Option<(u64, PlanFailure)> {
         self.lock().first_failure.clone()
     }
 
@@ -248,22 +200,12 @@ fn fingerprint(req: &PlanRequest) -> u64 {
 }
 
 fn run(
-    mut policy: Box<dyn Policy + Send>,
+    policy: Box<dyn Policy + Send>,
     shape: Shape,
     rx: Receiver<Msg>,
     shared: Arc<(Mutex<Shared>, Condvar)>,
 ) {
-    // A shape the policy cannot serve (or whose buffers are over the limit) allocates nothing;
-    // every request is answered with the reason.
-    let lens = buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string());
-    let (mut scratch, mut state) = match &lens {
-        Ok(l) => (vec![0u64; l.scratch], vec![0u64; l.state]),
-        Err(_) => (Vec::new(), Vec::new()),
-    };
-    // `state`: after the last cycle every rank took; `working`: after the cycle planned last,
-    // `pending` names that cycle until it is settled.
-    let mut working = state.clone();
-    let mut pending: Option<u64> = None;
+    let mut host = PolicyHost::new(policy, shape);
     while let Ok(msg) = rx.recv() {
         let req = match msg {
             Msg::Settle {
@@ -271,37 +213,13 @@ fn run(
                 taken,
                 resync,
             } => {
-                if pending == Some(cycle) {
-                    pending = None;
-                    if taken {
-                        core::mem::swap(&mut state, &mut working);
-                    } else if resync {
-                        state.fill(0);
-                    }
-                }
+                host.settle(cycle, taken, resync);
                 continue;
             }
             Msg::Plan(req) => req,
         };
         let cycle = req.cycle;
-        working.copy_from_slice(&state);
-        pending = Some(cycle);
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            if let Err(e) = &lens {
-                return Err(e.clone());
-            }
-            plan_once(policy.as_mut(), &shape, &req, &mut scratch, &mut working)
-        }))
-        .unwrap_or_else(|panic| {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            // The policy's working state may be half-written: it is dropped (the cycle cannot be
-            // taken, since this rank's plan failed).
-            Err(format!("policy panicked: {msg}"))
-        });
+        let outcome = req.input(&shape).and_then(|input| host.plan(cycle, &input));
         if let Err(e) = &outcome {
             log::error!("eplb planner: cycle {cycle}: {e}; the placement stays as it is");
         }
@@ -310,7 +228,7 @@ fn run(
         if let Err(e) = &outcome {
             sh.failures += 1;
             if sh.first_failure.is_none() {
-                sh.first_failure = Some(format!("cycle {cycle}: {e}"));
+                sh.first_failure = Some((cycle, e.clone()));
             }
         }
         sh.results.insert(cycle, Arc::new(outcome));
@@ -318,47 +236,9 @@ fn run(
     }
 }
 
-/// Runs `policy` once on a request (what the planner thread does), outside any thread.
-pub fn plan_once(
-    policy: &mut dyn Policy,
-    shape: &Shape,
-    req: &PlanRequest,
-    scratch: &mut [u64],
-    state: &mut [u64],
-) -> Outcome {
-    let current = Placement::new(*shape, &req.current).map_err(|e| e.to_string())?;
-    let samples = match &req.samples {
-        Some((t, data)) => Some(Samples::new(shape, *t, data).map_err(|e| e.to_string())?),
-        None => None,
-    };
-    let input = Input::new(current, &req.loads, samples, req.seed).map_err(|e| e.to_string())?;
-    let l = shape.layers();
-    let mut placement = vec![0u16; shape.placement_len()];
-    let mut changed = vec![false; l];
-    let mut par_before = vec![0.0; l];
-    let mut par_after = vec![0.0; l];
-    let started = Instant::now();
-    let summary = rebalance(
-        policy,
-        &input,
-        scratch,
-        state,
-        Output {
-            placement: &mut placement,
-            changed: &mut changed,
-            par_before: &mut par_before,
-            par_after: &mut par_after,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    let elapsed = started.elapsed();
-    Ok(Plan {
-        cycle: req.cycle,
-        placement,
-        changed,
-        par_before,
-        par_after,
-        summary,
-        elapsed,
-    })
+/// Runs `policy` once on a request, outside any thread, and takes the cycle (one-shot callers:
+/// `eplb plan`, tests).
+pub fn plan_once<P: Policy + ?Sized>(host: &mut PolicyHost<P>, req: &PlanRequest) -> Outcome {
+    let input = req.input(host.shape())?;
+    host.plan_and_take(req.cycle, &input)
 }

@@ -1,0 +1,268 @@
+//! [`PolicyHost`]: a policy with its scratch, its state and the working copy of that state.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+use eplb_core::Shape;
+use eplb_policies::{BufferLens, Input, Output, Policy, buffer_lens, rebalance};
+
+use super::{Outcome, Plan, PlanFailure};
+
+/// A policy on one shape, with its buffers allocated once: the one place a policy is run and
+/// its state settled (see the [module docs](super)).
+///
+/// `plan` runs the policy on a working copy of the state, catching a panic; `settle` then
+/// makes the copy the state (taken), drops it (abandoned) or restarts from zero (resync). Only
+/// the cycle planned last can be settled, once: repeats (every rank of a simulator, ranks
+/// sharing a planner) are ignored.
+#[derive(Debug, Clone)]
+pub struct PolicyHost<P: Policy + ?Sized = dyn Policy + Send> {
+    shape: Shape,
+    /// The buffer sizes, or why the policy cannot serve the shape (then nothing is allocated
+    /// and every plan fails with the reason).
+    lens: Result<BufferLens, eplb_policies::Error>,
+    scratch: Vec<u64>,
+    /// After the last cycle taken.
+    state: Vec<u64>,
+    /// After the cycle planned last.
+    working: Vec<u64>,
+    /// The cycle planned last, until it is settled.
+    pending: Option<u64>,
+    policy: Box<P>,
+}
+
+impl<P: Policy + ?Sized> PolicyHost<P> {
+    /// `policy` on `shape`: its buffer sizes are checked ([`buffer_lens`]) before anything is
+    /// allocated.
+    pub fn new(policy: Box<P>, shape: Shape) -> Self {
+        let lens = buffer_lens(policy.as_ref(), &shape);
+        let (scratch, state) = match &lens {
+            Ok(l) => (vec![0u64; l.scratch], vec![0u64; l.state]),
+            Err(_) => (Vec::new(), Vec::new()),
+        };
+        Self {
+            shape,
+            lens,
+            scratch,
+            working: state.clone(),
+            state,
+            pending: None,
+            policy,
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// The state after the last cycle taken.
+    pub fn state(&self) -> &[u64] {
+        &self.state
+    }
+
+    /// Runs the policy for `cycle` on `input`, on a working copy of the state (validated by
+    /// [`rebalance`]; a panic becomes [`PlanFailure::Panicked`]). The copy waits for
+    /// [`PolicyHost::settle`].
+    pub fn plan(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
+        if let Err(e) = &self.lens {
+            return Err(PlanFailure::Shape(e.clone()));
+        }
+        if *input.shape() != self.shape {
+            return Err(PlanFailure::Input(eplb_policies::Error::Core(
+                eplb_core::Error::Length {
+                    what: "placement [L][R][S] of the host's shape",
+                    expected: self.shape.placement_len(),
+                    got: input.shape().placement_len(),
+                },
+            )));
+        }
+        self.working.copy_from_slice(&self.state);
+        self.pending = Some(cycle);
+        let l = self.shape.layers();
+        let mut placement = vec![0u16; self.shape.placement_len()];
+        let (mut changed, mut par_before, mut par_after) =
+            (vec![false; l], vec![0.0; l], vec![0.0; l]);
+        let (policy, scratch, working) = (&mut self.policy, &mut self.scratch, &mut self.working);
+        let started = Instant::now();
+        let summary = catch_unwind(AssertUnwindSafe(|| {
+            rebalance(
+                policy.as_mut(),
+                input,
+                scratch,
+                working,
+                Output {
+                    placement: &mut placement,
+                    changed: &mut changed,
+                    par_before: &mut par_before,
+                    par_after: &mut par_after,
+                },
+            )
+        }))
+        .map_err(|panic| {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            PlanFailure::Panicked(msg)
+        })?
+        .map_err(PlanFailure::Policy)?;
+        Ok(Plan {
+            cycle,
+            placement,
+            changed,
+            par_before,
+            par_after,
+            summary,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Every rank took `cycle` (`taken`) or abandoned it: the state advances to the working
+    /// copy, or stays the one before it; with `resync` (the ranks held different plans) it
+    /// restarts from the policy's initial state. Anything but the cycle planned last, and any
+    /// repeat, is ignored.
+    pub fn settle(&mut self, cycle: u64, taken: bool, resync: bool) {
+        if self.pending != Some(cycle) {
+            return;
+        }
+        self.pending = None;
+        if taken {
+            core::mem::swap(&mut self.state, &mut self.working);
+        } else if resync {
+            self.state.fill(0);
+        }
+    }
+
+    /// [`PolicyHost::plan`], then settle at once: the state advances only when the plan
+    /// succeeded (one-shot callers: the Python `Policy`, `eplb plan`).
+    pub fn plan_and_take(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
+        let outcome = self.plan(cycle, input);
+        self.settle(cycle, outcome.is_ok(), false);
+        outcome
+    }
+
+    /// Forgets the state: the next plan starts from the policy's initial state.
+    pub fn reset(&mut self) {
+        self.state.fill(0);
+        self.pending = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eplb_core::{Layout, Placement};
+    use eplb_policies::{Error, PolicyKind};
+
+    /// Counts its calls in its one state word, then copies the current placement, fails or
+    /// panics as `then` says of the input's seed.
+    struct Counter {
+        then: fn(u64) -> Result<(), Error>,
+    }
+
+    impl Policy for Counter {
+        fn kind(&self) -> PolicyKind {
+            PolicyKind::Random
+        }
+        fn scratch_len(&self, _shape: &Shape) -> usize {
+            0
+        }
+        fn state_len(&self, _shape: &Shape) -> usize {
+            1
+        }
+        fn place(
+            &mut self,
+            input: &Input<'_>,
+            _scratch: &mut [u64],
+            state: &mut [u64],
+            out: &mut [u16],
+        ) -> Result<(), Error> {
+            state[0] += 1;
+            (self.then)(input.seed())?;
+            out.copy_from_slice(input.current().as_slice());
+            Ok(())
+        }
+    }
+
+    fn host(then: fn(u64) -> Result<(), Error>) -> (PolicyHost, Vec<u16>, Vec<f64>) {
+        let shape = Shape::new(1, 4, 2, 2).unwrap();
+        let mut p = vec![0u16; shape.placement_len()];
+        Layout::Default.fill(&shape, &mut p).unwrap();
+        let h: PolicyHost = PolicyHost::new(Box::new(Counter { then }), shape);
+        (h, p, vec![1.0, 2.0, 3.0, 4.0])
+    }
+
+    fn input<'a>(h: &PolicyHost, p: &'a [u16], loads: &'a [f64]) -> Input<'a> {
+        seeded(h, p, loads, 0)
+    }
+
+    fn seeded<'a>(h: &PolicyHost, p: &'a [u16], loads: &'a [f64], seed: u64) -> Input<'a> {
+        Input::new(Placement::new(*h.shape(), p).unwrap(), loads, None, seed).unwrap()
+    }
+
+    #[test]
+    fn the_state_advances_only_for_taken_cycles_once() {
+        let (mut h, p, w) = host(|_| Ok(()));
+        h.plan(1, &input(&h, &p, &w)).unwrap();
+        assert_eq!(h.state(), [0], "planned is not taken");
+        h.settle(1, false, false);
+        assert_eq!(h.state(), [0], "abandoned");
+        h.plan(2, &input(&h, &p, &w)).unwrap();
+        h.settle(2, true, false);
+        h.settle(2, true, false);
+        assert_eq!(h.state(), [1], "taken once, the repeat ignored");
+        h.settle(1, true, false);
+        assert_eq!(h.state(), [1], "a cycle not planned last is ignored");
+        h.plan(3, &input(&h, &p, &w)).unwrap();
+        h.settle(3, false, true);
+        assert_eq!(h.state(), [0], "resync restarts from the initial state");
+    }
+
+    #[test]
+    fn an_error_after_the_policy_wrote_its_state_leaves_the_state_as_it_was() {
+        let (mut h, p, w) = host(|seed| {
+            if seed == 7 {
+                Err(Error::NoPlacement {
+                    layer: 0,
+                    why: "injected",
+                })
+            } else {
+                Ok(())
+            }
+        });
+        h.plan_and_take(1, &input(&h, &p, &w)).unwrap();
+        assert_eq!(h.state(), [1]);
+        let e = h.plan_and_take(2, &seeded(&h, &p, &w, 7)).unwrap_err();
+        assert!(matches!(e, PlanFailure::Policy(_)), "{e:?}");
+        assert_eq!(h.state(), [1], "the failed call's write was dropped");
+        h.plan_and_take(3, &input(&h, &p, &w)).unwrap();
+        assert_eq!(h.state(), [2]);
+    }
+
+    #[test]
+    fn a_panic_is_a_failure_with_its_message_and_drops_the_copy() {
+        let (mut h, p, w) = host(|_| panic!("deliberate"));
+        let e = h.plan_and_take(1, &input(&h, &p, &w)).unwrap_err();
+        assert_eq!(e, PlanFailure::Panicked("deliberate".into()));
+        assert_eq!(h.state(), [0]);
+    }
+
+    #[test]
+    fn a_shape_the_policy_cannot_serve_fails_every_plan_and_allocates_nothing() {
+        let shape = Shape::new(1, 4, 2, 2).unwrap();
+        let other = Shape::new(1, 4, 2, 3).unwrap();
+        let mut h: PolicyHost = PolicyHost::new(Box::new(Counter { then: |_| Ok(()) }), shape);
+        let mut p = vec![0u16; other.placement_len()];
+        Layout::Default.fill(&other, &mut p).unwrap();
+        let w = [1.0; 4];
+        let i = Input::new(Placement::new(other, &p).unwrap(), &w, None, 0).unwrap();
+        assert!(matches!(h.plan(1, &i), Err(PlanFailure::Input(_))));
+    }
+}
