@@ -71,7 +71,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     /// [`PolicyHost::settle`].
     pub fn plan(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
         if let Err(e) = &self.lens {
-            return Err(PlanFailure::Shape(e.clone()));
+            return Err(PlanFailure::Shape(*e));
         }
         if *input.shape() != self.shape {
             return Err(PlanFailure::Input(eplb_policies::Error::Core(

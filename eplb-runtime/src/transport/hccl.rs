@@ -744,7 +744,7 @@ impl Transport for HcclTransport {
             Some(fl) if fl.layer == plan.layer && fl.waited => fl,
             other => {
                 self.in_flight = other;
-                return Err(invalid(at, format!("the exchange was not waited for")));
+                return Err(invalid(at, "the exchange was not waited for".into()));
             }
         };
         self.commit_inner(plan, &fl)
