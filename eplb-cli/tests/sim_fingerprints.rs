@@ -18,12 +18,7 @@ const CHEAP: [&str; 4] = [
 ];
 
 fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    eplb_core::fnv1a(bytes.iter().map(|&b| u64::from(b)))
 }
 
 /// Removes every `,"policy_time_s":NUMBER` from the log.

@@ -21,8 +21,8 @@ pub enum Phase {
         /// Iterations since the snapshot.
         waited: u32,
     },
-    /// The plan is due; waiting for every rank to have it ([`Cycle::on_plan`] or
-    /// [`Cycle::on_plan_late`]).
+    /// The plan is due; waiting for every rank to have it ([`Cycle::on_plan`]; while some
+    /// rank does not, the cycle stays due).
     Due,
     /// Layer `layer` is being updated (launched before the current forward, committed after it).
     Updating {
@@ -44,7 +44,7 @@ pub enum Step {
     /// The planner is running; nothing to do.
     Wait,
     /// The plan is due: agree with every rank whether it is ready, then call [`Cycle::on_plan`]
-    /// (ready) or [`Cycle::on_plan_late`] (try again after the next iteration).
+    /// (ready), or nothing (late: the next iteration is `PlanDue` again).
     PlanDue,
     /// Before the next forward launch layer `l`'s transfer; after it, commit.
     UpdateLayer(u16),
@@ -145,11 +145,6 @@ impl Cycle {
         }
     }
 
-    /// Some rank does not have the plan yet: stay due, ask again after the next iteration.
-    pub fn on_plan_late(&mut self) -> Step {
-        Step::PlanDue
-    }
-
     /// Abandons the current cycle (for example after a planner failure): heat restarts.
     pub fn reset(&mut self) {
         self.phase = Phase::Collecting { counted: 0 };
@@ -214,8 +209,7 @@ mod tests {
         assert_eq!(c.on_iteration(true, &changed), Step::Snapshot);
         assert_eq!(c.on_iteration(false, &changed), Step::Wait);
         assert_eq!(c.on_iteration(false, &changed), Step::PlanDue);
-        // Not every rank has it: stay due.
-        assert_eq!(c.on_plan_late(), Step::PlanDue);
+        // Not every rank has it: no call, and the next iteration is due again.
         assert_eq!(c.on_iteration(true, &changed), Step::PlanDue);
         assert_eq!(c.on_plan(&changed), Step::UpdateLayer(1));
         assert_eq!(c.layer_in_flight(), Some(1));

@@ -33,6 +33,7 @@ extern crate std;
 
 pub mod cycle;
 mod error;
+pub mod hash;
 pub mod heat;
 pub mod layout;
 pub mod metrics;
@@ -43,6 +44,7 @@ pub mod time;
 
 pub use cycle::{Cycle, Phase, Step};
 pub use error::Error;
+pub use hash::{Fnv1a, fnv1a};
 pub use heat::HeatWindow;
 pub use layout::Layout;
 pub use metrics::{Hotness, Routing};

@@ -5,6 +5,7 @@ use eplb_core::Shape;
 
 use crate::deepseek::DeepSeek;
 use crate::default::DefaultEplb;
+use crate::fixed::Static;
 use crate::flashlb::FlashLb;
 use crate::incremental::Incremental;
 use crate::random::Random;
@@ -26,6 +27,8 @@ pub enum AnyPolicy {
     Incremental(Incremental),
     /// DeepSeek's EPLB.
     DeepSeek(DeepSeek),
+    /// Never rebalances (the tools' baseline).
+    Static(Static),
 }
 
 impl AnyPolicy {
@@ -38,6 +41,7 @@ impl AnyPolicy {
             PolicyKind::FlashLb => AnyPolicy::FlashLb(FlashLb::new()),
             PolicyKind::Incremental => AnyPolicy::Incremental(Incremental::new()),
             PolicyKind::DeepSeek => AnyPolicy::DeepSeek(DeepSeek::new()),
+            PolicyKind::Static => AnyPolicy::Static(Static::new()),
         }
     }
 
@@ -62,6 +66,7 @@ impl AnyPolicy {
             AnyPolicy::FlashLb(p) => p,
             AnyPolicy::Incremental(p) => p,
             AnyPolicy::DeepSeek(p) => p,
+            AnyPolicy::Static(p) => p,
         }
     }
 
@@ -73,6 +78,7 @@ impl AnyPolicy {
             AnyPolicy::FlashLb(p) => p,
             AnyPolicy::Incremental(p) => p,
             AnyPolicy::DeepSeek(p) => p,
+            AnyPolicy::Static(p) => p,
         }
     }
 }
@@ -110,7 +116,7 @@ mod tests {
 
     #[test]
     fn every_kind_builds_its_policy() {
-        for kind in PolicyKind::ALL {
+        for kind in PolicyKind::ALL.into_iter().chain([PolicyKind::Static]) {
             assert_eq!(AnyPolicy::new(kind).kind(), kind);
         }
         assert!(AnyPolicy::new(PolicyKind::DeepSeek).colocates());

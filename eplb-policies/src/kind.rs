@@ -20,6 +20,10 @@ pub enum PolicyKind {
     Incremental,
     /// DeepSeek's EPLB (hierarchical when groups divide into nodes, else global). No number.
     DeepSeek,
+    /// Never rebalances: the baseline of the tools (`eplb simulate --policy static`). Not in
+    /// [`PolicyKind::ALL`] (which lists the balancing policies) and not a name or number an
+    /// `eplb_config` selects; [`PolicyKind::from_name_or_static`] parses it.
+    Static,
 }
 
 impl PolicyKind {
@@ -42,6 +46,7 @@ impl PolicyKind {
             PolicyKind::FlashLb => "flashlb",
             PolicyKind::Incremental => "incremental",
             PolicyKind::DeepSeek => "deepseek",
+            PolicyKind::Static => "static",
         }
     }
 
@@ -62,7 +67,16 @@ impl PolicyKind {
             PolicyKind::Swift => Some(2),
             PolicyKind::FlashLb => Some(3),
             PolicyKind::Incremental => Some(4),
-            PolicyKind::DeepSeek => None,
+            PolicyKind::DeepSeek | PolicyKind::Static => None,
+        }
+    }
+
+    /// `static`, or what [`FromStr`] accepts (a number `0..4` or a balancing policy's name).
+    pub fn from_name_or_static(s: &str) -> Result<Self, Error> {
+        if s == PolicyKind::Static.name() {
+            Ok(PolicyKind::Static)
+        } else {
+            s.parse()
         }
     }
 
@@ -108,5 +122,15 @@ mod tests {
         }
         assert_eq!("5".parse::<PolicyKind>(), Err(Error::UnknownPolicy));
         assert_eq!("Swift".parse::<PolicyKind>(), Err(Error::UnknownPolicy));
+        // `static` is the tools' baseline, not a policy a config selects.
+        assert_eq!("static".parse::<PolicyKind>(), Err(Error::UnknownPolicy));
+        assert_eq!(
+            PolicyKind::from_name_or_static("static"),
+            Ok(PolicyKind::Static)
+        );
+        assert_eq!(
+            PolicyKind::from_name_or_static("3"),
+            Ok(PolicyKind::FlashLb)
+        );
     }
 }

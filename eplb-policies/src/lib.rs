@@ -39,6 +39,7 @@ pub mod common;
 pub mod deepseek;
 pub mod default;
 mod error;
+pub mod fixed;
 pub mod flashlb;
 mod heap;
 pub mod incremental;
@@ -53,9 +54,10 @@ mod test_util;
 pub use any::AnyPolicy;
 pub use arena::{Arena, Words, words_f64, words_u16, words_u32};
 pub use error::Error;
+pub use fixed::Static;
 pub use kind::PolicyKind;
 pub use params::{ParamError, ParamInfo};
 pub use policy::{
-    BufferLens, Input, LayerReport, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output,
-    Policy, Samples, Summary, buffer_lens, check_out_len, check_range, rebalance, scratch_len,
+    BufferLens, Input, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output, Policy, Samples,
+    Summary, buffer_lens, check_out_len, check_range, rebalance, scratch_len,
 };

@@ -149,17 +149,6 @@ pub struct Output<'a> {
     pub par_after: &'a mut [f64],
 }
 
-/// Per-layer summary of one layer (for logs and tests).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LayerReport {
-    /// Whether the layer changed.
-    pub changed: bool,
-    /// PAR before.
-    pub par_before: f64,
-    /// PAR after.
-    pub par_after: f64,
-}
-
 /// What one [`rebalance`] call did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Summary {

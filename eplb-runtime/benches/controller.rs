@@ -9,7 +9,6 @@ use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
 use eplb_runtime::controller::{Controller, ControllerConfig, RunMode};
 use eplb_runtime::planner::Planner;
-use eplb_runtime::policies::Keep;
 use eplb_runtime::transport::host::{HostTransport, HostWorld};
 
 fn bench(c: &mut Criterion) {
@@ -23,7 +22,7 @@ fn bench(c: &mut Criterion) {
         .map(|l| l[..9].to_vec())
         .collect();
     let transport = HostTransport::new(world, 0, &rows, 8);
-    let planner = Arc::new(Planner::spawn(Box::new(Keep), shape));
+    let planner = Arc::new(Planner::spawn(Box::new(eplb_policies::Static), shape));
     let cfg = ControllerConfig {
         // Never reaches the snapshot inside the benchmark: pure collection.
         heat_interval: u32::MAX,

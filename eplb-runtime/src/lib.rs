@@ -15,6 +15,18 @@
 //! **Invariant:** no forward sees a half-updated layer: receives land in spare buffers and a
 //! layer is committed only when every rank's exchange succeeded.
 #![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
 
 pub mod config;
 pub mod controller;

@@ -25,17 +25,6 @@
 //! `W4A8` without fused MC2, `W4A8MXFP4`, `W4A16` and `W4A16MXFP4` have no payload: EPLB does
 //! not support them ([`crate::config::deployment`]).
 
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
-
 use core::fmt;
 use core::ops::Range;
 

@@ -788,7 +788,7 @@ impl RankMachine {
         }
         let all = all.unwrap_or(&[]);
         let mine = self.digest();
-        let failed = all.chunks_exact(2).any(|d| d[1] == FAILED_PLAN);
+        let failed = all.chunks_exact(2).any(|d| d.get(1) == Some(&FAILED_PLAN));
         let same = all.chunks_exact(2).all(|d| d == mine);
         self.stats.plans_taken += 1;
         self.submitted = false;

@@ -167,31 +167,36 @@ pub fn plan_layer(
     let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
     let mut sends_so_far = vec![0usize; r];
     let mut transfers = Vec::new();
-    for (dst, nrow) in new_rows.iter().enumerate() {
-        let orow = old_rows[dst];
+    for (dst, (nrow, orow)) in new_rows.iter().zip(&old_rows).enumerate() {
         for (i, &e) in nrow.iter().enumerate() {
-            if nrow[..i].contains(&e) || orow.contains(&e) {
+            if nrow.get(..i).is_some_and(|seen| seen.contains(&e)) || orow.contains(&e) {
                 continue;
             }
             // Tier 0: drops e; tier 1: same node; tier 2: any holder.
-            let src = (0..r)
-                .filter(|&h| old_rows[h].contains(&e))
+            let src = old_rows
+                .iter()
+                .enumerate()
+                .filter(|(_, row)| row.contains(&e))
+                .map(|(h, _)| h)
                 .min_by_key(|&h| {
-                    let tier = if !new_rows[h].contains(&e) {
+                    let keeps = new_rows.get(h).is_some_and(|row| row.contains(&e));
+                    let tier = if !keeps {
                         0
                     } else if h / rpn == dst / rpn {
                         1
                     } else {
                         2
                     };
-                    (tier, sends_so_far[h], h)
+                    (tier, sends_so_far.get(h).copied().unwrap_or(0), h)
                 })
                 .ok_or(PlanError::NoSource {
                     layer,
                     expert: e,
                     rank: dst as u16,
                 })?;
-            sends_so_far[src] += 1;
+            if let Some(n) = sends_so_far.get_mut(src) {
+                *n += 1;
+            }
             transfers.push(Transfer {
                 src: src as u16,
                 dst: dst as u16,
@@ -201,8 +206,7 @@ pub fn plan_layer(
     }
     transfers.sort_unstable();
     let mut ranks = Vec::with_capacity(r);
-    for rank in 0..r {
-        let (orow, nrow) = (old_rows[rank], new_rows[rank]);
+    for (rank, (orow, nrow)) in old_rows.iter().zip(&new_rows).enumerate() {
         let sends = transfers
             .iter()
             .filter(|t| usize::from(t.src) == rank)
@@ -230,7 +234,7 @@ pub fn plan_layer(
             .iter()
             .enumerate()
             .map(|(slot, &e)| {
-                if orow[slot] == e {
+                if orow.get(slot) == Some(&e) {
                     SlotSource::Unchanged
                 } else if let Some(from) = orow.iter().rposition(|&x| x == e) {
                     SlotSource::Local {

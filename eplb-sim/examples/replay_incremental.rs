@@ -108,12 +108,11 @@ fn main() {
         }
     }
     // A fingerprint of every output, to check that a change leaves the placements alone.
-    let mut fnv = 0xcbf2_9ce4_8422_2325u64;
-    for c in calls.iter() {
-        for &v in &c.out {
-            fnv = (fnv ^ u64::from(v)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let fnv = eplb_core::fnv1a(
+        calls
+            .iter()
+            .flat_map(|c| c.out.iter().map(|&v| u64::from(v))),
+    );
     println!("outputs fnv {fnv:016x}");
     let mean = best.iter().sum::<f64>() / best.len().max(1) as f64;
     let per: Vec<String> = best.iter().map(|t| format!("{t:.1}")).collect();

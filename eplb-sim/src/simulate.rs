@@ -17,7 +17,7 @@ use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
 use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PlanFailure, PolicyHost};
-use eplb_runtime::policies::{Keep, policy_for};
+use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::RunMode;
 use eplb_runtime::rank::{Action, MachineConfig, RankMachine, Vote};
 use eplb_runtime::transfer::plan_layer;
@@ -213,77 +213,6 @@ pub fn initial_placement(shape: &Shape, initial: Initial) -> Result<Vec<u16>, St
     Ok(p)
 }
 
-/// Per-slot whole-token counts `[L][R][S]` of one window under `routing`.
-pub fn route_window(
-    shape: &Shape,
-    placement: &[u16],
-    counts: &[u64],
-    routing: Routing,
-    out: &mut [u32],
-) {
-    let (n, r, s) = (shape.experts(), shape.ranks(), shape.slots_per_rank());
-    let per = shape.slots_per_layer();
-    out.fill(0);
-    let mut holders: Vec<usize> = Vec::with_capacity(per);
-    for (l, (layer, w)) in placement
-        .chunks_exact(per)
-        .zip(counts.chunks_exact(n))
-        .enumerate()
-    {
-        for (e, &c) in w.iter().enumerate() {
-            if c == 0 {
-                continue;
-            }
-            holders.clear();
-            match routing {
-                Routing::Log2Phy => {
-                    // The last slot of e on each distinct holder, ranks ascending.
-                    for rank in 0..r {
-                        let row = &layer[rank * s..(rank + 1) * s];
-                        if let Some(slot) = row.iter().rposition(|&x| usize::from(x) == e) {
-                            holders.push(rank * s + slot);
-                        }
-                    }
-                    let d = holders.len();
-                    let shares: Vec<(u64, u64)> = (0..d)
-                        .map(|j| {
-                            let m = metrics::log2phy_sources(r, d, j) as u64;
-                            (c * m / r as u64, c * m % r as u64)
-                        })
-                        .collect();
-                    apportion(c, &holders, &shares, l * per, out);
-                }
-                Routing::Even => {
-                    holders.extend((0..per).filter(|&j| usize::from(layer[j]) == e));
-                    let k = holders.len() as u64;
-                    let shares: Vec<(u64, u64)> = holders.iter().map(|_| (c / k, c % k)).collect();
-                    apportion(c, &holders, &shares, l * per, out);
-                }
-            }
-        }
-    }
-}
-
-/// Gives each holder its floor share, then the remaining tokens one each to the holders with the
-/// largest remainders (lowest index first on ties).
-fn apportion(c: u64, holders: &[usize], shares: &[(u64, u64)], base: usize, out: &mut [u32]) {
-    let mut rest = c - shares.iter().map(|s| s.0).sum::<u64>();
-    for (&h, &(q, _)) in holders.iter().zip(shares) {
-        out[base + h] = out[base + h].saturating_add(q as u32);
-    }
-    if rest > 0 {
-        let mut order: Vec<usize> = (0..holders.len()).collect();
-        order.sort_by(|&a, &b| shares[b].1.cmp(&shares[a].1).then(a.cmp(&b)));
-        for j in order {
-            if rest == 0 {
-                break;
-            }
-            out[base + holders[j]] = out[base + holders[j]].saturating_add(1);
-            rest -= 1;
-        }
-    }
-}
-
 /// Runs the simulation. `progress` is called after every window with `(done, total)`.
 pub fn simulate(
     trace: &SimTrace,
@@ -291,7 +220,7 @@ pub fn simulate(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SimResult, String> {
     let policy: Box<dyn eplb_policies::Policy + Send> = match cfg.policy {
-        SimPolicy::Static => Box::new(Keep),
+        SimPolicy::Static => policy_for(PolicyKind::Static),
         SimPolicy::Policy(k) => policy_for(k),
     };
     simulate_with(trace, cfg, policy, progress)
@@ -816,8 +745,9 @@ impl SimWorld {
     }
 }
 
-/// [`route_window`] with the holders of every expert kept per placement: rebuilt when the
-/// placement changes, so a window costs `O(L * N * copies)` instead of `O(L * N * R * S)`.
+/// Routes a window's logical counts to whole-token per-slot counts `[L][R][S]` under the
+/// routing model (`SIMULATION.md` §4), with the holders of every expert kept per placement:
+/// rebuilt when the placement changes, so a window costs `O(L * N * copies)`.
 struct Router {
     routing: Routing,
     shape: Shape,
@@ -899,7 +829,7 @@ impl Router {
         }
     }
 
-    /// Per-slot whole-token counts `[L][R][S]` of one window, exactly as [`route_window`].
+    /// Per-slot whole-token counts `[L][R][S]` of one window, exactly as §4 defines them.
     fn route(&mut self, counts: &[u64], out: &mut [u32]) {
         let (n, r, per) = (
             self.shape.experts(),

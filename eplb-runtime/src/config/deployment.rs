@@ -41,16 +41,6 @@
 //! and the heat-stage advice (inputs above 1024 tokens: collect `prefill` heat; inputs of at
 //! most 1024 tokens with concurrency above 1024: `decode` or `all`), given only when the
 //! configured stage differs from it.
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic,
-        clippy::unreachable
-    )
-)]
 
 use core::fmt;
 use core::str::FromStr;

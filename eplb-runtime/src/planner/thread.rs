@@ -184,19 +184,15 @@ impl Drop for Planner {
 }
 
 fn fingerprint(req: &PlanRequest) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |x: u64| {
-        h ^= x;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
-    req.current.iter().for_each(|&v| eat(u64::from(v)));
-    req.loads.iter().for_each(|v| eat(v.to_bits()));
+    let mut h = eplb_core::Fnv1a::new();
+    h.words(req.current.iter().map(|&v| u64::from(v)));
+    h.words(req.loads.iter().map(|v| v.to_bits()));
     if let Some((t, s)) = &req.samples {
-        eat(*t as u64);
-        s.iter().for_each(|v| eat(v.to_bits()));
+        h.word(*t as u64);
+        h.words(s.iter().map(|v| v.to_bits()));
     }
-    eat(req.seed);
-    h
+    h.word(req.seed);
+    h.finish()
 }
 
 fn run(

@@ -104,11 +104,7 @@ pub fn canonical_expert_bytes(layer: usize, expert: u16, len: usize) -> Vec<u8> 
 /// what a checkpoint loader would have put there. Differs between tensors of one expert.
 pub fn canonical_tensor_bytes(layer: usize, expert: u16, name: &str, len: usize) -> Vec<u8> {
     // FNV-1a of the name, folded into the seed of the expert's stream.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = eplb_core::fnv1a(name.bytes().map(u64::from));
     let mut x = (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ u64::from(expert)
             .wrapping_add(1)
