@@ -150,6 +150,73 @@ pub fn rank_loads(
     Ok(())
 }
 
+/// Writes the load of every slot (`[R][S]`) of one layer under `routing`, given logical loads
+/// `[N]`: the per-slot form of [`rank_loads`] (a rank's slots sum to its load). Under
+/// `log2phy` a second copy of an expert on one rank gets nothing. `scratch` needs
+/// [`scratch_len`] values.
+pub fn slot_loads(
+    layer: &LayerPlacement<'_>,
+    loads: &[f64],
+    routing: Routing,
+    scratch: &mut [u32],
+    out: &mut [f64],
+) -> Result<(), Error> {
+    let shape = *layer.shape();
+    let (n, r) = (shape.experts(), shape.ranks());
+    check_len("logical loads [N]", n, loads.len())?;
+    check_len("slot loads [R][S]", shape.slots_per_layer(), out.len())?;
+    check_len("metrics scratch [2N]", 2 * n, scratch.len())?;
+    check_loads(layer.index(), loads)?;
+    let (count, seen) = scratch.split_at_mut(n);
+    count.fill(0);
+    seen.fill(0);
+    out.fill(0.0);
+    let s_per = shape.slots_per_rank().max(1);
+    match routing {
+        Routing::Even => {
+            for &e in layer.as_slice() {
+                if let Some(c) = count.get_mut(usize::from(e)) {
+                    *c += 1;
+                }
+            }
+            for (o, &e) in out.iter_mut().zip(layer.as_slice()) {
+                let e = usize::from(e);
+                let c = count.get(e).copied().unwrap_or(1).max(1);
+                *o = loads.get(e).copied().unwrap_or(0.0) / f64::from(c);
+            }
+        }
+        Routing::Log2Phy => {
+            for row in layer.rows() {
+                for (s, &e) in row.iter().enumerate() {
+                    if is_first_in_row(row, s)
+                        && let Some(c) = count.get_mut(usize::from(e))
+                    {
+                        *c += 1;
+                    }
+                }
+            }
+            let rf = r as f64;
+            for (orow, row) in out.chunks_exact_mut(s_per).zip(layer.rows()) {
+                for (s, (o, &e)) in orow.iter_mut().zip(row).enumerate() {
+                    if !is_first_in_row(row, s) {
+                        continue;
+                    }
+                    let e = usize::from(e);
+                    let (Some(&d), Some(j), Some(&w)) =
+                        (count.get(e), seen.get_mut(e), loads.get(e))
+                    else {
+                        continue;
+                    };
+                    let m = log2phy_sources(r, d.max(1) as usize, *j as usize);
+                    *j += 1;
+                    *o = w * m as f64 / rf;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn is_first_in_row(row: &[u16], s: usize) -> bool {
     match (row.get(s), row.get(..s)) {
         (Some(e), Some(before)) => !before.contains(e),

@@ -19,6 +19,7 @@
 //! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
 //! | `eplb_policy_params` | `{}` | object of numbers: the policy's parameters by name (extension; `DESIGN.md`, "Policy parameters"), checked by the policy's own parser |
 //! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
+//! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`) and `tokens_per_rank` (a number > 0): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
 //! [`crate::config::deployment`] (hardware, quant type, role, ...). It is kept raw
@@ -86,9 +87,9 @@ use crate::policies::Param;
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
 pub use error::{ConfigError, ConfigErrors};
 
-/// The keys of `eplb_config`, in vLLM-Ascend's order (the extensions `eplb_policy_seed` and
-/// `eplb_policy_params` last).
-pub const KEYS: [&str; 10] = [
+/// The keys of `eplb_config`, in vLLM-Ascend's order (the extensions `eplb_policy_seed`,
+/// `eplb_policy_params` and `eplb_payoff_gate` last).
+pub const KEYS: [&str; 11] = [
     "dynamic_eplb",
     "expert_map_path",
     "expert_heat_collection_interval",
@@ -99,7 +100,27 @@ pub const KEYS: [&str; 10] = [
     "eplb_heat_collection_stage",
     "eplb_policy_seed",
     "eplb_policy_params",
+    "eplb_payoff_gate",
 ];
+
+/// The keys of an `eplb_payoff_gate` object.
+pub const PAYOFF_GATE_KEYS: [&str; 4] = ["model", "hardware", "role", "tokens_per_rank"];
+
+/// `eplb_payoff_gate`: the pay-off gate is on, with these time-model settings. Unset fields
+/// come from the deployment facts (`hardware`, `role`, `tokens_per_die`) where those name
+/// them, else the defaults: DeepSeek-V3 on A3, decode, the role's tokens per rank
+/// (`docs/time-model.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PayoffGate {
+    /// The model preset.
+    pub model: Option<eplb_core::time::ModelSpec>,
+    /// The hardware preset.
+    pub hardware: Option<eplb_core::time::Hardware>,
+    /// The role.
+    pub role: Option<eplb_core::time::Role>,
+    /// Tokens per iteration per rank.
+    pub tokens_per_rank: Option<f64>,
+}
 
 /// The keys accepted at the top level of the wrapped form.
 pub const TOP_LEVEL_KEYS: [&str; 2] = ["eplb_config", "deployment"];
@@ -177,6 +198,7 @@ pub struct EplbConfig {
     policy_seed: u64,
     policy_params: Vec<Param>,
     heat_stage: HeatStage,
+    payoff_gate: Option<PayoffGate>,
     deployment: Option<Value>,
     facts: Option<Deployment>,
 }
@@ -195,6 +217,7 @@ impl Default for EplbConfig {
             policy_seed: 0,
             policy_params: Vec::new(),
             heat_stage: HeatStage::All,
+            payoff_gate: None,
             deployment: None,
             facts: None,
         }
@@ -378,6 +401,11 @@ impl EplbConfig {
     /// `eplb_heat_collection_stage`.
     pub fn heat_stage(&self) -> HeatStage {
         self.heat_stage
+    }
+
+    /// `eplb_payoff_gate`: the gate's settings when it is on.
+    pub fn payoff_gate(&self) -> Option<&PayoffGate> {
+        self.payoff_gate.as_ref()
     }
 
     /// The raw `deployment` object given beside `eplb_config`, as written.
@@ -725,6 +753,9 @@ impl Parser {
         if let Some(v) = obj.get("eplb_policy_params") {
             self.policy_params(v);
         }
+        if let Some(v) = obj.get("eplb_payoff_gate") {
+            self.payoff_gate(v);
+        }
 
         if self.cfg.dynamic && !env_guard_holds(env) {
             self.errs.push(ConfigError::EnvGuard {
@@ -913,6 +944,70 @@ impl Parser {
 
     /// `eplb_policy_params`: an object of numbers, each checked by the policy's own parser
     /// (after `eplb_policy_type`, so against the chosen policy).
+    fn payoff_gate(&mut self, v: &Value) {
+        let m = match v {
+            Value::Bool(false) => return,
+            Value::Bool(true) => {
+                self.cfg.payoff_gate = Some(PayoffGate::default());
+                return;
+            }
+            Value::Object(m) => m,
+            other => {
+                self.wrong_type("eplb_payoff_gate", "a boolean or an object", other);
+                return;
+            }
+        };
+        let mut gate = PayoffGate::default();
+        let bad = |message: String| ConfigError::PayoffGate { message };
+        let mut errs = Vec::new();
+        for (key, x) in m {
+            let name = x.as_str();
+            match key.as_str() {
+                "model" => match name.and_then(eplb_core::time::ModelSpec::from_name) {
+                    Some(spec) => gate.model = Some(spec),
+                    None => errs.push(bad(format!(
+                        "model: unknown model {}; expected one of {}",
+                        render(x),
+                        eplb_core::time::ModelSpec::ALL.map(|m| m.name).join(", ")
+                    ))),
+                },
+                "hardware" => match name.and_then(eplb_core::time::Hardware::from_name) {
+                    Some(hw) => gate.hardware = Some(hw),
+                    None => errs.push(bad(format!(
+                        "hardware: unknown hardware {}; expected one of {}",
+                        render(x),
+                        eplb_core::time::Hardware::ALL.map(|h| h.name).join(", ")
+                    ))),
+                },
+                "role" => match name.and_then(eplb_core::time::Role::from_name) {
+                    Some(role) => gate.role = Some(role),
+                    None => errs.push(bad(format!(
+                        "role: unknown role {}; expected \"decode\" or \"prefill\"",
+                        render(x)
+                    ))),
+                },
+                "tokens_per_rank" => match x.as_f64().filter(|t| t.is_finite() && *t > 0.0) {
+                    Some(t) => gate.tokens_per_rank = Some(t),
+                    None => errs.push(bad(format!(
+                        "tokens_per_rank: expected a number > 0, got {}",
+                        render(x)
+                    ))),
+                },
+                other => errs.push(bad(format!(
+                    "unknown key {other:?}; expected one of {}{}",
+                    PAYOFF_GATE_KEYS.join(", "),
+                    suggest::closest(other, &PAYOFF_GATE_KEYS)
+                        .map(|s| format!(" (did you mean {s:?}?)"))
+                        .unwrap_or_default()
+                ))),
+            }
+        }
+        if errs.is_empty() {
+            self.cfg.payoff_gate = Some(gate);
+        }
+        self.errs.append(&mut errs);
+    }
+
     fn policy_params(&mut self, v: &Value) {
         let Value::Object(m) = v else {
             self.wrong_type("eplb_policy_params", "an object of numbers", v);

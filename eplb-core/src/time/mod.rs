@@ -77,6 +77,7 @@
 use crate::Error;
 use crate::placement::check_len;
 
+pub mod gate;
 mod presets;
 #[cfg(test)]
 mod tests;

@@ -100,6 +100,11 @@ pub enum ConfigError {
         /// The policy parser's message, naming the parameter.
         message: String,
     },
+    /// `eplb_payoff_gate` holds an unknown key or value.
+    PayoffGate {
+        /// What is wrong, naming the key.
+        message: String,
+    },
     /// `eplb_heat_collection_stage` names no stage.
     UnknownStage {
         /// The value given (the string itself).
@@ -266,6 +271,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::PolicyParam { message } => {
                 write!(f, "eplb_config.eplb_policy_params: {message}")
+            }
+            ConfigError::PayoffGate { message } => {
+                write!(f, "eplb_config.eplb_payoff_gate: {message}")
             }
             ConfigError::UnknownStage { got, suggestion: s } => {
                 write!(

@@ -4,6 +4,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use eplb_core::Shape;
+use eplb_core::metrics::Routing;
+use eplb_core::time::gate::Gate;
 use eplb_policies::{BufferLens, Input, Output, Policy, buffer_lens, rebalance};
 
 use super::{Outcome, Plan, PlanFailure};
@@ -28,7 +30,20 @@ pub struct PolicyHost<P: Policy + ?Sized = dyn Policy + Send> {
     working: Vec<u64>,
     /// The cycle planned last, until it is settled.
     pending: Option<u64>,
+    /// The pay-off gate applied to every plan, if on, with its scratch.
+    gate: Option<GateState>,
     policy: Box<P>,
+}
+
+/// The pay-off gate and its buffers (allocated when the gate is set).
+#[derive(Debug, Clone)]
+struct GateState {
+    gate: Gate,
+    fscratch: Vec<f64>,
+    uscratch: Vec<u32>,
+    moved: Vec<bool>,
+    metrics: Vec<u32>,
+    rank_buf: Vec<f64>,
 }
 
 impl<P: Policy + ?Sized> PolicyHost<P> {
@@ -47,8 +62,26 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
             working: state.clone(),
             state,
             pending: None,
+            gate: None,
             policy,
         }
+    }
+
+    /// Turns the pay-off gate on (`Some`) or off: every later plan keeps a changed layer only
+    /// when the gate says it pays ([`eplb_core::time::gate`]). Every rank must set the same
+    /// gate: its decision is then computed from agreed inputs only.
+    pub fn set_gate(&mut self, gate: Option<Gate>) {
+        self.gate = gate.map(|gate| {
+            let (f, u) = eplb_core::time::gate::scratch_len(&self.shape);
+            GateState {
+                gate,
+                fscratch: vec![0.0; f],
+                uscratch: vec![0; u],
+                moved: vec![false; self.shape.layers()],
+                metrics: vec![0; eplb_core::metrics::scratch_len(&self.shape)],
+                rank_buf: vec![0.0; self.shape.ranks()],
+            }
+        });
     }
 
     /// The shape.
@@ -113,7 +146,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
             PlanFailure::Panicked(msg)
         })?
         .map_err(PlanFailure::Policy)?;
-        Ok(Plan {
+        let mut plan = Plan {
             cycle,
             placement,
             changed,
@@ -121,7 +154,12 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
             par_after,
             summary,
             elapsed: started.elapsed(),
-        })
+            gate: None,
+        };
+        if let Some(g) = self.gate.as_mut() {
+            g.apply(input, &mut plan).map_err(PlanFailure::input)?;
+        }
+        Ok(plan)
     }
 
     /// Every rank took `cycle` (`taken`) or abandoned it: the state advances to the working
@@ -152,6 +190,56 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     pub fn reset(&mut self) {
         self.state.fill(0);
         self.pending = None;
+    }
+}
+
+impl GateState {
+    /// Gates `plan` (computed from `input`) and brings its per-layer arrays and summary in
+    /// line with the layers that keep their placement.
+    fn apply(&mut self, input: &Input<'_>, plan: &mut Plan) -> Result<(), eplb_core::Error> {
+        let shape = *input.shape();
+        let current = input.current().as_slice();
+        let sum = self.gate.apply(
+            &shape,
+            current,
+            &mut plan.placement,
+            input.loads(),
+            &mut self.fscratch,
+            &mut self.uscratch,
+            &mut self.moved,
+        )?;
+        let per = shape.slots_per_layer();
+        let mut moves = 0;
+        for (l, (changed, moved)) in plan.changed.iter_mut().zip(&self.moved).enumerate() {
+            if *changed && !*moved {
+                *changed = false;
+                if let (Some(a), Some(&b)) = (plan.par_after.get_mut(l), plan.par_before.get(l)) {
+                    *a = b;
+                }
+            }
+            if *changed {
+                let range = l * per..(l + 1) * per;
+                if let (Some(o), Some(n)) = (current.get(range.clone()), plan.placement.get(range))
+                {
+                    moves += eplb_core::metrics::moves(o, n, shape.slots_per_rank());
+                }
+            }
+        }
+        let p = eplb_core::Placement::new(shape, &plan.placement)?;
+        plan.summary.changed_layers = plan.changed.iter().filter(|&&c| c).count();
+        plan.summary.moves = moves;
+        plan.summary.colocated_rows = p.colocated_rows();
+        let mut per_layer = vec![0.0; shape.layers()];
+        plan.summary.after = eplb_core::metrics::hotness(
+            &p,
+            input.loads(),
+            Routing::Even,
+            &mut self.metrics,
+            &mut self.rank_buf,
+            &mut per_layer,
+        )?;
+        plan.gate = Some(sum);
+        Ok(())
     }
 }
 

@@ -17,6 +17,7 @@
 use core::fmt;
 use std::time::Duration;
 
+use eplb_core::time::gate::GateSummary;
 use eplb_core::{Placement, Shape};
 use eplb_policies::{Input, Samples, Summary};
 
@@ -70,6 +71,8 @@ pub struct Plan {
     pub summary: Summary,
     /// Wall time of the policy call alone.
     pub elapsed: Duration,
+    /// What the pay-off gate decided, when it is on ([`PolicyHost::set_gate`]).
+    pub gate: Option<GateSummary>,
 }
 
 /// Why a cycle has no plan. Every one keeps the live placement.
@@ -94,7 +97,7 @@ pub enum PlanFailure {
 }
 
 impl PlanFailure {
-    fn input(e: eplb_core::Error) -> Self {
+    pub(crate) fn input(e: eplb_core::Error) -> Self {
         PlanFailure::Input(eplb_policies::Error::Core(e))
     }
 }

@@ -25,6 +25,7 @@ enum Msg {
 }
 
 use eplb_core::Shape;
+use eplb_core::time::gate::Gate;
 use eplb_policies::Policy;
 
 use super::{Outcome, PlanFailure, PlanRequest, PolicyHost};
@@ -58,12 +59,18 @@ impl Planner {
     /// Starts the planner thread for `policy` on `shape`; scratch and state are allocated here,
     /// once.
     pub fn spawn(policy: Box<dyn Policy + Send>, shape: Shape) -> Self {
+        Self::with_gate(policy, shape, None)
+    }
+
+    /// [`Planner::spawn`] with the pay-off gate applied to every plan when `gate` is `Some`
+    /// ([`PolicyHost::set_gate`]).
+    pub fn with_gate(policy: Box<dyn Policy + Send>, shape: Shape, gate: Option<Gate>) -> Self {
         let (tx, rx) = channel::<Msg>();
         let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("eplb-planner".into())
-            .spawn(move || run(policy, shape, rx, worker_shared))
+            .spawn(move || run(policy, shape, gate, rx, worker_shared))
             .ok();
         Self {
             tx: Some(tx),
@@ -198,10 +205,12 @@ fn fingerprint(req: &PlanRequest) -> u64 {
 fn run(
     policy: Box<dyn Policy + Send>,
     shape: Shape,
+    gate: Option<Gate>,
     rx: Receiver<Msg>,
     shared: Arc<(Mutex<Shared>, Condvar)>,
 ) {
     let mut host = PolicyHost::new(policy, shape);
+    host.set_gate(gate);
     while let Ok(msg) = rx.recv() {
         let req = match msg {
             Msg::Settle {
