@@ -1,7 +1,7 @@
 //! What the ranks agree on, and in which order: the next task of the cycle, the collective this
 //! rank waits in, and the plan it holds for the cycle (ready, failed or missing).
 
-use eplb_core::{Shape, Step};
+use eplb_core::{Placement, Shape, Step};
 
 use super::{Action, Collective, Gather, Health, PlanInput, PlannerAction, RankMachine, RunMode};
 
@@ -100,6 +100,39 @@ fn placement_hash_with_layer(placement: &[u16], plan: &[u16], shape: &Shape, lay
 }
 
 impl RankMachine {
+    /// The planner's answer for `cycle`: the plan's placement, or `None` when the policy failed.
+    /// Answers for another cycle are ignored.
+    pub fn handle_plan(&mut self, cycle: u64, plan: Option<Placement<'_>>) {
+        if cycle != self.cycle_no
+            || !self.agree.submitted
+            || self.agree.plan_slot != PlanSlot::Missing
+        {
+            return;
+        }
+        self.agree.plan_slot = match plan {
+            Some(p) if *p.shape() == self.shape => {
+                self.plan.copy_from_slice(p.as_slice());
+                PlanSlot::Ready(placement_hash(&self.plan))
+            }
+            Some(_) => {
+                log::error!(
+                    "eplb rank {}: cycle {cycle}: the plan has another shape",
+                    self.rank
+                );
+                PlanSlot::Failed
+            }
+            None => PlanSlot::Failed,
+        };
+    }
+
+    /// Words this rank sent in a gather of `of`.
+    pub(super) fn sent_len(&self, of: Gather) -> usize {
+        match of {
+            Gather::Heat => self.heat.held().len(),
+            Gather::Digest | Gather::Vote { .. } | Gather::Placement => self.agree.sent.len(),
+        }
+    }
+
     /// The heat gather answered with every rank's words (length checked), or failed.
     pub(super) fn on_heat(&mut self, all: Option<&[u64]>) -> Result<(), super::MachineError> {
         let folded = match all {

@@ -37,8 +37,10 @@
 //! knows which reply it waits for: a reply of another kind or length is a [`MachineError`] (and
 //! counts as a failed collective).
 //!
-//! The state lives in three parts: `heat` (the slot heat ring and the fold), `agree` (the next
-//! task, the reply awaited, the plan slot) and `walk` (the layer walk).
+//! The files: `action` (what the machine asks, what a collective answers), `heat` (the slot heat
+//! ring and the fold), `agree` (the next task, the reply awaited, the plan slot, the plan and
+//! placement checks), `walk` (the layer walk and its votes), `error`, and `local` (the
+//! [`LocalCollective`] of one-thread drivers).
 //!
 //! **Invariant:** no collective is asked for on an iteration where nothing is due: while
 //! collecting heat, while the planner runs and between cycles every action is local.
@@ -62,21 +64,25 @@
     )
 )]
 
+mod action;
 mod agree;
+mod error;
 mod heat;
 mod local;
 mod walk;
 
-use std::fmt;
-
 use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step};
 
-use agree::{Agree, Awaiting, PlanSlot, Task};
+use action::gather_what;
+pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
+use agree::{Agree, Awaiting, Task};
 pub use agree::{FAILED_PLAN, placement_hash};
+pub use error::MachineError;
+use error::check;
 use heat::SlotHeat;
 pub use local::{DriveError, Entered, LocalCollective};
 pub use walk::outcome;
-use walk::{LayerJob, LayerStep, Walk};
+use walk::{LayerStep, Walk};
 
 /// What a rank does with an agreed plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,150 +115,6 @@ pub struct MachineConfig {
     /// its peers tell it what they did. The [`Controller`](crate::controller::Controller) sets
     /// it from [`Transport::atomic_collectives`](crate::transport::Transport::atomic_collectives).
     pub atomic_collectives: bool,
-}
-
-/// One thing the driver must do.
-#[must_use = "every action must be executed and, where the table says so, answered"]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Action<'a> {
-    /// A collective over every rank; answer with [`RankMachine::handle_collective`].
-    Collective(Collective<'a>),
-    /// A request or a settlement for the planner.
-    Planner(PlannerAction<'a>),
-    /// A step of one layer's exchange.
-    Layer(LayerAction),
-    /// Record mode: hand [`RankMachine::plan`] to the record sink.
-    Record {
-        /// The cycle.
-        cycle: u64,
-    },
-}
-
-/// A collective, entered by every rank in the same order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collective<'a> {
-    /// All-gather `send` from every rank into a rank-major buffer of `ranks * send.len()` words;
-    /// answer [`Reply::Words`].
-    AllGather {
-        /// What the words are.
-        of: Gather,
-        /// This rank's words.
-        send: &'a [u64],
-    },
-    /// All-reduce `flag` ("I have this cycle's plan, ready or failed") with a logical AND (one
-    /// byte each way); answer [`Reply::Flag`]. If some rank has no answer yet, every rank asks
-    /// again after the next iteration.
-    AllAnd {
-        /// This rank's flag.
-        flag: bool,
-    },
-}
-
-/// What an [`Collective::AllGather`] gathers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gather {
-    /// This rank's slot heat, `[T][L][S]` token counts.
-    Heat,
-    /// `[cycle, placement hash of the plan]` (hash [`FAILED_PLAN`] when the plan failed here).
-    Digest,
-    /// The vote on `layer`'s exchange: `[my exchange succeeded (1) or not (0), my outcome of the
-    /// previous vote` ([`outcome`])`]`. The layer commits iff every rank's word 0 is 1. Word 1
-    /// lets a rank whose previous vote failed locally learn what its peers did.
-    Vote {
-        /// The layer.
-        layer: u16,
-    },
-    /// At the end of a layer walk (and on resume): `[cycle, hash of the live placement]`. A rank
-    /// that did not learn the outcome of a layer vote (its collective failed after its peers'
-    /// succeeded) learns it here.
-    Placement,
-}
-
-impl fmt::Display for Gather {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Gather::Heat => f.write_str("heat gather"),
-            Gather::Digest => f.write_str("digest agreement"),
-            Gather::Vote { layer } => write!(f, "layer {layer} vote"),
-            Gather::Placement => f.write_str("placement check"),
-        }
-    }
-}
-
-/// A collective's reply on this rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply<'a> {
-    /// The AND over every rank of [`Collective::AllAnd`].
-    Flag(bool),
-    /// Every rank's words of [`Collective::AllGather`], rank-major.
-    Words(&'a [u64]),
-}
-
-/// What the planner is asked for one cycle, borrowed from the machine.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlanInput<'a> {
-    /// The cycle number (1, 2, ... on every rank alike).
-    pub cycle: u64,
-    /// Seed for randomised policies.
-    pub seed: u64,
-    /// The live placement the heat was measured on, `[L][R][S]`.
-    pub current: &'a [u16],
-    /// `T`: heat windows in `samples`.
-    pub windows: usize,
-    /// Logical loads `[L][N]`, summed over the heat interval.
-    pub loads: &'a [f64],
-    /// Per-window logical loads `[T][L][N]`, oldest first.
-    pub samples: &'a [f64],
-}
-
-/// The planner's side of a cycle.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PlannerAction<'a> {
-    /// Ask the planner for a plan; answer with [`RankMachine::handle_plan`] any time later.
-    Submit(PlanInput<'a>),
-    /// Every rank took cycle `cycle` (`taken`) or it was abandoned: the planner advances the
-    /// policy's state to the one after the cycle, or rolls it back to the one before. With
-    /// `resync` (the ranks held different plans, so their policy states may differ) every rank
-    /// restarts the policy from its initial state.
-    Settle {
-        /// The cycle.
-        cycle: u64,
-        /// Whether every rank took it.
-        taken: bool,
-        /// Restart the policy state from scratch.
-        resync: bool,
-    },
-}
-
-/// A step of one layer's exchange.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerAction {
-    /// Before the next forward, start this rank's exchange of `layer` from
-    /// [`RankMachine::placement`] to [`RankMachine::plan`]; report with
-    /// [`RankMachine::handle_exchanged`] after the forward.
-    Launch {
-        /// The layer.
-        layer: u16,
-    },
-    /// Send this rank's part of `layer`'s exchange but receive nothing (a previous layer's
-    /// received data is still kept, its outcome unknown here); no answer. The machine votes no
-    /// on this layer after the forward, so that the peers' receives complete and the walk stays
-    /// in step.
-    SendOnly {
-        /// The layer.
-        layer: u16,
-    },
-    /// Every rank's exchange succeeded: install `layer`, then call
-    /// [`RankMachine::handle_committed`].
-    Commit {
-        /// The layer.
-        layer: u16,
-    },
-    /// The exchange failed somewhere: forget it; the live slots stay as they were.
-    Abort {
-        /// The layer.
-        layer: u16,
-    },
 }
 
 /// Whether the machine balances.
@@ -310,83 +172,6 @@ pub struct Events {
     /// Balancing is suspended or stopped ([`Health`] is not `Running`) until the engine resumes
     /// it.
     pub suspended: bool,
-}
-
-/// A bad call into the machine or its driver (the caller's bug), never a runtime condition.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum MachineError {
-    /// A shape or placement problem.
-    Core(Error),
-    /// A buffer has the wrong length.
-    Len {
-        /// Which buffer.
-        what: &'static str,
-        /// Expected length.
-        expected: usize,
-        /// Given length.
-        got: usize,
-    },
-    /// A collective reply of the wrong kind, or one nobody asked for.
-    Reply {
-        /// The reply the machine waits for.
-        expected: &'static str,
-        /// The reply it got.
-        got: &'static str,
-    },
-    /// The transport endpoint does not match the shape.
-    Endpoint {
-        /// The endpoint's rank.
-        rank: usize,
-        /// The endpoint's world size.
-        ranks: usize,
-        /// Ranks in the shape.
-        shape_ranks: usize,
-    },
-}
-
-impl fmt::Display for MachineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MachineError::Core(e) => e.fmt(f),
-            MachineError::Len {
-                what,
-                expected,
-                got,
-            } => write!(f, "{what}: expected {expected} values, got {got}"),
-            MachineError::Reply { expected, got } => {
-                write!(f, "collective reply: expected {expected}, got {got}")
-            }
-            MachineError::Endpoint {
-                rank,
-                ranks,
-                shape_ranks,
-            } => write!(
-                f,
-                "transport: endpoint is rank {rank} of {ranks}, the shape has {shape_ranks} ranks"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for MachineError {}
-
-impl From<Error> for MachineError {
-    fn from(e: Error) -> Self {
-        MachineError::Core(e)
-    }
-}
-
-fn check(what: &'static str, expected: usize, got: usize) -> Result<(), MachineError> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(MachineError::Len {
-            what,
-            expected,
-            got,
-        })
-    }
 }
 
 /// One rank's cycle.
@@ -611,70 +396,6 @@ impl RankMachine {
         }
     }
 
-    /// Words this rank sent in a gather of `of`.
-    fn sent_len(&self, of: Gather) -> usize {
-        match of {
-            Gather::Heat => self.heat.held().len(),
-            Gather::Digest | Gather::Vote { .. } | Gather::Placement => self.agree.sent.len(),
-        }
-    }
-
-    /// The planner's answer for `cycle`: the plan's placement, or `None` when the policy failed.
-    /// Answers for another cycle are ignored.
-    pub fn handle_plan(&mut self, cycle: u64, plan: Option<Placement<'_>>) {
-        if cycle != self.cycle_no
-            || !self.agree.submitted
-            || self.agree.plan_slot != PlanSlot::Missing
-        {
-            return;
-        }
-        self.agree.plan_slot = match plan {
-            Some(p) if *p.shape() == self.shape => {
-                self.plan.copy_from_slice(p.as_slice());
-                PlanSlot::Ready(placement_hash(&self.plan))
-            }
-            Some(_) => {
-                log::error!(
-                    "eplb rank {}: cycle {cycle}: the plan has another shape",
-                    self.rank
-                );
-                PlanSlot::Failed
-            }
-            None => PlanSlot::Failed,
-        };
-    }
-
-    /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
-    pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
-        if self.walk.job == LayerJob::Launched(layer) {
-            self.walk.job = LayerJob::Exchanged(layer, ok);
-        }
-    }
-
-    /// The commit of `layer` finished (`ok`: the slots hold the new experts).
-    pub fn handle_committed(&mut self, layer: u16, ok: bool) {
-        if self.agree.awaiting != Awaiting::Committed(layer) {
-            return;
-        }
-        self.agree.awaiting = Awaiting::Nothing;
-        self.walk.release();
-        if !ok {
-            log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
-            self.stats.layers_failed += 1;
-            self.events.failed = Some(layer);
-            return;
-        }
-        let per = self.shape.slots_per_layer();
-        let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        if let (Some(dst), Some(src)) =
-            (self.placement.get_mut(range.clone()), self.plan.get(range))
-        {
-            dst.copy_from_slice(src);
-        }
-        self.stats.layers_committed += 1;
-        self.events.committed = Some(layer);
-    }
-
     /// The engine resumes balancing after a suspension (on every rank at the same iteration):
     /// the ranks first check that they hold the same placement, then a fresh cycle starts.
     pub fn handle_resume(&mut self) {
@@ -755,15 +476,5 @@ impl RankMachine {
         self.events.cycle_done = true;
         self.heat.reset();
         self.changed.iter_mut().for_each(|c| *c = false);
-    }
-}
-
-/// The name of a gather's reply buffer, for errors.
-fn gather_what(of: Gather) -> &'static str {
-    match of {
-        Gather::Heat => "gathered slot heat [R][T][L][S]",
-        Gather::Digest => "gathered plan digests [R][2]",
-        Gather::Vote { .. } => "gathered layer votes [R][2]",
-        Gather::Placement => "gathered placement digests [R][2]",
     }
 }

@@ -101,6 +101,37 @@ impl Walk {
 }
 
 impl RankMachine {
+    /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
+    pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
+        if self.walk.job == LayerJob::Launched(layer) {
+            self.walk.job = LayerJob::Exchanged(layer, ok);
+        }
+    }
+
+    /// The commit of `layer` finished (`ok`: the slots hold the new experts).
+    pub fn handle_committed(&mut self, layer: u16, ok: bool) {
+        if self.agree.awaiting != Awaiting::Committed(layer) {
+            return;
+        }
+        self.agree.awaiting = Awaiting::Nothing;
+        self.walk.release();
+        if !ok {
+            log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
+            self.stats.layers_failed += 1;
+            self.events.failed = Some(layer);
+            return;
+        }
+        let per = self.shape.slots_per_layer();
+        let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
+        if let (Some(dst), Some(src)) =
+            (self.placement.get_mut(range.clone()), self.plan.get(range))
+        {
+            dst.copy_from_slice(src);
+        }
+        self.stats.layers_committed += 1;
+        self.events.committed = Some(layer);
+    }
+
     /// The layer vote answered with every rank's two words, or failed here.
     ///
     /// A rank that voted yes and saw the collective fail cannot know whether its peers committed:
