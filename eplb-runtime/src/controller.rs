@@ -11,6 +11,10 @@
 //! every rank tries again after the next iteration. A failed or timed-out exchange leaves the
 //! layer on its old placement on every rank (the ranks agree on success before committing).
 //! [`crate::startup::controller`] builds a rank's controller from an `eplb_config` in one call.
+//!
+//! The machine's own types are re-exported here, not mirrored: the settings
+//! ([`MachineConfig`], inside [`ControllerConfig`]), the counters ([`MachineStats`]), what a
+//! forward led to ([`Events`]) and the one error of a bad call ([`MachineError`]).
 
 use std::fmt;
 use std::sync::Arc;
