@@ -288,4 +288,8 @@ fn bad_input_is_an_error_not_a_panic() {
         .handle_collective(Some(Reply::Words(&[0; 3])))
         .unwrap_err();
     assert!(e.to_string().contains("gathered slot heat"), "{e}");
+    // ... and counts as a failed collective; a reply nobody asked for is an error too.
+    assert_eq!(m.stats().collective_failures, 1);
+    let e = m.handle_collective(Some(Reply::Flag(true))).unwrap_err();
+    assert!(e.to_string().contains("none was asked for"), "{e}");
 }
