@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
-use eplb_runtime::controller::{Controller, ControllerConfig, RunMode};
+use eplb_runtime::controller::{Controller, ControllerConfig, MachineConfig, RunMode};
 use eplb_runtime::planner::Planner;
 use eplb_runtime::transport::host::{HostTransport, HostWorld};
 
@@ -24,18 +24,21 @@ fn bench(c: &mut Criterion) {
     let transport = HostTransport::new(world, 0, &rows, 8);
     let planner = Arc::new(Planner::spawn(Box::new(eplb_policies::Static), shape));
     let cfg = ControllerConfig {
-        // Never reaches the snapshot inside the benchmark: pure collection.
-        heat_interval: u32::MAX,
-        algo_interval: 50,
-        stage: HeatStage::All,
-        classifier: StageClassifier::new(256, 1),
-        mode: RunMode::Dynamic,
-        seed: 0,
+        machine: MachineConfig {
+            // Never reaches the snapshot inside the benchmark: pure collection.
+            heat_interval: u32::MAX,
+            algo_interval: 50,
+            stage: HeatStage::All,
+            classifier: StageClassifier::new(256, 1),
+            mode: RunMode::Dynamic,
+            seed: 0,
+            max_collective_failures: 3,
+            atomic_collectives: true,
+        },
         replica_choice: ReplicaChoice::Plain,
-        max_collective_failures: 3,
     };
-    let mut filtered_cfg = cfg.clone();
-    filtered_cfg.stage = HeatStage::Prefill;
+    let mut filtered_cfg = cfg;
+    filtered_cfg.machine.stage = HeatStage::Prefill;
     let mut ctrl =
         Controller::new(shape, initial.clone(), cfg, transport, Arc::clone(&planner)).unwrap();
     let world = HostWorld::new(32, Duration::from_secs(1));

@@ -14,11 +14,11 @@ use eplb_map::map::{ReadOptions, read_map_json, to_json};
 
 use crate::config::{ConfigError, EplbConfig, Mode};
 use crate::controller::{
-    Controller, ControllerConfig, ControllerError, DEFAULT_MAX_COLLECTIVE_FAILURES, RecordSink,
+    Controller, ControllerConfig, DEFAULT_MAX_COLLECTIVE_FAILURES, MachineConfig, RecordSink,
 };
 use crate::fsio::ReadError;
 use crate::planner::Planner;
-use crate::rank::RunMode;
+use crate::rank::{MachineError, RunMode};
 use crate::transport::Transport;
 
 /// Why a rank could not start: what is wrong, and where.
@@ -47,7 +47,7 @@ pub enum StartError {
         error: eplb_map::Error,
     },
     /// The controller refused its start (a transport that does not match the shape).
-    Controller(ControllerError),
+    Controller(MachineError),
 }
 
 impl fmt::Display for StartError {
@@ -88,8 +88,8 @@ impl From<ConfigError> for StartError {
     }
 }
 
-impl From<ControllerError> for StartError {
-    fn from(e: ControllerError) -> Self {
+impl From<MachineError> for StartError {
+    fn from(e: MachineError) -> Self {
         StartError::Controller(e)
     }
 }
@@ -108,7 +108,7 @@ pub fn controller<T: Transport>(
     let policy = crate::policies::policy_for(cfg.policy());
     let planner = Arc::new(Planner::spawn(policy, shape));
     let rank = transport.rank();
-    let record = ccfg.mode == RunMode::Record;
+    let record = ccfg.machine.mode == RunMode::Record;
     let mut c = Controller::new(shape, placement, ccfg, transport, planner)?;
     if record
         && rank == 0
@@ -235,18 +235,22 @@ pub fn controller_config(
         m => return Err(StartError::NoController(m)),
     };
     Ok(ControllerConfig {
-        heat_interval: cfg.heat_interval(),
-        algo_interval: cfg.algo_interval(),
-        stage: cfg.heat_stage(),
-        classifier: StageClassifier::new(model.max_num_seqs, model.speculative_tokens),
-        mode,
-        seed: cfg.policy_seed(),
+        machine: MachineConfig {
+            heat_interval: cfg.heat_interval(),
+            algo_interval: cfg.algo_interval(),
+            stage: cfg.heat_stage(),
+            classifier: StageClassifier::new(model.max_num_seqs, model.speculative_tokens),
+            mode,
+            seed: cfg.policy_seed(),
+            max_collective_failures: DEFAULT_MAX_COLLECTIVE_FAILURES,
+            // Taken from the transport by the controller.
+            atomic_collectives: false,
+        },
         replica_choice: if model.tp_size > 1 {
             ReplicaChoice::TpRotation(model.tp_size)
         } else {
             ReplicaChoice::Plain
         },
-        max_collective_failures: DEFAULT_MAX_COLLECTIVE_FAILURES,
     })
 }
 
@@ -302,8 +306,11 @@ mod tests {
         assert_eq!(shape.slots_per_rank(), 5);
         assert_eq!(&p[..10], &[0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
         let cc = controller_config(&cfg, &model()).unwrap();
-        assert_eq!((cc.heat_interval, cc.algo_interval), (600, 50));
-        assert_eq!(cc.mode, RunMode::Dynamic);
+        assert_eq!(
+            (cc.machine.heat_interval, cc.machine.algo_interval),
+            (600, 50)
+        );
+        assert_eq!(cc.machine.mode, RunMode::Dynamic);
     }
 
     #[test]

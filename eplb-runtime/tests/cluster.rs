@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use eplb_core::{HeatStage, ReplicaChoice, Shape, StageClassifier};
 use eplb_policies::{Error as PolicyError, Input, Policy, PolicyKind};
-use eplb_runtime::controller::{Controller, ControllerConfig, ControllerStats, RunMode};
+use eplb_runtime::controller::{
+    Controller, ControllerConfig, MachineConfig, MachineStats, RunMode,
+};
 use eplb_runtime::planner::Planner;
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::Health;
@@ -20,14 +22,18 @@ const BYTES: usize = 32;
 
 fn cfg(mode: RunMode, stage: HeatStage) -> ControllerConfig {
     ControllerConfig {
-        heat_interval: 4,
-        algo_interval: 2,
-        stage,
-        classifier: StageClassifier::new(8, 0),
-        mode,
-        seed: 7,
+        machine: MachineConfig {
+            heat_interval: 4,
+            algo_interval: 2,
+            stage,
+            classifier: StageClassifier::new(8, 0),
+            mode,
+            seed: 7,
+            max_collective_failures: 3,
+            // Taken from the transport.
+            atomic_collectives: true,
+        },
         replica_choice: ReplicaChoice::Plain,
-        max_collective_failures: 3,
     }
 }
 
@@ -59,8 +65,8 @@ fn check_weights(c: &Controller<HostTransport>) {
 
 struct Outcome {
     placement: Vec<u16>,
-    stats: ControllerStats,
-    commits: Vec<usize>,
+    stats: MachineStats,
+    commits: Vec<u16>,
 }
 
 /// Runs `iters` iterations on R rank threads. `planner_per_rank`: each rank gets its own
@@ -262,7 +268,7 @@ fn filter_that_never_matches_never_plans() {
     let t = HostTransport::new(world, 0, &rows, BYTES);
     let planner = default_planner(one);
     let mut config = cfg(RunMode::Dynamic, HeatStage::Prefill);
-    config.classifier = StageClassifier::new(1_000_000, 0);
+    config.machine.classifier = StageClassifier::new(1_000_000, 0);
     let mut c = Controller::new(one, one_initial, config, t, Arc::clone(&planner)).unwrap();
     for it in 0..500 {
         c.before_forward();
@@ -466,7 +472,7 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
             let rows = common::rank_rows(&shape, &initial, rank);
             let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let mut cc = cfg(RunMode::Dynamic, HeatStage::All);
-            cc.max_collective_failures = 3;
+            cc.machine.max_collective_failures = 3;
             let mut c =
                 Controller::new(shape, initial.clone(), cc, transport, Arc::clone(&planner))
                     .unwrap();

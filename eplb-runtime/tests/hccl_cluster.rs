@@ -15,7 +15,9 @@ use eplb_ascend_sys::fake::{self, FakeCann};
 use eplb_ascend_sys::{Cann, Runtime};
 use eplb_core::{HeatStage, Layout, ReplicaChoice, Shape, StageClassifier};
 use eplb_policies::PolicyKind;
-use eplb_runtime::controller::{Controller, ControllerConfig, ControllerStats, RunMode};
+use eplb_runtime::controller::{
+    Controller, ControllerConfig, MachineConfig, MachineStats, RunMode,
+};
 use eplb_runtime::planner::Planner;
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::transfer::plan_layer;
@@ -99,9 +101,9 @@ fn check_weights(c: &Controller<HcclTransport>) {
 
 struct Outcome {
     placement: Vec<u16>,
-    stats: ControllerStats,
-    commits: Vec<usize>,
-    failed: Vec<usize>,
+    stats: MachineStats,
+    commits: Vec<u16>,
+    failed: Vec<u16>,
 }
 
 /// Runs `iters` iterations of the real controllers on R rank threads; `inject` is called once the
@@ -114,21 +116,23 @@ fn run(base: i32, iters: usize, inject: &dyn Fn(&FakeCann)) -> Vec<Outcome> {
     inject(&ctl);
     let planner = Arc::new(Planner::spawn(policy_for(PolicyKind::Default), shape));
     let cfg = ControllerConfig {
-        heat_interval: 4,
-        algo_interval: 2,
-        stage: HeatStage::All,
-        classifier: StageClassifier::new(8, 0),
-        mode: RunMode::Dynamic,
-        seed: 7,
+        machine: MachineConfig {
+            heat_interval: 4,
+            algo_interval: 2,
+            stage: HeatStage::All,
+            classifier: StageClassifier::new(8, 0),
+            mode: RunMode::Dynamic,
+            seed: 7,
+            max_collective_failures: 3,
+            atomic_collectives: true,
+        },
         replica_choice: ReplicaChoice::Plain,
-        max_collective_failures: 3,
     };
     let threads: Vec<_> = transports
         .into_iter()
         .map(|t| {
             let rank = t.rank();
-            let mut c =
-                Controller::new(shape, init.clone(), cfg.clone(), t, Arc::clone(&planner)).unwrap();
+            let mut c = Controller::new(shape, init.clone(), cfg, t, Arc::clone(&planner)).unwrap();
             std::thread::spawn(move || {
                 let (mut commits, mut failed) = (Vec::new(), Vec::new());
                 check_weights(&c);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use eplb_core::{HeatStage, ReplicaChoice, StageClassifier};
 use eplb_policies::PolicyKind;
 use eplb_runtime::config::deployment::QuantType;
-use eplb_runtime::controller::{Controller, ControllerConfig, RunMode};
+use eplb_runtime::controller::{Controller, ControllerConfig, MachineConfig, RunMode};
 use eplb_runtime::payload::{Element, ExpertPayload, ModelDims, PayloadError};
 use eplb_runtime::planner::Planner;
 use eplb_runtime::policies::policy_for;
@@ -307,14 +307,17 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
     let world = HostWorld::new(R, Duration::from_secs(5));
     let planner = Arc::new(Planner::spawn(policy_for(kind), shape));
     let cfg = ControllerConfig {
-        heat_interval: 4,
-        algo_interval: 2,
-        stage: HeatStage::All,
-        classifier: StageClassifier::new(8, 0),
-        mode: RunMode::Dynamic,
-        seed: 11,
+        machine: MachineConfig {
+            heat_interval: 4,
+            algo_interval: 2,
+            stage: HeatStage::All,
+            classifier: StageClassifier::new(8, 0),
+            mode: RunMode::Dynamic,
+            seed: 11,
+            max_collective_failures: 3,
+            atomic_collectives: true,
+        },
         replica_choice: ReplicaChoice::Plain,
-        max_collective_failures: 3,
     };
     let threads: Vec<_> = (0..R)
         .map(|rank| {
@@ -322,14 +325,9 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
             let transport = HostTransport::with_payload(Arc::clone(&world), rank, &rows, payload);
             assert_eq!(transport.expert_bytes(), payload.total_bytes());
             assert_eq!(transport.payload(), Some(payload));
-            let mut c = Controller::new(
-                shape,
-                initial.clone(),
-                cfg.clone(),
-                transport,
-                Arc::clone(&planner),
-            )
-            .unwrap();
+            let mut c =
+                Controller::new(shape, initial.clone(), cfg, transport, Arc::clone(&planner))
+                    .unwrap();
             let payload = payload.clone();
             std::thread::spawn(move || {
                 let mut checked = check_tensors(&c, &payload);

@@ -4,8 +4,10 @@
 mod common;
 
 use eplb_core::{HeatStage, Phase, Placement, Shape, StageClassifier};
-use eplb_runtime::controller::RunMode;
-use eplb_runtime::rank::{Action, Health, MachineConfig, RankMachine};
+use eplb_runtime::rank::{
+    Action, Collective, Gather, Health, LayerAction, LocalCollective, MachineConfig, PlannerAction,
+    RankMachine, Reply, RunMode,
+};
 
 const H: u32 = 5;
 const A: u32 = 2;
@@ -27,35 +29,28 @@ fn cfg() -> MachineConfig {
 type PlanFn = Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>;
 
 /// `R` machines, a planner per rank (`plan(rank, cycle, current) -> Some(new)` or `None` for a
-/// failure) and a collective that fails while `fail_collectives` is set.
+/// failure) and an in-memory collective (failing while `net.set_failing(true)`).
 struct Cluster {
     shape: Shape,
     machines: Vec<RankMachine>,
     plan: PlanFn,
-    fail_collectives: bool,
+    net: LocalCollective,
     settles: Vec<(usize, u64, bool, bool)>,
     launched: Vec<Option<u16>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Posted {
-    Gather,
-    Flag(bool),
-    Digest([u64; 2]),
 }
 
 impl Cluster {
     fn new(plan: PlanFn) -> Self {
         let shape = common::small_shape();
         let p = common::default_layout(&shape);
-        let machines = (0..shape.ranks())
+        let machines: Vec<RankMachine> = (0..shape.ranks())
             .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
             .collect();
         Self {
+            net: LocalCollective::new(&machines),
             shape,
             machines,
             plan,
-            fail_collectives: false,
             settles: Vec::new(),
             launched: vec![None; shape.ranks()],
         }
@@ -72,81 +67,55 @@ impl Cluster {
             }
             m.handle_forward(&counts, 0).unwrap();
         }
-        for _round in 0..16 {
-            let mut posted = Vec::new();
+        for _round in 0..LocalCollective::MAX_ROUNDS {
             for r in 0..self.machines.len() {
-                posted.push(self.run_local(r));
+                self.run_local(r);
             }
-            if posted.iter().all(Option::is_none) {
+            if !self.net.answer(&mut self.machines).unwrap() {
                 return;
-            }
-            assert!(
-                posted
-                    .iter()
-                    .all(|p| std::mem::discriminant(p) == std::mem::discriminant(&posted[0])),
-                "ranks wait in different collectives: {posted:?}"
-            );
-            let fail = self.fail_collectives;
-            let digests: Vec<u64> = posted
-                .iter()
-                .flat_map(|p| match p {
-                    Some(Posted::Digest(d)) => d.to_vec(),
-                    _ => Vec::new(),
-                })
-                .collect();
-            let all = posted.iter().all(|p| *p != Some(Posted::Flag(false)));
-            for (m, p) in self.machines.iter_mut().zip(&posted) {
-                match p {
-                    Some(Posted::Gather) => m.handle_gathered(!fail),
-                    Some(Posted::Flag(_)) => m.handle_agreed((!fail).then_some(all)),
-                    Some(Posted::Digest(_)) => {
-                        m.handle_digests((!fail).then_some(&digests));
-                        m.handle_placements((!fail).then_some(&digests));
-                        m.handle_votes((!fail).then_some(&digests));
-                    }
-                    None => {}
-                }
             }
         }
         panic!("livelock: still exchanging after 16 collectives in one iteration");
     }
 
-    fn run_local(&mut self, r: usize) -> Option<Posted> {
+    /// Executes rank `r`'s local actions until it enters a collective or is idle.
+    fn run_local(&mut self, r: usize) {
         let shape = self.shape;
         loop {
             let m = &mut self.machines[r];
-            let action = m.poll();
-            match action {
-                None => return None,
-                Some(Action::GatherHeat { send }) => {
-                    assert!(!send.is_empty());
-                    return Some(Posted::Gather);
+            match m.poll() {
+                None => return,
+                Some(Action::Collective(c)) => {
+                    if let Collective::AllGather {
+                        of: Gather::Heat,
+                        send,
+                    } = c
+                    {
+                        assert!(!send.is_empty());
+                    }
+                    self.net.enter(r, c).unwrap();
+                    return;
                 }
-                Some(Action::AgreeFlag { flag, .. }) => return Some(Posted::Flag(flag)),
-                Some(Action::AgreeDigest { digest })
-                | Some(Action::AgreePlacement { digest })
-                | Some(Action::VoteLayer { words: digest, .. }) => {
-                    return Some(Posted::Digest(digest));
-                }
-                Some(Action::SubmitPlan { cycle, .. }) => {
-                    let current = m.placement().to_vec();
+                Some(Action::Planner(PlannerAction::Submit(input))) => {
+                    let (cycle, current) = (input.cycle, input.current.to_vec());
                     let new = (self.plan)(r, cycle, &current);
-                    let m = &mut self.machines[r];
                     match &new {
                         Some(p) => m.handle_plan(cycle, Some(Placement::new(shape, p).unwrap())),
                         None => m.handle_plan(cycle, None),
                     }
                 }
-                Some(Action::Settle {
+                Some(Action::Planner(PlannerAction::Settle {
                     cycle,
                     taken,
                     resync,
-                }) => self.settles.push((r, cycle, taken, resync)),
-                Some(Action::Launch { layer }) => self.launched[r] = Some(layer),
-                Some(Action::Commit { layer }) => m.handle_committed(layer, true),
-                Some(Action::Record { .. })
-                | Some(Action::Abort { .. })
-                | Some(Action::SendOnly { .. }) => {}
+                })) => self.settles.push((r, cycle, taken, resync)),
+                Some(Action::Layer(LayerAction::Launch { layer })) => {
+                    self.launched[r] = Some(layer)
+                }
+                Some(Action::Layer(LayerAction::Commit { layer })) => {
+                    m.handle_committed(layer, true)
+                }
+                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
             }
         }
     }
@@ -266,7 +235,7 @@ fn a_plan_failing_on_one_rank_is_dropped_everywhere() {
 fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
     let shape = common::small_shape();
     let mut c = Cluster::new(Box::new(move |_, _, cur| Some(shuffle(cur, &shape, 2))));
-    c.fail_collectives = true;
+    c.net.set_failing(true);
     for _ in 0..3 * H {
         c.iterate();
     }
@@ -283,7 +252,7 @@ fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
         before,
         "a suspended machine asks for no collective"
     );
-    c.fail_collectives = false;
+    c.net.set_failing(false);
     c.machines.iter_mut().for_each(RankMachine::handle_resume);
     for _ in 0..(H + A + 3) {
         c.iterate();
@@ -303,6 +272,24 @@ fn bad_input_is_an_error_not_a_panic() {
     let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();
     let e = m.handle_forward(&[1, 2, 3], 0).unwrap_err();
     assert!(e.to_string().contains("expected 12 values, got 3"), "{e}");
-    let mut loads = vec![0.0; 4];
-    assert!(m.fold_heat(&[0; 3], &mut loads, &mut []).is_err());
+    // The gathered heat of the wrong length is an error naming it, not a panic.
+    let counts = vec![1; shape.layers() * shape.slots_per_rank()];
+    for _ in 0..H {
+        m.handle_forward(&counts, 0).unwrap();
+    }
+    assert!(matches!(
+        m.poll(),
+        Some(Action::Collective(Collective::AllGather {
+            of: Gather::Heat,
+            ..
+        }))
+    ));
+    let e = m
+        .handle_collective(Some(Reply::Words(&[0; 3])))
+        .unwrap_err();
+    assert!(e.to_string().contains("gathered slot heat"), "{e}");
+    // ... and counts as a failed collective; a reply nobody asked for is an error too.
+    assert_eq!(m.stats().collective_failures, 1);
+    let e = m.handle_collective(Some(Reply::Flag(true))).unwrap_err();
+    assert!(e.to_string().contains("none was asked for"), "{e}");
 }

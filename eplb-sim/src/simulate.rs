@@ -18,8 +18,10 @@ use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PlanFailure, PolicyHost};
 use eplb_runtime::policies::policy_for;
-use eplb_runtime::rank::RunMode;
-use eplb_runtime::rank::{Action, MachineConfig, RankMachine, Vote};
+use eplb_runtime::rank::{
+    Action, LayerAction, LocalCollective, MachineConfig, PlanInput, PlannerAction, RankMachine,
+    RunMode,
+};
 use eplb_runtime::transfer::plan_layer;
 
 /// A trace in memory: `counts[w][l][e]`.
@@ -286,7 +288,7 @@ pub fn simulate_with(
         .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-    let mut world = SimWorld::new(shape, cfg.heat_interval, policy)?;
+    let mut world = SimWorld::new(shape, &machines, policy)?;
 
     let mut live = initial.clone();
     let mut log = vec![LogEntry {
@@ -454,20 +456,6 @@ pub fn simulate_with(
     })
 }
 
-/// What a rank posted to the collective of the current round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Posted {
-    Gather,
-    Flag(bool, Vote),
-    Digest,
-    Vote(u16),
-    Placement,
-}
-
-/// Rounds of [`SimWorld::drive`] before it declares a livelock: one iteration needs at most a
-/// layer vote, a heat gather, a readiness flag and a digest agreement.
-const MAX_ROUNDS: usize = 16;
-
 /// The simulator's side of the rank machines: an in-memory collective, the policy called in
 /// place (one planner shared by every rank, as ranks of one process may share one), and
 /// transfers that always arrive.
@@ -478,10 +466,6 @@ struct SimWorld {
     /// The policy, planned in place once per cycle for every rank and settled by the first
     /// rank's `Settle` (the host ignores the repeats).
     host: PolicyHost,
-    gathered: Vec<u64>,
-    gather_len: usize,
-    loads: Vec<f64>,
-    samples: Vec<f64>,
     /// The placement of the last plan (valid when `planned` says so).
     plan: Vec<u16>,
     /// The cycle planned last and whether its plan is valid.
@@ -492,8 +476,7 @@ struct SimWorld {
     launched: Vec<Option<(u16, bool)>>,
     /// `(cycle, layer, ok)` of the last layer whose transfers were planned.
     layer_ok: Option<(u64, u16, bool)>,
-    posted: Vec<Option<Posted>>,
-    digests: Vec<u64>,
+    net: LocalCollective,
     /// Per rank: it submitted a request this round.
     asked: Vec<bool>,
 }
@@ -501,34 +484,22 @@ struct SimWorld {
 impl SimWorld {
     fn new(
         shape: Shape,
-        heat_interval: u32,
+        machines: &[RankMachine],
         policy: Box<dyn eplb_policies::Policy + Send>,
     ) -> Result<Self, String> {
-        let (w, _) =
-            eplb_core::heat::layout_for_interval(heat_interval).map_err(|e| e.to_string())?;
-        let (l, r, s, n) = (
-            shape.layers(),
-            shape.ranks(),
-            shape.slots_per_rank(),
-            shape.experts(),
-        );
+        let r = shape.ranks();
         // The shape's range, the policy's topology and its buffer sizes, before a window runs.
         eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
         Ok(Self {
             first_failure: None,
             shape,
             host: PolicyHost::new(policy, shape),
-            gathered: vec![0; r * w * l * s],
-            gather_len: 0,
-            loads: vec![0.0; l * n],
-            samples: vec![0.0; w * l * n],
             plan: vec![0; shape.placement_len()],
             planned: None,
             plan_time: 0.0,
             launched: vec![None; r],
             layer_ok: None,
-            posted: vec![None; r],
-            digests: vec![0; 2 * r],
+            net: LocalCollective::new(machines),
             asked: vec![false; r],
         })
     }
@@ -541,107 +512,57 @@ impl SimWorld {
     }
 
     /// Runs every machine's actions until all are idle: local actions at once, collectives when
-    /// every rank has posted the same one. A rank that never joins a collective its peers wait
-    /// in, or more than [`MAX_ROUNDS`] rounds, fails the run (a livelock).
+    /// every rank has entered the same one. A rank that never joins a collective its peers wait
+    /// in, or more than [`LocalCollective::MAX_ROUNDS`] rounds, fails the run (a livelock).
     fn drive(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
-        for _ in 0..MAX_ROUNDS {
-            let mut any = false;
+        for _ in 0..LocalCollective::MAX_ROUNDS {
             for m in machines.iter_mut() {
-                let p = self.run_local(m)?;
-                any |= p.is_some();
-                self.posted[m.rank()] = p;
+                self.run_local(m)?;
             }
             self.hand_plans(machines)?;
-            if !any {
+            if !self
+                .net
+                .answer(machines)
+                .map_err(|e| format!("simulation {e}"))?
+            {
                 return Ok(());
-            }
-            let first = self.posted[0];
-            if let Some(rank) = self.posted.iter().position(|p| *p != first) {
-                return Err(format!(
-                    "simulation livelock: rank 0 waits in {first:?}, rank {rank} in {:?}",
-                    self.posted[rank]
-                ));
-            }
-            match first {
-                Some(Posted::Gather) => machines.iter_mut().for_each(|m| m.handle_gathered(true)),
-                Some(Posted::Flag(..)) => {
-                    // Every rank posted the same flag (checked above): the AND is that flag.
-                    let all = matches!(first, Some(Posted::Flag(true, _)));
-                    machines.iter_mut().for_each(|m| m.handle_agreed(Some(all)));
-                }
-                Some(Posted::Digest) => {
-                    let d = &self.digests;
-                    machines.iter_mut().for_each(|m| m.handle_digests(Some(d)));
-                }
-                Some(Posted::Vote(_)) => {
-                    let d = &self.digests;
-                    machines.iter_mut().for_each(|m| m.handle_votes(Some(d)));
-                }
-                Some(Posted::Placement) => {
-                    let d = &self.digests;
-                    machines
-                        .iter_mut()
-                        .for_each(|m| m.handle_placements(Some(d)));
-                }
-                None => return Ok(()),
             }
         }
         Err(format!(
-            "simulation livelock: the ranks still exchange after {MAX_ROUNDS} collectives in one \
-             iteration"
+            "simulation livelock: the ranks still exchange after {} collectives in one \
+             iteration",
+            LocalCollective::MAX_ROUNDS
         ))
     }
 
-    /// Executes `m`'s local actions; returns the collective it then waits in, if any.
-    fn run_local(&mut self, m: &mut RankMachine) -> Result<Option<Posted>, String> {
+    /// Executes `m`'s local actions until it enters a collective or has none.
+    fn run_local(&mut self, m: &mut RankMachine) -> Result<(), String> {
         let rank = m.rank();
         loop {
-            let action = m.poll();
-            match action {
-                None => return Ok(None),
-                Some(Action::GatherHeat { send }) => {
-                    if rank == 0 {
-                        self.gather_len = send.len();
-                    }
-                    let len = self.gather_len;
-                    let dst = self.gathered.get_mut(rank * len..(rank + 1) * len);
-                    match dst {
-                        Some(d) if send.len() == len => d.copy_from_slice(send),
-                        _ => {
-                            return Err(format!(
-                                "rank {rank} gathers {} heat words, rank 0 {len}",
-                                send.len()
-                            ));
-                        }
-                    }
-                    return Ok(Some(Posted::Gather));
+            match m.poll() {
+                None => return Ok(()),
+                Some(Action::Collective(c)) => {
+                    return self
+                        .net
+                        .enter(rank, c)
+                        .map_err(|e| format!("simulation: {e}"));
                 }
-                Some(Action::AgreeFlag { flag, on }) => return Ok(Some(Posted::Flag(flag, on))),
-                Some(Action::AgreeDigest { digest }) => {
-                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&digest);
-                    return Ok(Some(Posted::Digest));
+                Some(Action::Planner(PlannerAction::Submit(input))) => {
+                    self.plan_for(rank, &input)?
                 }
-                Some(Action::VoteLayer { layer, words }) => {
-                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&words);
-                    return Ok(Some(Posted::Vote(layer)));
-                }
-                Some(Action::AgreePlacement { digest }) => {
-                    self.digests[2 * rank..2 * rank + 2].copy_from_slice(&digest);
-                    return Ok(Some(Posted::Placement));
-                }
-                Some(Action::SubmitPlan { cycle, seed }) => self.plan_for(m, cycle, seed)?,
-                Some(Action::Settle {
+                Some(Action::Planner(PlannerAction::Settle {
                     cycle,
                     taken,
                     resync,
-                }) => self.host.settle(cycle, taken, resync),
-                Some(Action::Record { .. }) | Some(Action::Abort { .. }) => {}
-                Some(Action::Launch { layer }) => {
+                })) => self.host.settle(cycle, taken, resync),
+                Some(Action::Layer(LayerAction::Launch { layer })) => {
                     let ok = self.layer_plannable(m, layer);
                     self.launched[rank] = Some((layer, ok));
                 }
-                Some(Action::Commit { layer }) => m.handle_committed(layer, true),
-                Some(Action::SendOnly { .. }) => {}
+                Some(Action::Layer(LayerAction::Commit { layer })) => {
+                    m.handle_committed(layer, true)
+                }
+                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
             }
         }
     }
@@ -672,14 +593,15 @@ impl SimWorld {
         ok
     }
 
-    /// Runs the policy for `cycle` (once for all ranks); the plan is handed to every rank that
-    /// asked for it by [`SimWorld::hand_plans`].
-    fn plan_for(&mut self, m: &mut RankMachine, cycle: u64, seed: u64) -> Result<(), String> {
-        if self.planned.map(|p| p.0) != Some(cycle) {
-            let ok = self.compute(m, seed)?;
-            self.planned = Some((cycle, ok));
+    /// Runs the policy for the input's cycle (once for all ranks: every rank folded the same
+    /// gathered heat through the same placement); the plan is handed to every rank that asked
+    /// for it by [`SimWorld::hand_plans`].
+    fn plan_for(&mut self, rank: usize, input: &PlanInput<'_>) -> Result<(), String> {
+        if self.planned.map(|p| p.0) != Some(input.cycle) {
+            let ok = self.compute(input)?;
+            self.planned = Some((input.cycle, ok));
         }
-        self.asked[m.rank()] = true;
+        self.asked[rank] = true;
         Ok(())
     }
 
@@ -704,26 +626,15 @@ impl SimWorld {
         Ok(())
     }
 
-    fn compute(&mut self, m: &RankMachine, seed: u64) -> Result<bool, String> {
-        let (l, s, n) = (
-            self.shape.layers(),
-            self.shape.slots_per_rank(),
-            self.shape.experts(),
-        );
-        let t = (self.gather_len / (l * s)).max(1);
-        let r = self.shape.ranks();
-        let gathered = &self.gathered[..r * self.gather_len];
-        let samples = &mut self.samples[..t * l * n];
-        m.fold_heat(gathered, &mut self.loads, samples)
-            .map_err(|e| e.to_string())?;
+    fn compute(&mut self, input: &PlanInput<'_>) -> Result<bool, String> {
+        let cycle = input.cycle;
         let shape = self.shape;
-        let cycle = m.cycle_number();
         let outcome = (|| {
-            let current = Placement::new(shape, m.placement())
+            let current = Placement::new(shape, input.current)
                 .map_err(|e| PlanFailure::Input(eplb_policies::Error::Core(e)))?;
-            let samples = eplb_policies::Samples::new(&shape, t, &self.samples[..t * l * n])
+            let samples = eplb_policies::Samples::new(&shape, input.windows, input.samples)
                 .map_err(PlanFailure::Input)?;
-            let input = eplb_policies::Input::new(current, &self.loads, Some(samples), seed)
+            let input = eplb_policies::Input::new(current, input.loads, Some(samples), input.seed)
                 .map_err(PlanFailure::Input)?;
             self.host.plan(cycle, &input)
         })();
@@ -734,9 +645,9 @@ impl SimWorld {
                 Ok(true)
             }
             Err(e) => {
-                log::error!("eplb simulate: cycle {}: {e}", m.cycle_number());
+                log::error!("eplb simulate: cycle {cycle}: {e}");
                 if self.first_failure.is_none() {
-                    self.first_failure = Some(format!("cycle {}: {e}", m.cycle_number()));
+                    self.first_failure = Some(format!("cycle {cycle}: {e}"));
                 }
                 self.plan_time = 0.0;
                 Ok(false)

@@ -56,7 +56,16 @@ pub struct GateSummary {
     pub forgone_ms_per_iter: f64,
 }
 
-/// The scratch the gate needs for `shape`: `(f64 words, u32 words)`.
+/// The caller's buffers of one [`Gate::apply`], sized by [`scratch_len`].
+#[derive(Debug)]
+pub struct Scratch<'a> {
+    /// `f64` words.
+    pub floats: &'a mut [f64],
+    /// `u32` words.
+    pub words: &'a mut [u32],
+}
+
+/// The scratch the gate needs for `shape`: `(f64 words, u32 words)` of a [`Scratch`].
 pub const fn scratch_len(shape: &Shape) -> (usize, usize) {
     (
         shape.layers() + shape.slots_per_layer(),
@@ -74,10 +83,13 @@ impl Gate {
         current: &[u16],
         plan: &mut [u16],
         loads: &[f64],
-        fscratch: &mut [f64],
-        uscratch: &mut [u32],
+        scratch: Scratch<'_>,
         moved: &mut [bool],
     ) -> Result<GateSummary, Error> {
+        let Scratch {
+            floats: fscratch,
+            words: uscratch,
+        } = scratch;
         self.model.check()?;
         let (l, r, s) = (shape.layers(), shape.ranks(), shape.slots_per_rank());
         let per = shape.slots_per_layer();
@@ -231,13 +243,22 @@ mod tests {
         }
     }
 
+    fn sc<'a>(floats: &'a mut [f64], words: &'a mut [u32]) -> Scratch<'a> {
+        Scratch { floats, words }
+    }
+
     fn run(g: &Gate) -> (Vec<u16>, Vec<bool>, GateSummary) {
         let (shape, current, mut plan, loads) = case();
         let (f, u) = scratch_len(&shape);
         let (mut fs, mut us, mut moved) = (vec![0.0; f], vec![0u32; u], vec![true; 2]);
         let sum = g
             .apply(
-                &shape, &current, &mut plan, &loads, &mut fs, &mut us, &mut moved,
+                &shape,
+                &current,
+                &mut plan,
+                &loads,
+                sc(&mut fs, &mut us),
+                &mut moved,
             )
             .unwrap();
         (plan, moved, sum)
@@ -302,7 +323,12 @@ mod tests {
         let g = gate(u64::MAX, 44e6, Hardware::A3);
         let sum = g
             .apply(
-                &shape, &current, &mut plan, &loads, &mut fs, &mut us, &mut moved,
+                &shape,
+                &current,
+                &mut plan,
+                &loads,
+                sc(&mut fs, &mut us),
+                &mut moved,
             )
             .unwrap();
         assert_eq!((sum.changed, sum.moved), (1, 0));
@@ -321,8 +347,7 @@ mod tests {
                 &current[1..],
                 &mut plan,
                 &loads,
-                &mut fs,
-                &mut us,
+                sc(&mut fs, &mut us),
                 &mut moved
             )
             .is_err()
@@ -333,8 +358,7 @@ mod tests {
                 &current,
                 &mut plan,
                 &loads[1..],
-                &mut fs,
-                &mut us,
+                sc(&mut fs, &mut us),
                 &mut moved
             )
             .is_err()
@@ -342,7 +366,12 @@ mod tests {
         let mut short = vec![0.0; f - 1];
         assert!(
             g.apply(
-                &shape, &current, &mut plan, &loads, &mut short, &mut us, &mut moved
+                &shape,
+                &current,
+                &mut plan,
+                &loads,
+                sc(&mut short, &mut us),
+                &mut moved
             )
             .is_err()
         );
@@ -350,7 +379,12 @@ mod tests {
         bad[3] = f64::NAN;
         assert!(
             g.apply(
-                &shape, &current, &mut plan, &bad, &mut fs, &mut us, &mut moved
+                &shape,
+                &current,
+                &mut plan,
+                &bad,
+                sc(&mut fs, &mut us),
+                &mut moved
             )
             .is_err()
         );

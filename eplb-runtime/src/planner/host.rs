@@ -204,8 +204,10 @@ impl GateState {
             current,
             &mut plan.placement,
             input.loads(),
-            &mut self.fscratch,
-            &mut self.uscratch,
+            eplb_core::time::gate::Scratch {
+                floats: &mut self.fscratch,
+                words: &mut self.uscratch,
+            },
             &mut self.moved,
         )?;
         let per = shape.slots_per_layer();

@@ -1,0 +1,82 @@
+//! [`MachineError`]: a bad call into the machine or its driver.
+
+use std::fmt;
+
+use eplb_core::Error;
+
+/// A bad call into the machine or its driver (the caller's bug), never a runtime condition.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum MachineError {
+    /// A shape or placement problem.
+    Core(Error),
+    /// A buffer has the wrong length.
+    Len {
+        /// Which buffer.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+    /// A collective reply of the wrong kind, or one nobody asked for.
+    Reply {
+        /// The reply the machine waits for.
+        expected: &'static str,
+        /// The reply it got.
+        got: &'static str,
+    },
+    /// The transport endpoint does not match the shape.
+    Endpoint {
+        /// The endpoint's rank.
+        rank: usize,
+        /// The endpoint's world size.
+        ranks: usize,
+        /// Ranks in the shape.
+        shape_ranks: usize,
+    },
+}
+
+impl fmt::Display for MachineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MachineError::Core(e) => e.fmt(f),
+            MachineError::Len {
+                what,
+                expected,
+                got,
+            } => write!(f, "{what}: expected {expected} values, got {got}"),
+            MachineError::Reply { expected, got } => {
+                write!(f, "collective reply: expected {expected}, got {got}")
+            }
+            MachineError::Endpoint {
+                rank,
+                ranks,
+                shape_ranks,
+            } => write!(
+                f,
+                "transport: endpoint is rank {rank} of {ranks}, the shape has {shape_ranks} ranks"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MachineError {}
+
+impl From<Error> for MachineError {
+    fn from(e: Error) -> Self {
+        MachineError::Core(e)
+    }
+}
+
+pub(super) fn check(what: &'static str, expected: usize, got: usize) -> Result<(), MachineError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(MachineError::Len {
+            what,
+            expected,
+            got,
+        })
+    }
+}

@@ -1,0 +1,480 @@
+//! The rank machine: one rank's EPLB cycle as a sans-IO state machine.
+//!
+//! In the shape of str0m's `Rtc` and quinn-proto's `Connection`: one input per source (a forward,
+//! a collective's reply, the planner's answer, a layer's exchange and install, the engine's
+//! resume), one output, [`RankMachine::poll`], drained until `None`. The machine never waits,
+//! never reads a clock, never calls a transport or a planner, and allocates only in
+//! [`RankMachine::new`] (every buffer is sized from the shape). A driver executes each action and
+//! feeds its result back: the [`Controller`](crate::controller::Controller) with a
+//! [`Transport`](crate::transport::Transport) and the planner thread, the simulator with a
+//! [`LocalCollective`] and the policy called in place.
+//!
+//! # Driving it
+//!
+//! After every forward, call [`RankMachine::handle_exchanged`] if a layer was launched, then
+//! [`RankMachine::handle_forward`], then drain the machine:
+//!
+//! ```text
+//! while let Some(action) = machine.poll() {
+//!     match action { /* execute it; answer it where the table says so */ }
+//! }
+//! ```
+//!
+//! | action | the driver | answer |
+//! | --- | --- | --- |
+//! | [`Collective::AllGather`] `{ of, send }` | all-gather `send` from every rank into a rank-major buffer of `ranks * send.len()` words | [`RankMachine::handle_collective`] with [`Reply::Words`], or `None` when it failed |
+//! | [`Collective::AllAnd`] `{ flag }` | all-reduce `flag` with a logical AND | [`RankMachine::handle_collective`] with [`Reply::Flag`], or `None` when it failed |
+//! | [`PlannerAction::Submit`] | ask the planner with the [`PlanInput`] (the machine folded the gathered heat) | [`RankMachine::handle_plan`] when the plan is ready or failed (any time later) |
+//! | [`PlannerAction::Settle`] | tell the planner whether every rank took the cycle (the policy state advances or rolls back) | none |
+//! | [`Action::Record`] | hand [`RankMachine::plan`] to the record sink | none |
+//! | [`LayerAction::Launch`] | start the layer's exchange (rows from [`RankMachine::placement`] and [`RankMachine::plan`]) before the next forward | [`RankMachine::handle_exchanged`] after it |
+//! | [`LayerAction::SendOnly`] | send this rank's part of the layer's exchange, receive nothing | none |
+//! | [`LayerAction::Commit`] | install the layer | [`RankMachine::handle_committed`] |
+//! | [`LayerAction::Abort`] | forget the layer's exchange | none |
+//!
+//! While an answer is outstanding `poll()` returns `None`. Collectives come in the same order on
+//! every rank, because every rank runs the same machine on the same agreed inputs. The machine
+//! knows which reply it waits for: a reply of another kind or length is a [`MachineError`] (and
+//! counts as a failed collective).
+//!
+//! The files: `action` (what the machine asks, what a collective answers), `heat` (the slot heat
+//! ring and the fold), `agree` (the next task, the reply awaited, the plan slot, the plan and
+//! placement checks), `walk` (the layer walk and its votes), `error`, and `local` (the
+//! [`LocalCollective`] of one-thread drivers).
+//!
+//! **Invariant:** no collective is asked for on an iteration where nothing is due: while
+//! collecting heat, while the planner runs and between cycles every action is local.
+//!
+//! **Invariant:** a layer moves only after every rank agreed on the plan's digest (cycle number and
+//! a hash of the placement); a mismatch or a failed plan anywhere abandons the cycle on every rank.
+//!
+//! **Invariant:** after [`MachineConfig::max_collective_failures`] consecutive collective
+//! failures the machine suspends balancing: no more actions until
+//! [`RankMachine::handle_resume`].
+//!
+//! **Invariant:** no panic on any input; allocation only in [`RankMachine::new`].
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
+mod action;
+mod agree;
+mod error;
+mod heat;
+mod local;
+mod walk;
+
+use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step};
+
+use action::gather_what;
+pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
+use agree::{Agree, Awaiting, Task};
+pub use agree::{FAILED_PLAN, placement_hash};
+pub use error::MachineError;
+use error::check;
+use heat::SlotHeat;
+pub use local::{DriveError, Entered, LocalCollective};
+pub use walk::outcome;
+use walk::{LayerStep, Walk};
+
+/// What a rank does with an agreed plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Apply plans: move weights layer by layer.
+    Dynamic,
+    /// Plan but never move a weight; each plan is handed to the driver to record.
+    Record,
+}
+
+/// Settings of one rank machine.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineConfig {
+    /// `H`: matching iterations of heat per cycle.
+    pub heat_interval: u32,
+    /// `A`: iterations the planner gets.
+    pub algo_interval: u32,
+    /// Which iterations feed the heat.
+    pub stage: HeatStage,
+    /// Prefill/decode classifier.
+    pub classifier: StageClassifier,
+    /// Dynamic or record.
+    pub mode: RunMode,
+    /// Seed handed to the policy (plus the cycle number).
+    pub seed: u64,
+    /// Consecutive collective failures after which balancing is suspended (at least 1).
+    pub max_collective_failures: u32,
+    /// The collectives fail on every rank or on none (the host transport's guarantee). When
+    /// `false`, a rank that voted yes on a layer and saw the vote fail keeps the exchange until
+    /// its peers tell it what they did. The [`Controller`](crate::controller::Controller) sets
+    /// it from [`Transport::atomic_collectives`](crate::transport::Transport::atomic_collectives).
+    pub atomic_collectives: bool,
+}
+
+/// Whether the machine balances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Balancing.
+    Running,
+    /// Suspended after this many consecutive collective failures; no collectives until resumed.
+    Suspended {
+        /// Consecutive failures that led here.
+        failures: u32,
+    },
+    /// The placement check found ranks holding different placements that this rank cannot
+    /// reconcile; no collectives until resumed.
+    Diverged,
+}
+
+/// Counters of one machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MachineStats {
+    /// Cycles whose plan was taken (applied, recorded, or unchanged) or failed everywhere.
+    pub plans_taken: u64,
+    /// Iterations at which the plan was due but some rank did not have it.
+    pub late_iterations: u64,
+    /// Plans that failed (policy error or panic on some rank).
+    pub plan_failures: u64,
+    /// Cycles abandoned because ranks held different plans.
+    pub digest_mismatches: u64,
+    /// Layers committed.
+    pub layers_committed: u64,
+    /// Layer exchanges that failed on some rank (the layer kept its old placement).
+    pub layers_failed: u64,
+    /// Collectives that failed.
+    pub collective_failures: u64,
+    /// Collectives asked for (gathers and agreements).
+    pub collectives: u64,
+}
+
+/// What happened since the last [`RankMachine::take_events`] (one forward, for a driver that
+/// takes them after every forward), for the engine's logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Events {
+    /// A layer committed.
+    pub committed: Option<u16>,
+    /// A layer whose exchange failed (it kept its old placement).
+    pub failed: Option<u16>,
+    /// The heat snapshot was taken.
+    pub snapshot: bool,
+    /// The plan was due and taken: `Some(changed layers)` (0 in record mode or when it failed).
+    pub plan_taken: Option<usize>,
+    /// The plan was due but not ready everywhere.
+    pub plan_late: bool,
+    /// The cycle ended; the live placement is final until the next plan.
+    pub cycle_done: bool,
+    /// Balancing is suspended or stopped ([`Health`] is not `Running`) until the engine resumes
+    /// it.
+    pub suspended: bool,
+}
+
+/// One rank's cycle.
+#[derive(Debug, Clone)]
+pub struct RankMachine {
+    shape: Shape,
+    rank: usize,
+    cfg: MachineConfig,
+    cycle: Cycle,
+    heat: SlotHeat,
+    placement: Vec<u16>,
+    plan: Vec<u16>,
+    changed: Vec<bool>,
+    cycle_no: u64,
+    agree: Agree,
+    walk: Walk,
+    events: Events,
+    consecutive_failures: u32,
+    health: Health,
+    stats: MachineStats,
+}
+
+impl RankMachine {
+    /// The machine of `rank`, starting from `placement` (`[L][R][S]`, the same on every rank).
+    pub fn new(
+        shape: Shape,
+        rank: usize,
+        placement: &[u16],
+        cfg: MachineConfig,
+    ) -> Result<Self, MachineError> {
+        Placement::new(shape, placement)?;
+        if rank >= shape.ranks() {
+            return Err(Error::Index {
+                what: "rank",
+                index: rank,
+                bound: shape.ranks(),
+            }
+            .into());
+        }
+        Ok(Self {
+            shape,
+            rank,
+            cfg: MachineConfig {
+                max_collective_failures: cfg.max_collective_failures.max(1),
+                ..cfg
+            },
+            cycle: Cycle::new(cfg.heat_interval, cfg.algo_interval)?,
+            heat: SlotHeat::new(&shape, cfg.heat_interval)?,
+            placement: placement.to_vec(),
+            plan: placement.to_vec(),
+            changed: vec![false; shape.layers()],
+            cycle_no: 0,
+            agree: Agree::new(),
+            walk: Walk::new(),
+            events: Events::default(),
+            consecutive_failures: 0,
+            health: Health::Running,
+            stats: MachineStats::default(),
+        })
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// The live placement `[L][R][S]`.
+    pub fn placement(&self) -> &[u16] {
+        &self.placement
+    }
+    /// The taken plan's placement `[L][R][S]` (the live placement before the first plan).
+    pub fn plan(&self) -> &[u16] {
+        &self.plan
+    }
+    /// The current cycle number (0 before the first snapshot).
+    pub fn cycle_number(&self) -> u64 {
+        self.cycle_no
+    }
+    /// The cycle state.
+    pub fn cycle(&self) -> &Cycle {
+        &self.cycle
+    }
+    /// Whether a layer update is under way.
+    pub fn is_updating(&self) -> bool {
+        self.walk.is_active()
+    }
+    /// Whether the machine balances or is suspended.
+    pub fn health(&self) -> Health {
+        self.health
+    }
+    /// Counters.
+    pub fn stats(&self) -> MachineStats {
+        self.stats
+    }
+    /// The most words this rank sends in one all-gather (its whole heat ring, `W * L * S`, and
+    /// at least the two of an agreement): a driver sizes its receive buffer to `ranks` times it.
+    pub fn max_gather_words(&self) -> usize {
+        self.heat.capacity().max(self.agree.sent.len())
+    }
+    /// What happened since the last call.
+    pub fn take_events(&mut self) -> Events {
+        let mut ev = core::mem::take(&mut self.events);
+        ev.suspended = self.health != Health::Running;
+        ev
+    }
+
+    /// A forward finished: `slot_counts` are this rank's tokens per slot (`[L][S]`),
+    /// `padded_tokens` the batch's padded token count.
+    pub fn handle_forward(
+        &mut self,
+        slot_counts: &[u32],
+        padded_tokens: u64,
+    ) -> Result<(), MachineError> {
+        check(
+            "per-slot token counts [L][S]",
+            self.shape.layers() * self.shape.slots_per_rank(),
+            slot_counts.len(),
+        )?;
+        self.walk.after_forward(self.rank);
+        if self.health != Health::Running {
+            return Ok(());
+        }
+        let matched = self
+            .cfg
+            .stage
+            .matches(self.cfg.classifier.classify(padded_tokens));
+        match self.cycle.on_iteration(matched, &self.changed) {
+            Step::Collect { counted } => {
+                if counted {
+                    self.heat.add(slot_counts);
+                }
+            }
+            Step::Snapshot => {
+                self.heat.add(slot_counts);
+                self.events.snapshot = true;
+                self.agree.task = Task::Gather;
+            }
+            Step::Wait => {}
+            Step::UpdateLayer(l) => self.walk.due = Some(l),
+            Step::PlanDue => self.agree.task = Task::AgreeReady,
+            Step::CycleDone => {
+                if core::mem::take(&mut self.walk.walking) {
+                    self.agree.task = Task::CheckPlacement;
+                }
+                self.end_cycle();
+            }
+        }
+        Ok(())
+    }
+
+    /// The collective asked for last finished: its reply, or `None` when it failed on this rank.
+    ///
+    /// A reply of another kind or length than the one asked for is an error; the machine then
+    /// books the collective as failed. A failed collective abandons the cycle, except a layer
+    /// vote and the placement check, which a rank resolves with its peers: a rank that voted yes
+    /// on a layer and saw the vote fail keeps the exchange, votes no on the next layer without
+    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or from the
+    /// placement check at the end of the walk).
+    pub fn handle_collective(&mut self, reply: Option<Reply<'_>>) -> Result<(), MachineError> {
+        let got = match reply {
+            None => "a failure",
+            Some(Reply::Flag(_)) => "a flag",
+            Some(Reply::Words(_)) => "words",
+        };
+        match self.agree.awaiting {
+            Awaiting::Ready => {
+                self.agree.awaiting = Awaiting::Nothing;
+                let flag = match reply {
+                    Some(Reply::Flag(all)) => Some(all),
+                    _ => None,
+                };
+                self.on_ready(flag);
+                match reply {
+                    Some(Reply::Words(_)) => Err(MachineError::Reply {
+                        expected: "a flag (the plan-ready AND)",
+                        got,
+                    }),
+                    _ => Ok(()),
+                }
+            }
+            Awaiting::Gather(of) => {
+                self.agree.awaiting = Awaiting::Nothing;
+                let words = match reply {
+                    None => Ok(None),
+                    Some(Reply::Words(w)) => {
+                        let want = self.shape.ranks() * self.sent_len(of);
+                        check(gather_what(of), want, w.len()).map(|()| Some(w))
+                    }
+                    Some(Reply::Flag(_)) => Err(MachineError::Reply {
+                        expected: gather_what(of),
+                        got,
+                    }),
+                };
+                let (words, bad) = match words {
+                    Ok(w) => (w, Ok(())),
+                    Err(e) => (None, Err(e)),
+                };
+                let folded = match of {
+                    Gather::Heat => self.on_heat(words),
+                    Gather::Digest => {
+                        self.on_digests(words);
+                        Ok(())
+                    }
+                    Gather::Vote { layer } => {
+                        self.on_votes(layer, words);
+                        Ok(())
+                    }
+                    Gather::Placement => {
+                        self.on_placements(words);
+                        Ok(())
+                    }
+                };
+                bad.and(folded)
+            }
+            Awaiting::Nothing | Awaiting::Committed(_) => Err(MachineError::Reply {
+                expected: "no collective reply (none was asked for)",
+                got,
+            }),
+        }
+    }
+
+    /// The engine resumes balancing after a suspension (on every rank at the same iteration):
+    /// the ranks first check that they hold the same placement, then a fresh cycle starts.
+    pub fn handle_resume(&mut self) {
+        if self.health != Health::Running {
+            log::info!("eplb rank {}: balancing resumed", self.rank);
+            self.health = Health::Running;
+            self.consecutive_failures = 0;
+            self.agree.task = Task::CheckPlacement;
+        }
+    }
+
+    /// The next action, or `None` when there is nothing to do or an answer is outstanding.
+    pub fn poll(&mut self) -> Option<Action<'_>> {
+        if self.agree.awaiting != Awaiting::Nothing {
+            return None;
+        }
+        match self.next_layer_step() {
+            Some(LayerStep::Vote { layer, words }) => {
+                Some(self.gather_words(Gather::Vote { layer }, words))
+            }
+            Some(LayerStep::Do(a)) => Some(Action::Layer(a)),
+            None => self.poll_task(),
+        }
+    }
+
+    /// Books a collective's outcome; on failure abandons the cycle (and suspends balancing after
+    /// too many in a row). Returns `ok`.
+    fn collective_done(&mut self, ok: bool, what: &str, abandon: bool) -> bool {
+        if ok {
+            self.consecutive_failures = 0;
+            return true;
+        }
+        self.stats.collective_failures += 1;
+        self.consecutive_failures += 1;
+        log::error!(
+            "eplb rank {}: {what} failed ({} in a row); the cycle is abandoned",
+            self.rank,
+            self.consecutive_failures
+        );
+        if abandon {
+            self.abandon_cycle();
+        }
+        if self.consecutive_failures >= self.cfg.max_collective_failures {
+            self.health = Health::Suspended {
+                failures: self.consecutive_failures,
+            };
+            log::error!(
+                "eplb rank {}: balancing suspended after {} consecutive collective failures; \
+                 serving continues on the current placement until the engine resumes it",
+                self.rank,
+                self.consecutive_failures
+            );
+            self.abandon_cycle();
+        }
+        false
+    }
+
+    /// Drops the cycle: heat restarts, a submitted plan is settled as not taken, a layer not yet
+    /// committed is aborted.
+    fn abandon_cycle(&mut self) {
+        self.cycle.reset();
+        self.heat.reset();
+        self.changed.iter_mut().for_each(|c| *c = false);
+        if self.agree.submitted {
+            self.agree.submitted = false;
+            self.agree.task = Task::Settle {
+                taken: false,
+                record: false,
+                resync: false,
+            };
+        } else if !matches!(self.agree.task, Task::Settle { .. }) {
+            self.agree.task = Task::Idle;
+        }
+        self.abandon_walk();
+    }
+
+    fn end_cycle(&mut self) {
+        self.events.cycle_done = true;
+        self.heat.reset();
+        self.changed.iter_mut().for_each(|c| *c = false);
+    }
+}

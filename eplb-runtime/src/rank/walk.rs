@@ -1,0 +1,264 @@
+//! The layer walk of a taken plan: the layer due, the one launched, its vote, and a layer whose
+//! vote this rank could not learn until its peers tell.
+
+use super::agree::Awaiting;
+use super::{LayerAction, RankMachine};
+
+/// Word 1 of a layer vote: this rank's outcome of the previous vote of the walk.
+pub mod outcome {
+    /// The previous layer was aborted here.
+    pub const ABORTED: u64 = 0;
+    /// The previous layer was committed here.
+    pub const COMMITTED: u64 = 1;
+    /// No previous vote in this walk, or its outcome is unknown here.
+    pub const UNKNOWN: u64 = 2;
+}
+
+/// The layer in the driver's hands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LayerJob {
+    Idle,
+    Launched(u16),
+    /// Not exchanged (a previous layer's outcome is unknown here): votes no after the forward.
+    Skipped(u16),
+    Exchanged(u16, bool),
+    Commit(u16),
+    Abort(u16),
+}
+
+/// The walk state of one rank.
+#[derive(Debug, Clone)]
+pub(super) struct Walk {
+    pub(super) job: LayerJob,
+    /// The layer to launch before the next forward.
+    pub(super) due: Option<u16>,
+    /// The layer this rank launched last (its exchange data is live in the driver).
+    launched: Option<u16>,
+    /// A layer whose vote this rank could not learn (its exchange data is kept).
+    pub(super) unsure: Option<u16>,
+    /// The unsure layer once its outcome is known: `(layer, committed)`.
+    resolved: Option<(u16, bool)>,
+    /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
+    last_outcome: u64,
+    /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
+    /// placement is checked at its end.
+    pub(super) walking: bool,
+}
+
+impl Walk {
+    pub(super) fn new() -> Self {
+        Self {
+            job: LayerJob::Idle,
+            due: None,
+            launched: None,
+            unsure: None,
+            resolved: None,
+            last_outcome: outcome::UNKNOWN,
+            walking: false,
+        }
+    }
+
+    /// Whether a layer update is under way: a walk, or a layer still in the driver's hands.
+    pub(super) fn is_active(&self) -> bool {
+        self.walking || self.job != LayerJob::Idle
+    }
+
+    /// A taken plan's walk starts with `layer`.
+    pub(super) fn start(&mut self, layer: u16) {
+        self.walking = true;
+        self.due = Some(layer);
+    }
+
+    /// The placement check told what happened to the unsure `layer`.
+    pub(super) fn settle_unsure(&mut self, layer: u16, committed: bool) {
+        self.unsure = None;
+        self.job = if committed {
+            LayerJob::Commit(layer)
+        } else {
+            LayerJob::Abort(layer)
+        };
+    }
+
+    /// The layer leaves the driver's hands (installed, failed or aborted).
+    pub(super) fn release(&mut self) {
+        self.job = LayerJob::Idle;
+        self.launched = None;
+    }
+
+    /// A forward ran: a launched layer that was not reported counts as failed.
+    pub(super) fn after_forward(&mut self, rank: usize) {
+        match self.job {
+            LayerJob::Skipped(l) => self.job = LayerJob::Exchanged(l, false),
+            LayerJob::Launched(l) => {
+                log::error!(
+                    "eplb rank {rank}: layer {l}: no exchange result reported; counted as failed"
+                );
+                self.job = LayerJob::Exchanged(l, false);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl RankMachine {
+    /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
+    pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
+        if self.walk.job == LayerJob::Launched(layer) {
+            self.walk.job = LayerJob::Exchanged(layer, ok);
+        }
+    }
+
+    /// The commit of `layer` finished (`ok`: the slots hold the new experts).
+    pub fn handle_committed(&mut self, layer: u16, ok: bool) {
+        if self.agree.awaiting != Awaiting::Committed(layer) {
+            return;
+        }
+        self.agree.awaiting = Awaiting::Nothing;
+        self.walk.release();
+        if !ok {
+            log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
+            self.stats.layers_failed += 1;
+            self.events.failed = Some(layer);
+            return;
+        }
+        let per = self.shape.slots_per_layer();
+        let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
+        if let (Some(dst), Some(src)) =
+            (self.placement.get_mut(range.clone()), self.plan.get(range))
+        {
+            dst.copy_from_slice(src);
+        }
+        self.stats.layers_committed += 1;
+        self.events.committed = Some(layer);
+    }
+
+    /// The layer vote answered with every rank's two words, or failed here.
+    ///
+    /// A rank that voted yes and saw the collective fail cannot know whether its peers committed:
+    /// it keeps the exchange (no commit, no abort), votes no on the next layer without
+    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or, at the end
+    /// of the walk, from the placement check).
+    pub(super) fn on_votes(&mut self, l: u16, all: Option<&[u64]>) {
+        let mine = matches!(self.walk.job, LayerJob::Exchanged(_, true));
+        let ok = self.collective_done(all.is_some(), "layer vote", false);
+        let w = &mut self.walk;
+        if let (Some(u), Some(all)) = (w.unsure, all) {
+            // Word 1 of the peers is their outcome of the vote on `u`: anyone who committed it
+            // saw every rank say yes.
+            let committed = all
+                .chunks_exact(2)
+                .any(|x| x.get(1) == Some(&outcome::COMMITTED));
+            w.unsure = None;
+            w.resolved = Some((u, committed));
+        }
+        let Some(all) = all else {
+            if mine && w.unsure.is_none() && !self.cfg.atomic_collectives {
+                log::error!(
+                    "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
+                     exchange is kept until the peers tell",
+                    self.rank
+                );
+                w.unsure = Some(l);
+                w.last_outcome = outcome::UNKNOWN;
+                w.job = LayerJob::Idle;
+            } else {
+                w.last_outcome = outcome::ABORTED;
+                self.walk.job = self.abort_or_drop(l);
+            }
+            return;
+        };
+        let yes = ok && all.chunks_exact(2).all(|x| x.first() == Some(&1));
+        w.last_outcome = if yes {
+            outcome::COMMITTED
+        } else {
+            outcome::ABORTED
+        };
+        self.walk.job = if yes {
+            LayerJob::Commit(l)
+        } else {
+            self.abort_or_drop(l)
+        };
+    }
+
+    /// The job that ends a failed layer: an abort if this rank launched it, else a drop.
+    pub(super) fn abort_or_drop(&mut self, l: u16) -> LayerJob {
+        if self.walk.launched == Some(l) {
+            LayerJob::Abort(l)
+        } else {
+            self.stats.layers_failed += 1;
+            self.events.failed = Some(l);
+            LayerJob::Idle
+        }
+    }
+
+    /// Drops the walk with the cycle: a layer not yet committed is aborted.
+    pub(super) fn abandon_walk(&mut self) {
+        match self.walk.job {
+            LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => {
+                self.walk.job = self.abort_or_drop(l);
+            }
+            LayerJob::Skipped(_) => self.walk.job = LayerJob::Idle,
+            _ => {}
+        }
+        self.walk.due = None;
+        self.walk.walking = false;
+    }
+
+    /// The next step of the layer in hand, if any (owned, so that [`RankMachine::poll`] can
+    /// fall through to the cycle's tasks without a borrow).
+    pub(super) fn next_layer_step(&mut self) -> Option<LayerStep> {
+        if self.walk.job == LayerJob::Idle
+            && let Some((layer, committed)) = self.walk.resolved.take()
+        {
+            log::info!(
+                "eplb rank {}: layer {layer}: the peers {} it",
+                self.rank,
+                if committed { "committed" } else { "aborted" }
+            );
+            self.walk.settle_unsure(layer, committed);
+        }
+        match self.walk.job {
+            LayerJob::Exchanged(layer, ok) => Some(LayerStep::Vote {
+                layer,
+                words: [u64::from(ok), self.walk.last_outcome],
+            }),
+            LayerJob::Commit(layer) => {
+                self.agree.awaiting = Awaiting::Committed(layer);
+                Some(LayerStep::Do(LayerAction::Commit { layer }))
+            }
+            LayerJob::Abort(layer) => {
+                self.walk.release();
+                self.stats.layers_failed += 1;
+                self.events.failed = Some(layer);
+                Some(LayerStep::Do(LayerAction::Abort { layer }))
+            }
+            LayerJob::Idle => {
+                let layer = self.walk.due.take()?;
+                if self.walk.unsure.is_some() {
+                    // No receive while a layer's outcome is unknown: send only, vote "no"
+                    // after the forward, when the peers vote.
+                    self.walk.job = LayerJob::Skipped(layer);
+                    Some(LayerStep::Do(LayerAction::SendOnly { layer }))
+                } else {
+                    self.walk.job = LayerJob::Launched(layer);
+                    self.walk.launched = Some(layer);
+                    Some(LayerStep::Do(LayerAction::Launch { layer }))
+                }
+            }
+            LayerJob::Launched(_) | LayerJob::Skipped(_) => None,
+        }
+    }
+}
+
+/// What the layer in hand needs next.
+pub(super) enum LayerStep {
+    /// The vote on its exchange (a two-word gather).
+    Vote {
+        /// The layer.
+        layer: u16,
+        /// This rank's words.
+        words: [u64; 2],
+    },
+    /// A local layer action.
+    Do(LayerAction),
+}
