@@ -857,7 +857,7 @@ impl SimWorld {
 
 /// [`route_window`] with the holders of every expert kept per placement: rebuilt when the
 /// placement changes, so a window costs `O(L * N * copies)` instead of `O(L * N * R * S)`.
-struct Router {
+pub(crate) struct Router {
     routing: Routing,
     shape: Shape,
     /// `[L][N + 1]` offsets into `holders`.
@@ -870,7 +870,7 @@ struct Router {
 }
 
 impl Router {
-    fn new(shape: &Shape, placement: &[u16], routing: Routing) -> Self {
+    pub(crate) fn new(shape: &Shape, placement: &[u16], routing: Routing) -> Self {
         let mut r = Self {
             routing,
             shape: *shape,
@@ -884,7 +884,7 @@ impl Router {
         r
     }
 
-    fn rebuild(&mut self, placement: &[u16]) {
+    pub(crate) fn rebuild(&mut self, placement: &[u16]) {
         let (n, ranks, s, per) = (
             self.shape.experts(),
             self.shape.ranks(),
@@ -939,7 +939,7 @@ impl Router {
     }
 
     /// Per-slot whole-token counts `[L][R][S]` of one window, exactly as [`route_window`].
-    fn route(&mut self, counts: &[u64], out: &mut [u32]) {
+    pub(crate) fn route(&mut self, counts: &[u64], out: &mut [u32]) {
         let (n, r, per) = (
             self.shape.experts(),
             self.shape.ranks(),
