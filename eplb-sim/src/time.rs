@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::SimError;
 use crate::cost::{CostBasis, ModelPreset, MoveCost};
 use crate::Run;
-use crate::simulate::{LogEntry, Router, SimConfig, SimTrace};
+use crate::simulate::{LogEntry, Router, SimConfig, SimPolicy, SimTrace};
 
 /// The hardware preset when none is given.
 pub const DEFAULT_HARDWARE: Hardware = Hardware::A3;
@@ -486,8 +486,9 @@ pub fn window_ms<'p>(
 /// busiest rank's bytes (`MoveCost`) over the intra-node link, or the inter-node one when
 /// `cfg.ranks_per_node` splits the ranks and one of the layer's transfers
 /// ([`eplb_runtime::transfer::plan_layer`]) crosses nodes; the iteration it hides behind is the
-/// estimate of the window before the activation (under the old placement). `static_ms`: the
-/// initial placement's per-window figures when already known.
+/// estimate of the window before the activation (under the old placement). Every cycle of a
+/// policy pays the digest, also one that changed nothing; `static` (no EPLB) pays nothing.
+/// `static_ms`: the initial placement's per-window figures when already known.
 pub fn estimate(
     trace: &SimTrace,
     run: &Run,
@@ -544,9 +545,20 @@ pub fn estimate_log(
         .map(usize::from)
         .filter(|&g| g > 0 && g < shape.ranks());
     let mut stalls = Vec::with_capacity(log.len().saturating_sub(1));
+    // `static` is no EPLB: its cycles exist only in the simulator, they cost nothing.
+    let no_eplb = cfg.policy == SimPolicy::Static;
     for (pair, cost) in log.windows(2).zip(costs) {
         let (old, new) = (&pair[0], &pair[1]);
         let w = new.active_from_window;
+        if no_eplb {
+            stalls.push(CycleStall {
+                cycle: new.cycle,
+                window: w,
+                changed_layers: 0,
+                ms: 0.0,
+            });
+            continue;
+        }
         let iteration = per_window_ms
             .get(w.saturating_sub(1))
             .copied()
