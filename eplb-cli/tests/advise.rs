@@ -40,7 +40,11 @@ fn one_and_two_threads_print_the_same_and_json_keeps_its_keys() {
         "{text}"
     );
     // 2 policies x 2 H x 1 A x 2 X (0 and 8) = 8 rows and a header.
-    assert_eq!(text.lines().filter(|l| l.contains("ms  ")).count(), 8, "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.contains("ms  ")).count(),
+        8,
+        "{text}"
+    );
 
     let j1 = eplb(&args(&trace, &["--threads", "1", "--json"]));
     let j2 = eplb(&args(&trace, &["--threads", "2", "--json"]));
@@ -73,7 +77,10 @@ fn one_and_two_threads_print_the_same_and_json_keeps_its_keys() {
         let cfg = &v["eplb_config"];
         assert_eq!(cfg["dynamic_eplb"], true);
         assert_eq!(cfg["num_redundant_experts"], best["redundant"]);
-        assert_eq!(cfg["expert_heat_collection_interval"], best["heat_interval"]);
+        assert_eq!(
+            cfg["expert_heat_collection_interval"],
+            best["heat_interval"]
+        );
         assert_eq!(cfg["algorithm_execution_interval"], best["algo_interval"]);
     }
 }
@@ -87,14 +94,25 @@ fn config_out_passes_check_config() {
     // Prefill at 4096 tokens per rank: well above every threshold, so EPLB is recommended.
     let o = eplb(&args(
         &trace,
-        &["--role", "prefill", "--tokens-per-rank", "4096", "--config-out", out_s, "--json"],
+        &[
+            "--role",
+            "prefill",
+            "--tokens-per-rank",
+            "4096",
+            "--config-out",
+            out_s,
+            "--json",
+        ],
     ));
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["recommended"], true, "{v}");
     let written: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(written, v["eplb_config"]);
-    let o = eplb_with(&["check-config", out_s, "--experts", "64", "--ranks", "8"], true);
+    let o = eplb_with(
+        &["check-config", out_s, "--experts", "64", "--ranks", "8"],
+        true,
+    );
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }

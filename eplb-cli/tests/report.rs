@@ -531,15 +531,17 @@ fn the_trace_model_sizes_the_expert() {
     };
     let v = sim_json(&shared(MIXTRAL));
     assert_eq!(
-        (v["payload"]["hidden"].clone(), v["payload"]["intermediate"].clone()),
+        (
+            v["payload"]["hidden"].clone(),
+            v["payload"]["intermediate"].clone()
+        ),
         (4096.into(), 14336.into())
     );
     assert_eq!(v["payload"]["quant_type"], "none");
     assert_eq!(v["time_model"]["model"], "mixtral-8x7b");
     // A trace that names no known model keeps the DeepSeek-V3 default.
     let dir = tmp("unknown-model");
-    let mut doc: Value =
-        serde_json::from_slice(&std::fs::read(shared(MIXTRAL)).unwrap()).unwrap();
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(shared(MIXTRAL)).unwrap()).unwrap();
     doc["model"]["arch"] = "some_new_moe".into();
     let unknown = dir.join("unknown.json");
     std::fs::write(&unknown, serde_json::to_vec(&doc).unwrap()).unwrap();

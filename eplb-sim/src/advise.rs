@@ -252,9 +252,7 @@ pub fn advise(
         .map_err(|_| SimError::Run("an advise worker panicked".to_owned()))?
         .into_iter()
         .enumerate()
-        .map(|(i, r)| {
-            r.ok_or_else(|| SimError::Run(format!("advise setting {i} was not run")))
-        })
+        .map(|(i, r)| r.ok_or_else(|| SimError::Run(format!("advise setting {i} was not run"))))
         .collect::<Result<_, _>>()?;
     rows.sort_by(|a, b| {
         let key = |r: &Row| {

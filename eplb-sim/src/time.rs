@@ -23,9 +23,9 @@ use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::transfer::plan_layer;
 use serde_json::{Value, json};
 
+use crate::Run;
 use crate::SimError;
 use crate::cost::{CostBasis, ModelPreset, MoveCost};
-use crate::Run;
 use crate::simulate::{LogEntry, Router, SimConfig, SimPolicy, SimTrace};
 
 /// The hardware preset when none is given.
@@ -583,7 +583,8 @@ pub fn estimate_log(
                     .any(|t| usize::from(t.src) / g != usize::from(t.dst) / g),
                 None => false,
             };
-            let time_err = |e: eplb_core::Error| SimError::Run(format!("time model, layer {layer}: {e}"));
+            let time_err =
+                |e: eplb_core::Error| SimError::Run(format!("time model, layer {layer}: {e}"));
             let ex = exchange_ms(lc.max_rank_bytes as f64, crosses, hw).map_err(time_err)?;
             ms += layer_stall_ms(ex, iteration, hw).map_err(time_err)?;
         }
@@ -594,8 +595,7 @@ pub fn estimate_log(
             ms,
         });
     }
-    let first_window =
-        (cfg.heat_interval as usize + cfg.algo_interval as usize).min(trace.windows);
+    let first_window = (cfg.heat_interval as usize + cfg.algo_interval as usize).min(trace.windows);
     Ok(TimeFigures {
         per_window_ms,
         static_per_window_ms,

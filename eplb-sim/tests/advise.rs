@@ -34,14 +34,18 @@ fn drifting_trace() -> Replay {
         }
         perms.push(p);
     }
-    let weights: Vec<f64> = (0..EXPERTS).map(|r| 1.0 / ((r + 1) as f64).powf(0.6)).collect();
+    let weights: Vec<f64> = (0..EXPERTS)
+        .map(|r| 1.0 / ((r + 1) as f64).powf(0.6))
+        .collect();
     let total: f64 = weights.iter().sum();
     let mut counts = Vec::with_capacity(WINDOWS * LAYERS * EXPERTS);
     for w in 0..WINDOWS {
         let seg = w * 4 / WINDOWS;
         for l in 0..LAYERS {
             let p = &perms[seg * LAYERS + l];
-            counts.extend((0..EXPERTS).map(|e| (4096.0 * TOP_K as f64 * weights[p[e]] / total) as u64));
+            counts.extend(
+                (0..EXPERTS).map(|e| (4096.0 * TOP_K as f64 * weights[p[e]] / total) as u64),
+            );
         }
     }
     Replay {
@@ -89,7 +93,15 @@ fn run(ranks: u16, role: Role, tokens: f64, threads: usize) -> Advice {
         tokens_per_rank: Some(tokens),
         ..TimeSpec::default()
     };
-    advise(&drifting_trace(), &base(ranks), &spec, &grid(ranks), threads, &|_, _| {}).unwrap()
+    advise(
+        &drifting_trace(),
+        &base(ranks),
+        &spec,
+        &grid(ranks),
+        threads,
+        &|_, _| {},
+    )
+    .unwrap()
 }
 
 #[test]

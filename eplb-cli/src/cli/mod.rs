@@ -11,12 +11,12 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
+use eplb_core::time::Role;
 use eplb_map::heat::Heat;
 use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_policies::PolicyKind;
 use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::policies::Param;
-use eplb_core::time::Role;
 use eplb_sim::cost::{CostBasis, CostSpec, Link, ModelPreset};
 use eplb_sim::time::TimeSpec;
 use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
@@ -130,7 +130,7 @@ struct CostArgs {
     /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
     #[arg(long)]
     fused_mc2: bool,
-    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or <N>gbps.
+    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or `<N>gbps`.
     #[arg(long, value_parser = parse_from_str::<Link>)]
     link: Option<Link>,
 }

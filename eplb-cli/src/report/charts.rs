@@ -308,10 +308,12 @@ pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<Stri
                         Text::new(
                             format!("{ms:.1} ms"),
                             p,
-                            (FONT, 12).into_font().color(&c).pos(plotters::style::text_anchor::Pos::new(
-                                plotters::style::text_anchor::HPos::Center,
-                                plotters::style::text_anchor::VPos::Bottom,
-                            )),
+                            (FONT, 12).into_font().color(&c).pos(
+                                plotters::style::text_anchor::Pos::new(
+                                    plotters::style::text_anchor::HPos::Center,
+                                    plotters::style::text_anchor::VPos::Bottom,
+                                ),
+                            ),
                         )
                     }))
                     .map_err(err)?;

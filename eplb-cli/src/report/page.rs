@@ -350,7 +350,9 @@ pub fn render(rep: &Report) -> Result<String, String> {
     let _ = writeln!(
         h,
         "<p>{}</p>",
-        esc("The time model's MoE time of one iteration (every MoE layer: the slowest rank's compute or weight reads, plus dispatch and combine) under the placement live in each window, one window standing for one iteration; a circle marks a cycle that changed the placement, at the window its placement became active, its area growing with the cycle's stall (the digest, one vote per changed layer and each layer's exchange beyond one iteration). The legend gives each policy's mean from the first possible activation, its stalls in all and its net saving against static.")
+        esc(
+            "The time model's MoE time of one iteration (every MoE layer: the slowest rank's compute or weight reads, plus dispatch and combine) under the placement live in each window, one window standing for one iteration; a circle marks a cycle that changed the placement, at the window its placement became active, its area growing with the cycle's stall (the digest, one vote per changed layer and each layer's exchange beyond one iteration). The legend gives each policy's mean from the first possible activation, its stalls in all and its net saving against static."
+        )
     );
     let _ = writeln!(h, "<figure id=\"chart-time\">{time_svg}</figure>");
     h.push_str("<h2>PAR per window</h2>\n");

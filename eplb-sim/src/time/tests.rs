@@ -101,7 +101,11 @@ fn each_stall_is_the_digest_plus_votes_plus_exchanges_beyond_an_iteration() {
                 want += (ex - it).max(0.0) + hw.collective_ms;
             }
             assert_eq!(s.changed_layers, changed);
-            assert!((s.ms - want).abs() <= 1e-9 * want, "{bw}: {} vs {want}", s.ms);
+            assert!(
+                (s.ms - want).abs() <= 1e-9 * want,
+                "{bw}: {} vs {want}",
+                s.ms
+            );
         }
     }
 }
@@ -125,7 +129,11 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
     .resolve(&r.basis, None)
     .unwrap();
     assert_eq!(
-        (b.model.hardware.name, b.model.tokens_per_rank, b.model.model.top_k),
+        (
+            b.model.hardware.name,
+            b.model.tokens_per_rank,
+            b.model.model.top_k
+        ),
         ("h200", 16384.0, 4)
     );
     let e = parse_hardware("tpu").unwrap_err().to_string();
@@ -137,7 +145,10 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
     .check()
     .unwrap_err()
     .to_string();
-    assert!(e.contains("flops_bf16") && e.contains("collective_ms"), "{e}");
+    assert!(
+        e.contains("flops_bf16") && e.contains("collective_ms"),
+        "{e}"
+    );
     for bad in [0.0, -1.0, f64::NAN] {
         let spec = TimeSpec {
             tokens_per_rank: Some(bad),
