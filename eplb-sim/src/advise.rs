@@ -177,7 +177,10 @@ pub fn advise(
         return Err(SimError::Setting {
             what: "advise grid".to_owned(),
             why: format!(
-                "no setting has its first activation (H + A) inside the trace's {} windows",
+                "no setting has its first activation (H + A) inside the trace's {} window(s); \
+                 advise replays the trace window by window, so it needs a trace with a time \
+                 dimension (at least H + A + 1 windows; an aggregate one-window dump cannot \
+                 show what rebalancing gains over time)",
                 trace.windows
             ),
         });
