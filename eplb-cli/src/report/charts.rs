@@ -208,7 +208,8 @@ pub struct TimeSeries<'a> {
 
 /// Estimated MoE ms per iteration per window, one line per policy; each cycle's stall is a
 /// hollow circle on the policy's line at its activation window, its area proportional to the
-/// stall, labelled with the ms when there are few.
+/// stall (labels would overlap where policies activate in the same window; the legend gives
+/// each policy's stalls in ms).
 pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<String, String> {
     let t = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
     let (lo, hi) = series
@@ -224,7 +225,6 @@ pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<Stri
         .iter()
         .flat_map(|s| s.stalls.iter().map(|p| p.1))
         .fold(0.0f64, f64::max);
-    let marks: usize = series.iter().map(|s| s.stalls.len()).sum();
     let legend_rows = series.len() as u32 + 1;
     svg(WIDTH, 560 + 10 * legend_rows, |root| {
         let mut chart = ChartBuilder::on(root)
@@ -302,22 +302,6 @@ pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<Stri
                     Circle::new(p, r.round() as i32, c.stroke_width(2))
                 }))
                 .map_err(err)?;
-            if marks <= 24 {
-                chart
-                    .draw_series(at.iter().map(|&(p, ms)| {
-                        Text::new(
-                            format!("{ms:.1} ms"),
-                            p,
-                            (FONT, 12).into_font().color(&c).pos(
-                                plotters::style::text_anchor::Pos::new(
-                                    plotters::style::text_anchor::HPos::Center,
-                                    plotters::style::text_anchor::VPos::Bottom,
-                                ),
-                            ),
-                        )
-                    }))
-                    .map_err(err)?;
-            }
         }
         legend(&mut chart)?;
         Ok(())

@@ -182,10 +182,11 @@ pub fn render(rep: &Report) -> Result<String, String> {
                 format!("{}: {:.3} ms", r.policy.name(), r.time.static_mean_ms())
             } else {
                 format!(
-                    "{}: {:.3} ms, stalls {:.1} ms, net saving {:+.1}%",
+                    "{}: {:.3} ms, stalls {:.1} ms in all (at most {:.1} per cycle), net saving {:+.1}%",
                     r.policy.name(),
                     r.time.mean_ms(),
                     r.time.stall_total_ms(),
+                    r.time.stall_max_ms(),
                     r.time.net_saving_pct()
                 )
             },
