@@ -182,7 +182,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
                 format!("{}: {:.3} ms", r.policy.name(), r.time.static_mean_ms())
             } else {
                 format!(
-                    "{}: {:.3} ms, stalls {:.1} ms in all (at most {:.1} per cycle), net saving {:+.1}%",
+                    "{}: {:.3} ms, stalls {:.1} ms in all (at most {:.1} ms per cycle), net saving {:+.1}%",
                     r.policy.name(),
                     r.time.mean_ms(),
                     r.time.stall_total_ms(),
