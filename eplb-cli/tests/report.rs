@@ -13,7 +13,8 @@ use serde_json::Value;
 const MIXTRAL: &str = "data/traces/mixtral8x7b_gsm8k_decode.json";
 
 /// The charts of the page, by figure id.
-const CHARTS: [&str; 4] = [
+const CHARTS: [&str; 5] = [
+    "chart-time",
     "chart-par",
     "chart-fetches",
     "chart-heatmap",
@@ -168,6 +169,7 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         ]
     );
     let mut rebalanced = 0;
+    let mut stall_marks = 0;
     for p in policies {
         let name = p["policy"].as_str().unwrap();
         let mut args = vec!["simulate", "--trace", &trace, "--policy", name, "--json"];
@@ -251,11 +253,90 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         if name != "static" && changed > 0 {
             rebalanced += 1;
         }
+        // The time chart's series reproduce the time keys.
+        let est: Vec<f64> = p["est_moe_ms_per_window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect();
+        assert_eq!(est.len(), t);
+        assert!(est.iter().all(|&x| x > 0.0), "{name}: {est:?}");
+        close(
+            est[first..].iter().sum::<f64>() / (t - first) as f64,
+            f(&want["est_moe_ms_per_iter_mean"]),
+            "est_moe_ms_per_iter_mean",
+        );
+        let stalls = p["est_stalls"].as_array().unwrap();
+        assert_eq!(stalls.len() as u64, want["cycles"].as_u64().unwrap());
+        close(
+            stalls.iter().map(|c| f(&c["ms"])).sum::<f64>(),
+            f(&want["est_stall_ms_total"]),
+            "est_stall_ms_total",
+        );
+        stall_marks += stalls
+            .iter()
+            .filter(|c| c["changed_layers"].as_u64().unwrap() > 0)
+            .count();
+        assert_eq!(want["time_model"]["model"], "mixtral-8x7b");
         // The summary table shows the JSON numbers with 4 decimals.
         let cell = format!("<td>{:.4}</td>", f(&want["mean_par"]));
         assert!(html.contains(&cell), "{name}: table cell {cell}");
     }
     assert!(rebalanced > 0, "some policy changed the placement");
+
+    // The time chart marks every stall of a cycle that changed the placement with a circle.
+    let doc = roxmltree::Document::parse_with_options(
+        &html,
+        roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fig = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("chart-time"))
+        .unwrap();
+    let circles = fig
+        .descendants()
+        .filter(|n| n.tag_name().name() == "circle")
+        .count();
+    assert!(stall_marks > 0);
+    assert_eq!(circles, stall_marks, "one circle per stall");
+    let text: String = fig
+        .descendants()
+        .filter(|n| n.is_text())
+        .map(|n| n.text().unwrap())
+        .collect();
+    assert!(text.contains("Estimated MoE time per iteration"), "{text}");
+    // The verdict sentence at the top names the policy with the largest net saving.
+    let verdict = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("time-verdict"))
+        .expect("a verdict sentence");
+    let sentence = verdict.text().unwrap();
+    assert_eq!(data["time_verdict"], sentence);
+    let saving = |p: &Value| f(&p["metrics"]["est_net_saving_pct"]);
+    // The first in order among equals.
+    let max = policies[1..].iter().map(saving).fold(f64::MIN, f64::max);
+    let top = policies[1..].iter().find(|p| saving(p) == max).unwrap();
+    let top_name = top["policy"].as_str().unwrap();
+    assert_eq!(data["time_best_policy"], top_name);
+    if saving(top) > 0.0 {
+        assert!(
+            sentence.starts_with(&format!("{top_name} saves most: {:.1}%", saving(top))),
+            "{sentence}"
+        );
+    } else {
+        assert!(
+            sentence.starts_with(&format!("No policy pays: the best, {top_name},")),
+            "{sentence}"
+        );
+    }
+    // It comes before every chart.
+    let h1 = html.find("time-verdict").unwrap();
+    assert!(CHARTS.iter().all(|c| html.find(c).unwrap() > h1));
 
     // The heat map is static's and the best policy's PAR[w][l]; the best has the lowest mean PAR
     // from the first activation.
@@ -427,25 +508,44 @@ fn the_trace_model_sizes_the_expert() {
     let p = run(&["--hidden", "1024", "--intermediate", "512"]);
     assert_eq!(p["hidden"], 1024);
     assert_eq!(p["quant_type"], "W8A8");
+    // Mixtral-8x7B is a known model: its trace sizes the expert (bf16 checkpoint).
+    let sim_json = |trace: &str| -> Value {
+        let o = eplb(&[
+            "simulate",
+            "--trace",
+            trace,
+            "--ranks",
+            "4",
+            "--redundant",
+            "4",
+            "--policy",
+            "static",
+            "--heat-interval",
+            "2",
+            "--algo-interval",
+            "1",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let v = sim_json(&shared(MIXTRAL));
+    assert_eq!(
+        (
+            v["payload"]["hidden"].clone(),
+            v["payload"]["intermediate"].clone()
+        ),
+        (4096.into(), 14336.into())
+    );
+    assert_eq!(v["payload"]["quant_type"], "none");
+    assert_eq!(v["time_model"]["model"], "mixtral-8x7b");
     // A trace that names no known model keeps the DeepSeek-V3 default.
-    let o = eplb(&[
-        "simulate",
-        "--trace",
-        &shared(MIXTRAL),
-        "--ranks",
-        "4",
-        "--redundant",
-        "4",
-        "--policy",
-        "static",
-        "--heat-interval",
-        "2",
-        "--algo-interval",
-        "1",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let dir = tmp("unknown-model");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(shared(MIXTRAL)).unwrap()).unwrap();
+    doc["model"]["arch"] = "some_new_moe".into();
+    let unknown = dir.join("unknown.json");
+    std::fs::write(&unknown, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let v = sim_json(unknown.to_str().unwrap());
     assert_eq!(v["payload"]["hidden"], 7168);
     assert!(
         v["payload"]["defaulted"]
@@ -453,6 +553,8 @@ fn the_trace_model_sizes_the_expert() {
             .unwrap()
             .contains(&"model".into())
     );
+    assert_eq!(v["time_model"]["model"], "deepseek-v3");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The directory's entries, sorted.

@@ -29,26 +29,57 @@ pub enum ModelPreset {
     Qwen3_30B,
     /// DeepSeek-V2-Lite (and the ESFT models built on it): `H = 2048`, `I = 1408`, bf16.
     DeepSeekV2Lite,
+    /// Kimi-K2: `H = 7168`, `I = 2048` (DeepSeek-V3's expert shape, 384 routed experts).
+    KimiK2,
+    /// Mixtral-8x7B: `H = 4096`, `I = 14336` (8 experts, top-2).
+    Mixtral8x7B,
 }
 
-const MODEL_NAMES: [&str; 4] = ["deepseek-v3", "qwen3-235b", "qwen3-30b", "deepseek-v2-lite"];
+const MODEL_NAMES: [&str; 6] = [
+    "deepseek-v3",
+    "qwen3-235b",
+    "qwen3-30b",
+    "deepseek-v2-lite",
+    "kimi-k2",
+    "mixtral-8x7b",
+];
 
 impl ModelPreset {
     /// Every preset.
-    pub const ALL: [ModelPreset; 4] = [
+    pub const ALL: [ModelPreset; 6] = [
         ModelPreset::DeepSeekV3,
         ModelPreset::Qwen3_235B,
         ModelPreset::Qwen3_30B,
         ModelPreset::DeepSeekV2Lite,
+        ModelPreset::KimiK2,
+        ModelPreset::Mixtral8x7B,
     ];
 
-    /// The command-line name: `deepseek-v3`, `qwen3-235b`, `qwen3-30b` or `deepseek-v2-lite`.
+    /// The command-line name: `deepseek-v3`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`,
+    /// `kimi-k2` or `mixtral-8x7b`.
     pub fn name(self) -> &'static str {
         match self {
             ModelPreset::DeepSeekV3 => "deepseek-v3",
             ModelPreset::Qwen3_235B => "qwen3-235b",
             ModelPreset::Qwen3_30B => "qwen3-30b",
             ModelPreset::DeepSeekV2Lite => "deepseek-v2-lite",
+            ModelPreset::KimiK2 => "kimi-k2",
+            ModelPreset::Mixtral8x7B => "mixtral-8x7b",
+        }
+    }
+
+    /// The time model's shape of this model (`eplb_core::time::ModelSpec`, the same numbers
+    /// as [`ModelPreset::dims`] plus experts, top-k, MoE layers, shared experts and the
+    /// default compute dtype).
+    pub fn model_spec(self) -> eplb_core::time::ModelSpec {
+        use eplb_core::time::ModelSpec;
+        match self {
+            ModelPreset::DeepSeekV3 => ModelSpec::DEEPSEEK_V3,
+            ModelPreset::Qwen3_235B => ModelSpec::QWEN3_235B,
+            ModelPreset::Qwen3_30B => ModelSpec::QWEN3_30B,
+            ModelPreset::DeepSeekV2Lite => ModelSpec::DEEPSEEK_V2_LITE,
+            ModelPreset::KimiK2 => ModelSpec::KIMI_K2,
+            ModelPreset::Mixtral8x7B => ModelSpec::MIXTRAL_8X7B,
         }
     }
 
@@ -59,6 +90,8 @@ impl ModelPreset {
             ModelPreset::Qwen3_235B => "Qwen3-235B-A22B",
             ModelPreset::Qwen3_30B => "Qwen3-30B-A3B",
             ModelPreset::DeepSeekV2Lite => "DeepSeek-V2-Lite",
+            ModelPreset::KimiK2 => "Kimi-K2",
+            ModelPreset::Mixtral8x7B => "Mixtral-8x7B",
         }
     }
 
@@ -71,6 +104,12 @@ impl ModelPreset {
             // deepseek-ai/DeepSeek-V2-Lite `config.json`: `hidden_size` 2048,
             // `moe_intermediate_size` 1408 (64 routed experts, top-6, `torch_dtype` bfloat16).
             ModelPreset::DeepSeekV2Lite => (2048, 1408),
+            // moonshotai/Kimi-K2-Instruct `config.json`: `hidden_size` 7168,
+            // `moe_intermediate_size` 2048 (384 routed experts, top-8, one shared).
+            ModelPreset::KimiK2 => (7168, 2048),
+            // mistralai/Mixtral-8x7B-v0.1 `config.json`: `hidden_size` 4096,
+            // `intermediate_size` 14336 (8 local experts, 2 per token).
+            ModelPreset::Mixtral8x7B => (4096, 14336),
         };
         ModelDims {
             hidden,
@@ -81,10 +120,10 @@ impl ModelPreset {
 
 impl ModelPreset {
     /// The quant type of the model's published checkpoint, when it is not what an Ascend
-    /// deployment of it usually runs (W8A8): DeepSeek-V2-Lite ships in bf16 only.
+    /// deployment of it usually runs (W8A8): DeepSeek-V2-Lite and Mixtral-8x7B ship in bf16.
     pub fn checkpoint_quant(self) -> Option<QuantType> {
         match self {
-            ModelPreset::DeepSeekV2Lite => Some(QuantType::None),
+            ModelPreset::DeepSeekV2Lite | ModelPreset::Mixtral8x7B => Some(QuantType::None),
             _ => None,
         }
     }
@@ -92,7 +131,9 @@ impl ModelPreset {
     /// The preset of the model an `eplb-trace/v1` trace names in its `model` object (`name`,
     /// `arch`, `num_experts`), when it is not the DeepSeek-V3 default: `deepseek_v2` with 64
     /// experts (or "lite" in the name) is DeepSeek-V2-Lite (the ESFT traces). `None` for
-    /// anything else, `deepseek_v3` included (the default already is DeepSeek-V3).
+    /// anything else, `deepseek_v3` included (the default already is DeepSeek-V3), except
+    /// Kimi-K2 (`kimi_k2`, or `deepseek_v3` with 384 experts or "kimi" in the name) and
+    /// Mixtral (`mixtral` with 8 experts or none given).
     pub fn from_trace_model(model: &Value) -> Option<Self> {
         let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
         let name = model
@@ -105,6 +146,11 @@ impl ModelPreset {
             "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
                 Some(ModelPreset::DeepSeekV2Lite)
             }
+            "kimi_k2" => Some(ModelPreset::KimiK2),
+            "deepseek_v3" if experts == Some(384) || name.contains("kimi") => {
+                Some(ModelPreset::KimiK2)
+            }
+            "mixtral" if experts.is_none_or(|e| e == 8) => Some(ModelPreset::Mixtral8x7B),
             _ => None,
         }
     }
@@ -113,13 +159,17 @@ impl ModelPreset {
 impl FromStr for ModelPreset {
     type Err = UnknownName;
 
-    /// Case-insensitive; also `deepseek-r1`, `qwen3-235b-a22b`, `qwen3-30b-a3b`.
+    /// Case-insensitive; also `deepseek-r1`, `dsv3`, `dsr1`, `qwen3-235b-a22b`,
+    /// `qwen3-30b-a3b`, `dsv2-lite`, `kimi`, `mixtral`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "deepseek-v3" | "deepseek-r1" => Ok(ModelPreset::DeepSeekV3),
             "qwen3-235b" | "qwen3-235b-a22b" => Ok(ModelPreset::Qwen3_235B),
             "qwen3-30b" | "qwen3-30b-a3b" => Ok(ModelPreset::Qwen3_30B),
-            "deepseek-v2-lite" => Ok(ModelPreset::DeepSeekV2Lite),
+            "deepseek-v2-lite" | "dsv2-lite" => Ok(ModelPreset::DeepSeekV2Lite),
+            "kimi-k2" | "kimi" => Ok(ModelPreset::KimiK2),
+            "mixtral-8x7b" | "mixtral" => Ok(ModelPreset::Mixtral8x7B),
+            "dsv3" | "dsr1" => Ok(ModelPreset::DeepSeekV3),
             _ => Err(UnknownName {
                 what: "model",
                 got: s.to_owned(),
@@ -415,6 +465,9 @@ pub struct CostBasis {
     pub link: Link,
     /// Which of `model`, `quant`, `link` were defaulted.
     pub defaulted: Vec<&'static str>,
+    /// The preset the model is (given, from the trace, or the DeepSeek-V3 default); `None`
+    /// for custom dimensions (`--hidden`/`--intermediate`).
+    pub preset: Option<ModelPreset>,
 }
 
 /// `n` bytes in binary units (`42.04 MiB`).
@@ -462,6 +515,7 @@ impl CostSpec {
             (None, None, None, Some(m)) => Some(m),
             _ => None,
         };
+        let mut preset = None;
         let (model, dims) = match (self.model, self.hidden, self.intermediate) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
                 return Err(
@@ -478,12 +532,19 @@ impl CostSpec {
             (None, Some(_), None) | (None, None, Some(_)) => {
                 return Err("--hidden and --intermediate go together".to_owned());
             }
-            (Some(m), None, None) => (m.title().to_owned(), m.dims()),
+            (Some(m), None, None) => {
+                preset = Some(m);
+                (m.title().to_owned(), m.dims())
+            }
             (None, None, None) => match from_trace {
-                Some(m) => (format!("{} (from the trace)", m.title()), m.dims()),
+                Some(m) => {
+                    preset = Some(m);
+                    (format!("{} (from the trace)", m.title()), m.dims())
+                }
                 None => {
                     defaulted.push("model");
                     let m = ModelPreset::DeepSeekV3;
+                    preset = Some(m);
                     (m.title().to_owned(), m.dims())
                 }
             },
@@ -508,6 +569,7 @@ impl CostSpec {
             payload,
             link,
             defaulted,
+            preset,
         })
     }
 }

@@ -12,11 +12,13 @@
 //! wall time differs).
 #![forbid(unsafe_code)]
 
+pub mod advise;
 pub mod cost;
 mod error;
 pub mod json;
 pub mod replay;
 pub mod simulate;
+pub mod time;
 
 pub use error::SimError;
 pub use replay::{Replay, Run};

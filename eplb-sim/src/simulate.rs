@@ -659,7 +659,7 @@ impl SimWorld {
 /// Routes a window's logical counts to whole-token per-slot counts `[L][R][S]` under the
 /// routing model (`SIMULATION.md` §4), with the holders of every expert kept per placement:
 /// rebuilt when the placement changes, so a window costs `O(L * N * copies)`.
-struct Router {
+pub(crate) struct Router {
     routing: Routing,
     shape: Shape,
     /// `[L][N + 1]` offsets into `holders`.
@@ -672,7 +672,7 @@ struct Router {
 }
 
 impl Router {
-    fn new(shape: &Shape, placement: &[u16], routing: Routing) -> Self {
+    pub(crate) fn new(shape: &Shape, placement: &[u16], routing: Routing) -> Self {
         let mut r = Self {
             routing,
             shape: *shape,
@@ -686,7 +686,7 @@ impl Router {
         r
     }
 
-    fn rebuild(&mut self, placement: &[u16]) {
+    pub(crate) fn rebuild(&mut self, placement: &[u16]) {
         let (n, ranks, s, per) = (
             self.shape.experts(),
             self.shape.ranks(),
@@ -741,7 +741,7 @@ impl Router {
     }
 
     /// Per-slot whole-token counts `[L][R][S]` of one window, exactly as §4 defines them.
-    fn route(&mut self, counts: &[u64], out: &mut [u32]) {
+    pub(crate) fn route(&mut self, counts: &[u64], out: &mut [u32]) {
         let (n, r, per) = (
             self.shape.experts(),
             self.shape.ranks(),

@@ -261,7 +261,7 @@ def write_map(path, placement) -> None:
 _SIMULATE_OPTIONS = frozenset({
     "ranks", "redundant", "policy", "heat_interval", "algo_interval", "ranks_per_node", "groups",
     "initial", "routing", "seed", "params", "placements_log", "model", "hidden", "intermediate",
-    "quant", "fused_mc2", "link", "max_input_bytes",
+    "quant", "fused_mc2", "link", "max_input_bytes", "hardware", "role", "tokens_per_rank",
 })
 
 
@@ -271,7 +271,9 @@ def simulate(trace, **options) -> dict:
     Options are the CLI's, with underscores: ``ranks``, ``redundant``, ``policy``,
     ``heat_interval``, ``algo_interval`` (required), ``ranks_per_node``, ``groups``,
     ``initial``, ``routing``, ``seed``, ``params`` (a dict), ``placements_log``, ``model``,
-    ``hidden``, ``intermediate``, ``quant``, ``fused_mc2``, ``link``, ``max_input_bytes``.
+    ``hidden``, ``intermediate``, ``quant``, ``fused_mc2``, ``link``, ``max_input_bytes``,
+    ``hardware``, ``role``, ``tokens_per_rank`` (the time model's; the result carries its
+    ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
     thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message.
     """
@@ -294,7 +296,9 @@ def simulate(trace, **options) -> dict:
     for key in ("placements_log",):
         if kw.get(key) is not None:
             kw[key] = os.fspath(kw[key])
-    for key in ("initial", "routing", "policy", "model", "quant", "link"):
+    if kw.get("tokens_per_rank") is not None:
+        kw["tokens_per_rank"] = float(kw["tokens_per_rank"])
+    for key in ("initial", "routing", "policy", "model", "quant", "link", "hardware", "role"):
         if kw.get(key) is not None:
             kw[key] = str(kw[key])
     kw = {k: v for k, v in kw.items() if v is not None}

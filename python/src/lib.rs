@@ -22,6 +22,7 @@ use eplb_runtime::planner::PolicyHost;
 use eplb_sim::cost::{CostSpec, Link, ModelPreset};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
+use eplb_sim::time::TimeSpec;
 use eplb_sim::{Initial, Replay, SimConfig, SimError};
 use numpy::ndarray::{ArrayD, ArrayViewD};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayDyn, PyArrayMethods};
@@ -728,6 +729,7 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     routing = "log2phy".to_owned(), seed = 0, params = Vec::new(), placements_log = None,
     model = None, hidden = None, intermediate = None, quant = None, fused_mc2 = false,
     link = None, max_input_bytes = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT,
+    hardware = None, role = None, tokens_per_rank = None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn simulate(
@@ -752,6 +754,9 @@ fn simulate(
     fused_mc2: bool,
     link: Option<String>,
     max_input_bytes: u64,
+    hardware: Option<String>,
+    role: Option<String>,
+    tokens_per_rank: Option<f64>,
 ) -> PyResult<String> {
     guarded(py, move || -> Result<String, String> {
         if ranks == 0 {
@@ -779,6 +784,16 @@ fn simulate(
             link: named::<Link>(link, "link")?,
         };
         cost.resolve()?;
+        let time = TimeSpec {
+            hardware,
+            role: role
+                .map(|r| eplb_sim::time::parse_role(&r))
+                .transpose()
+                .map_err(|e| e.to_string())?,
+            tokens_per_rank,
+            ..TimeSpec::default()
+        };
+        time.check().map_err(|e| e.to_string())?;
         if let Some(log) = &placements_log {
             eplb_runtime::fsio::refuse_overwrite_input(log, &[trace.as_path()])
                 .map_err(|e| e.to_string())?;
@@ -818,7 +833,14 @@ fn simulate(
         if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
             log::warn!("eplb: {warning}");
         }
-        Ok(sim_json::run_json(&run, &replay.basis, policy.name(), routing).to_string())
+        let basis = time
+            .resolve(&replay.basis, ranks_per_node)
+            .map_err(|e| e.to_string())?;
+        let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
+            .map_err(|e| e.to_string())?;
+        let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);
+        figures.add_json(&mut v, &basis);
+        Ok(v.to_string())
     })
 }
 

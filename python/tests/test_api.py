@@ -500,6 +500,43 @@ def test_simulate_returns_the_cli_dict():
         }
 
 
+TIME_KEYS = ("est_moe_ms_per_iter_mean", "est_moe_ms_per_iter_static", "est_stall_ms_total",
+             "est_stall_ms_per_cycle_max", "est_stall_ms_per_cycle_mean", "est_net_saving_pct",
+             "time_model")
+
+
+def test_simulate_returns_the_time_keys_of_the_cli():
+    trace = shared_file("data/traces/esft_dsv2lite_law.json")
+    opts = dict(ranks=8, redundant=8, policy="swift", heat_interval=10, algo_interval=1,
+                hardware="h100", role="prefill", tokens_per_rank=2048)
+    got = eplb.simulate(trace, **opts)
+    for key in TIME_KEYS:
+        assert key in got, key
+    tm = got["time_model"]
+    assert (tm["hardware"], tm["role"], tm["tokens_per_rank"]) == ("h100", "prefill", 2048.0)
+    assert tm["model"] == "deepseek-v2-lite"
+    assert got["est_moe_ms_per_iter_mean"] > 0 and got["est_stall_ms_total"] > 0
+    # The defaults: A3, decode, 128 tokens per rank.
+    default = eplb.simulate(trace, ranks=8, redundant=8, policy="swift", heat_interval=10,
+                            algo_interval=1)["time_model"]
+    assert (default["hardware"], default["role"], default["tokens_per_rank"]) == ("a3", "decode", 128.0)
+    with pytest.raises(eplb.EplbError, match="a2, a3, 950pr, 950dt, h100, h200, b200"):
+        eplb.simulate(trace, **{**opts, "hardware": "tpu"})
+    with pytest.raises(eplb.EplbError, match="decode or prefill"):
+        eplb.simulate(trace, **{**opts, "role": "both"})
+    eplb_bin = os.environ.get("EPLB_BIN")
+    if eplb_bin:
+        p = subprocess.run(
+            [eplb_bin, "simulate", "--trace", str(trace), "--ranks", "8", "--redundant", "8",
+             "--policy", "swift", "--heat-interval", "10", "--algo-interval", "1",
+             "--hardware", "h100", "--role", "prefill", "--tokens-per-rank", "2048", "--json"],
+            capture_output=True, text=True, check=True,
+        )
+        cli = json.loads(p.stdout.strip().splitlines()[-1])
+        for key in TIME_KEYS:
+            assert cli[key] == got[key], key
+
+
 def test_simulate_errors():
     trace = shared_file("data/traces/esft_dsv2lite_law.json")
     with pytest.raises(eplb.EplbError, match="--policy fastest"):

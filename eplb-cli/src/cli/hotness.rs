@@ -15,7 +15,7 @@ pub(super) struct HotnessArgs {
     /// The placement (expert-map JSON).
     #[arg(long)]
     map: PathBuf,
-    /// Heat: a trace, an SGLang dump, a JSON array [L][N], or per-slot loads [L][R][S].
+    /// Heat: a trace, an SGLang dump, a JSON array `[L][N]`, or per-slot loads `[L][R][S]`.
     #[arg(long)]
     loads: PathBuf,
     /// Also draw the rank loads per layer (log2phy routing) as an SVG heat map here.

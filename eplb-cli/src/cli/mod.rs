@@ -11,12 +11,14 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
+use eplb_core::time::Role;
 use eplb_map::heat::Heat;
 use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_policies::PolicyKind;
 use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::policies::Param;
 use eplb_sim::cost::{CostBasis, CostSpec, Link, ModelPreset};
+use eplb_sim::time::TimeSpec;
 use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
 
 /// The `eplb` tool.
@@ -70,6 +72,7 @@ macro_rules! outln {
     }};
 }
 
+mod advise;
 mod check_config;
 mod hotness;
 mod plan;
@@ -91,6 +94,9 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Simulate several policies on one trace and write one self-contained HTML page of charts.
     Report(report::ReportArgs),
+    /// Sweep policies, intervals and redundant experts over a trace with the time model, and
+    /// recommend a setting, or not to enable EPLB.
+    Advise(advise::AdviseArgs),
 }
 
 #[derive(Debug, Args)]
@@ -107,9 +113,9 @@ struct Topology {
 /// and `report` (default: the model the trace names if known, else DeepSeek-V3 W8A8; 10 Gbit/s).
 #[derive(Debug, Args)]
 struct CostArgs {
-    /// Model preset sizing an expert: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b,
-    /// deepseek-v2-lite; default: the trace's model when known (ESFT: deepseek-v2-lite), else
-    /// deepseek-v3.
+    /// Model preset sizing an expert and shaping the time model: deepseek-v3 (= deepseek-r1),
+    /// qwen3-235b, qwen3-30b, deepseek-v2-lite, kimi-k2, mixtral-8x7b; default: the trace's
+    /// model when known (ESFT: deepseek-v2-lite), else deepseek-v3.
     #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
     model: Option<ModelPreset>,
     /// Hidden size H (with --intermediate, instead of --model).
@@ -124,7 +130,7 @@ struct CostArgs {
     /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
     #[arg(long)]
     fused_mc2: bool,
-    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or <N>gbps.
+    /// Link per rank: 10gbps (default), hccs (~56 GB/s), roce (200 GbE) or `<N>gbps`.
     #[arg(long, value_parser = parse_from_str::<Link>)]
     link: Option<Link>,
 }
@@ -150,6 +156,71 @@ impl CostArgs {
             link: self.link.clone(),
         }
     }
+}
+
+/// The serving-time model's settings (`docs/time-model.md`) for `simulate`, `report` and
+/// `advise`; the model's shape is `--model`'s (or the trace's), its expert size the payload's.
+#[derive(Debug, Args, Clone)]
+struct TimeArgs {
+    /// Hardware preset of the time model: a2, a3 (default), 950pr, 950dt, h100, h200, b200.
+    #[arg(long, value_parser = parse_hardware)]
+    hardware: Option<String>,
+    /// Serving role of the time model: decode (default) or prefill.
+    #[arg(long, value_parser = parse_role)]
+    role: Option<Role>,
+    /// Tokens per iteration per rank (default: 128 for decode, 16384 for prefill).
+    #[arg(long)]
+    tokens_per_rank: Option<f64>,
+    /// Override one number of the hardware preset, `KEY=VALUE` (repeatable): flops_bf16,
+    /// flops_8bit, flops_fp4 (FLOP/s), hbm_bytes_per_s, intra_node_bytes_per_s,
+    /// inter_node_bytes_per_s (bytes/s), layer_overhead_ms, collective_ms.
+    #[arg(long = "hw-param", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    hw_params: Vec<(String, f64)>,
+    /// Override one number of the model, `KEY=VALUE` (repeatable): hidden, intermediate,
+    /// experts, top_k, moe_layers, shared_experts.
+    #[arg(long = "model-param", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    model_params: Vec<(String, f64)>,
+}
+
+impl TimeArgs {
+    /// The flags as the time model's settings.
+    fn spec(&self) -> TimeSpec {
+        TimeSpec {
+            hardware: self.hardware.clone(),
+            role: self.role,
+            tokens_per_rank: self.tokens_per_rank,
+            hw_params: self.hw_params.clone(),
+            model_params: self.model_params.clone(),
+        }
+    }
+}
+
+fn parse_hardware(s: &str) -> Result<String, String> {
+    eplb_sim::time::parse_hardware(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| match e {
+            eplb_sim::SimError::Setting { why, .. } => why,
+            other => other.to_string(),
+        })
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    eplb_sim::time::parse_role(s).map_err(|e| match e {
+        eplb_sim::SimError::Setting { why, .. } => why,
+        other => other.to_string(),
+    })
+}
+
+/// A `KEY=VALUE` argument with a numeric value.
+fn parse_key_value(s: &str) -> Result<(String, f64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s}: expected KEY=VALUE"))?;
+    let x: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s}: `{v}` is not a number"))?;
+    Ok((k.trim().to_owned(), x))
 }
 
 fn parse_from_str<T>(s: &str) -> Result<T, String>
@@ -200,6 +271,8 @@ struct ReplayArgs {
     seed: u64,
     #[command(flatten)]
     cost: CostArgs,
+    #[command(flatten)]
+    time: TimeArgs,
 }
 
 impl ReplayArgs {
@@ -208,6 +281,7 @@ impl ReplayArgs {
     fn load(&self, io: &Io, policy: SimPolicy) -> Result<(Replay, SimConfig), String> {
         let initial: Initial = self.initial.parse().map_err(|e| format!("{e}"))?;
         self.cost.resolve()?;
+        self.time.spec().check().map_err(|e| e.to_string())?;
         let bytes = io.read(&self.trace)?;
         let source = self.trace.display().to_string();
         let replay = Replay::load(&bytes, &source, &self.cost.spec()).map_err(|e| e.to_string());
@@ -266,6 +340,7 @@ where
         Command::Hotness(a) => hotness::run(&a, &mut io),
         Command::Simulate(a) => simulate::run(&a, &mut io),
         Command::Report(a) => report::run(&a, &argv, &mut io),
+        Command::Advise(a) => advise::run(&a, &mut io),
     };
     finish(result, io.out.as_bytes())
 }

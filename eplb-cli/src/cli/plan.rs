@@ -20,7 +20,7 @@ use super::{
 
 #[derive(Debug, Args)]
 pub(super) struct PlanArgs {
-    /// Heat: an eplb-trace/v1 trace, an SGLang logical_count dump, or a JSON array [L][N].
+    /// Heat: an eplb-trace/v1 trace, an SGLang logical_count dump, or a JSON array `[L][N]`.
     #[arg(long)]
     loads: PathBuf,
     /// EP ranks.

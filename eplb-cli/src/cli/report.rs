@@ -54,6 +54,12 @@ pub(super) fn run(
         },
         base,
     ) = a.replay.load(io, SimPolicy::Static)?;
+    let time = a
+        .replay
+        .time
+        .spec()
+        .resolve(&basis, base.ranks_per_node)
+        .map_err(|e| e.to_string())?;
     let words: Vec<String> = argv
         .iter()
         .map(|w| w.to_string_lossy().into_owned())
@@ -72,6 +78,7 @@ pub(super) fn run(
         policies,
         params: a.params.clone(),
         basis: &basis,
+        time: &time,
         command: shell_quote(&words),
     })?;
     let html = report.html()?;

@@ -70,13 +70,23 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         json::write_placements_log(path, r, policy.name(), replay.name.as_deref())
             .map_err(|e| e.to_string())?;
     }
+    let time = a
+        .replay
+        .time
+        .spec()
+        .resolve(basis, cfg.ranks_per_node)
+        .map_err(|e| e.to_string())?;
+    let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &time, None)
+        .map_err(|e| e.to_string())?;
     if a.json {
-        let v = json::run_json(&run, basis, policy.name(), cfg.routing);
+        let mut v = json::run_json(&run, basis, policy.name(), cfg.routing);
+        figures.add_json(&mut v, &time);
         outln!(io, "{v}");
     } else {
         print_sim(io, r, policy.name(), cfg.routing);
         outln!(io, "{}", basis.describe());
         outln!(io, "{}", sim_cost_line(&run.costs, basis));
+        outln!(io, "{}", figures.describe(&time));
     }
     // A failed plan keeps the old placement: say so, and never pass a run whose every plan
     // failed off as the policy's result.

@@ -193,6 +193,121 @@ pub fn par_lines(
     })
 }
 
+/// One policy's line on the time chart.
+pub struct TimeSeries<'a> {
+    /// Legend label.
+    pub label: String,
+    /// Colour.
+    pub color: RGBColor,
+    /// Estimated MoE ms per iteration, per window.
+    pub values: &'a [f64],
+    /// `(window, ms)`: the stall of each cycle that changed the placement, at the window its
+    /// placement became active.
+    pub stalls: &'a [(usize, f64)],
+}
+
+/// Estimated MoE ms per iteration per window, one line per policy; each cycle's stall is a
+/// hollow circle on the policy's line at its activation window, its area proportional to the
+/// stall (labels would overlap where policies activate in the same window; the legend gives
+/// each policy's stalls in ms).
+pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<String, String> {
+    let t = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
+    let (lo, hi) = series
+        .iter()
+        .flat_map(|s| s.values.iter())
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+    let (y0, y1) = padded(lo, hi);
+    let y1 = y1 + 0.02 * (series.len() as f64 + 2.0) * 2.5 * (y1 - y0);
+    let x1 = (t.max(2) - 1) as f64;
+    let max_stall = series
+        .iter()
+        .flat_map(|s| s.stalls.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let legend_rows = series.len() as u32 + 1;
+    svg(WIDTH, 560 + 10 * legend_rows, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(
+                "Estimated MoE time per iteration (circles: a cycle's stall, area ~ ms)",
+                (FONT, 20),
+            )
+            .margin(12)
+            .x_label_area_size(48)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5f64..x1 + 0.5, y0..y1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("window (= one iteration)")
+            .y_desc("estimated MoE ms per iteration")
+            .axis_desc_style((FONT, 16))
+            .label_style((FONT, 14))
+            .x_label_formatter(&|x| integral_label(*x))
+            .draw()
+            .map_err(err)?;
+        if first_active < t {
+            let x = first_active as f64 - 0.5;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(x, y0), (x, y1)],
+                    4,
+                    4,
+                    RGBColor(180, 180, 180).stroke_width(1),
+                ))
+                .map_err(err)?
+                .label(format!("first possible activation (window {first_active})"))
+                .legend(|(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(180, 180, 180))
+                });
+        }
+        for s in series {
+            let c = s.color;
+            let pts: Vec<(f64, f64)> = s
+                .values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(w, &v)| (w as f64, v))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(s.label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                });
+            if t <= 3 {
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                    .map_err(err)?;
+            }
+            let at: Vec<((f64, f64), f64)> = s
+                .stalls
+                .iter()
+                .filter_map(|&(w, ms)| {
+                    s.values
+                        .get(w)
+                        .filter(|v| v.is_finite())
+                        .map(|&v| ((w as f64, v), ms))
+                })
+                .collect();
+            chart
+                .draw_series(at.iter().map(|&(p, ms)| {
+                    let r = if max_stall > 0.0 {
+                        3.0 + 9.0 * (ms / max_stall).sqrt()
+                    } else {
+                        3.0
+                    };
+                    Circle::new(p, r.round() as i32, c.stroke_width(2))
+                }))
+                .map_err(err)?;
+        }
+        legend(&mut chart)?;
+        Ok(())
+    })
+}
+
 fn integral_label(x: f64) -> String {
     if (x - x.round()).abs() < 1e-6 && x >= -1e-6 {
         format!("{}", x.round() as i64)

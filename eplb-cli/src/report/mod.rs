@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use eplb_sim::cost::{CostBasis, MoveCost, sequence_cost};
 use eplb_sim::simulate::{simulate, simulate_with};
+use eplb_sim::time::{TimeBasis, TimeFigures, estimate_log};
 use eplb_sim::{SimConfig, SimPolicy, SimResult, SimTrace};
 
 /// The policies of `--policies`: `all`, or a comma-separated list of `static` and policy names
@@ -122,6 +123,8 @@ pub struct ReportJob<'a> {
     pub params: Vec<eplb_runtime::policies::Param>,
     /// The cost model.
     pub basis: &'a CostBasis,
+    /// The time model.
+    pub time: &'a TimeBasis,
     /// The command line that made the page, shell-quoted.
     pub command: String,
 }
@@ -137,6 +140,8 @@ pub struct Run {
     pub costs: Vec<MoveCost>,
     /// The `simulate --json` object of this run.
     pub metrics: Value,
+    /// The time model's figures of this run.
+    pub time: TimeFigures,
 }
 
 impl Run {
@@ -187,6 +192,7 @@ pub struct Report {
     trace_model: Option<String>,
     base: SimConfig,
     basis: CostBasis,
+    time: TimeBasis,
     command: String,
     /// `[T][L]` counts of the trace (for the rank loads).
     counts: Vec<u64>,
@@ -320,8 +326,22 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             job.basis.payload.total_bytes(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
+        let static_ms = runs
+            .first()
+            .map(|r: &Run| r.time.static_per_window_ms.as_slice());
+        let time = estimate_log(
+            job.trace,
+            &result.shape,
+            &result.log,
+            &costs,
+            &cfg,
+            job.time,
+            static_ms,
+        )
+        .map_err(|e| format!("policy {name}: {e}"))?;
         let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
         eplb_sim::json::add_sim_cost(&mut metrics, &costs, job.basis);
+        time.add_json(&mut metrics, job.time);
         progress.finished(
             i + 1,
             n,
@@ -333,6 +353,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             result,
             costs,
             metrics,
+            time,
         });
     }
     Ok(Report {
@@ -342,6 +363,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
         trace_model: job.trace_model,
         base: job.base,
         basis: job.basis.clone(),
+        time: job.time.clone(),
         command: job.command,
         counts: job.trace.counts.clone(),
         windows: job.trace.windows,
@@ -394,6 +416,65 @@ impl Report {
                 _ => Some(r),
             })
             .unwrap_or(&self.runs[0])
+    }
+
+    /// The policy (not `static`) with the largest net estimated saving against `static`
+    /// (`est_net_saving_pct`), the first in order on ties; `None` when no policy other than
+    /// `static` ran or none has a finite saving (no plan became active).
+    pub fn time_best(&self) -> Option<&Run> {
+        self.runs
+            .iter()
+            .skip(1)
+            .filter(|r| r.time.net_saving_pct().is_finite())
+            .fold(None::<&Run>, |best, r| match best {
+                Some(b) if b.time.net_saving_pct() >= r.time.net_saving_pct() => Some(b),
+                _ => Some(r),
+            })
+    }
+
+    /// The page's one-sentence verdict: which policy saves most, by how much, net of its
+    /// moves, or that none pays.
+    pub fn time_verdict(&self) -> String {
+        let tm = &self.time.model;
+        let setting = format!(
+            "{} on {}, {}, {} tokens per rank per iteration",
+            tm.model.name,
+            tm.hardware.name,
+            self.time.role.name(),
+            tm.tokens_per_rank
+        );
+        let first = self.first_activation();
+        match self.time_best() {
+            None if self.runs.len() < 2 => format!(
+                "Only static ran, so there is no saving to estimate (time model: {setting})."
+            ),
+            None => format!(
+                "No placement became active within the trace (first possible activation: window {first}), so no policy's saving can be estimated (time model: {setting})."
+            ),
+            Some(r) => {
+                let t = &r.time;
+                let pct = t.net_saving_pct();
+                if pct > 0.0 {
+                    format!(
+                        "{} saves most: {:.1}% of the estimated MoE time per iteration net of its moves ({:.3} ms instead of {:.3} ms under static from window {first}, stalls {:.2} ms per cycle at most; time model: {setting}).",
+                        r.policy.name(),
+                        pct,
+                        t.mean_ms(),
+                        t.static_mean_ms(),
+                        t.stall_max_ms()
+                    )
+                } else {
+                    format!(
+                        "No policy pays: the best, {}, is {:.1}% slower than static net of its moves ({:.3} ms per iteration plus {:.2} ms of stalls in all, against {:.3} ms; time model: {setting}).",
+                        r.policy.name(),
+                        -pct,
+                        t.mean_ms(),
+                        t.stall_total_ms(),
+                        t.static_mean_ms()
+                    )
+                }
+            }
+        }
     }
 
     /// The worst layer at the worst window of `static` (windows from the first activation on
@@ -469,6 +550,10 @@ impl Report {
                     "fetches_per_cycle": r.fetches_per_cycle(),
                     "bytes_per_cycle": r.costs.iter().map(MoveCost::bytes_moved).collect::<Vec<_>>(),
                     "transfer_ms_per_cycle": r.costs.iter().map(|c| c.transfer_ms(link)).collect::<Vec<_>>(),
+                    "est_moe_ms_per_window": r.time.per_window_ms,
+                    "est_stalls": r.time.stalls.iter().map(|c| json!({
+                        "cycle": c.cycle, "window": c.window, "changed_layers": c.changed_layers, "ms": c.ms,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -502,6 +587,9 @@ impl Report {
             "policies": policies,
             "skipped": self.skipped.iter().map(|(p, why)| json!({"policy": p, "reason": why})).collect::<Vec<_>>(),
             "best_policy": best.policy.name(),
+            "time_model": self.time.to_json(),
+            "time_verdict": self.time_verdict(),
+            "time_best_policy": self.time_best().map(|r| r.policy.name()),
             "heatmap": heatmap,
             "rank_loads": {
                 "window": rl.window,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::charts::{self, FetchSeries, HeatAxes, HeatPanel, ParSeries};
+use super::charts::{self, FetchSeries, HeatAxes, HeatPanel, ParSeries, TimeSeries};
 use super::{Report, Run};
 use eplb_sim::cost::{human_bytes, human_ms};
 
@@ -114,6 +114,7 @@ table.summary td:first-child, table.summary th:first-child { text-align: left; }
 table.summary tbody tr:nth-child(odd) { background: #f6f6f6; }
 pre.command { background: #f3f3f3; padding: 10px; white-space: pre-wrap; word-break: break-all; font-size: 13px; }
 .note { background: #fff6d6; border: 1px solid #e5d28a; padding: 6px 10px; }
+.verdict { font-size: 17px; font-weight: bold; background: #eef5ff; border-left: 4px solid #1f77b4; padding: 8px 12px; }
 ";
 
 /// The whole page.
@@ -158,6 +159,43 @@ pub fn render(rep: &Report) -> Result<String, String> {
         .collect();
     let lower = super::layer_mean(&base.result.lower_bound, l);
     let par_svg = charts::par_lines(&series, &lower, first)?;
+
+    // 1b. Estimated MoE time per window, with each cycle's stall.
+    let stalls: Vec<Vec<(usize, f64)>> = rep
+        .runs
+        .iter()
+        .map(|r| {
+            r.time
+                .stalls
+                .iter()
+                .filter(|c| c.changed_layers > 0)
+                .map(|c| (c.window, c.ms))
+                .collect()
+        })
+        .collect();
+    let time_series: Vec<TimeSeries<'_>> = rep
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| TimeSeries {
+            label: if i == 0 {
+                format!("{}: {:.3} ms", r.policy.name(), r.time.static_mean_ms())
+            } else {
+                format!(
+                    "{}: {:.3} ms, stalls {:.1} ms in all (at most {:.1} ms per cycle), net saving {:+.1}%",
+                    r.policy.name(),
+                    r.time.mean_ms(),
+                    r.time.stall_total_ms(),
+                    r.time.stall_max_ms(),
+                    r.time.net_saving_pct()
+                )
+            },
+            color: colors[i],
+            values: &r.time.per_window_ms,
+            stalls: &stalls[i],
+        })
+        .collect();
+    let time_svg = charts::time_lines(&time_series, first)?;
 
     // 2. Fetches per cycle (static fetches nothing and is left out).
     let fetches: Vec<Vec<usize>> = rep.runs.iter().map(Run::fetches_per_cycle).collect();
@@ -263,6 +301,11 @@ pub fn render(rep: &Report) -> Result<String, String> {
         "<h1>{}</h1>",
         esc(&format!("eplb report: {}", rep.trace_name))
     );
+    let _ = writeln!(
+        h,
+        "<p class=\"verdict\" id=\"time-verdict\">{}</p>",
+        esc(&rep.time_verdict())
+    );
     let facts = format!(
         "{} windows x {} layers x {} experts; EP{} ranks, {} slots per rank, {} redundant; routing {}; heat {} windows, plan active {} windows later (first possible activation: window {}); initial placement {:?}; seed {}.",
         t,
@@ -287,6 +330,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
         );
     }
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.basis.describe()));
+    let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.time.describe()));
     if first >= t {
         let _ = writeln!(
             h,
@@ -303,6 +347,15 @@ pub fn render(rep: &Report) -> Result<String, String> {
             esc(&format!("Policy {p} was left out: {why}"))
         );
     }
+    h.push_str("<h2>Estimated MoE time per iteration</h2>\n");
+    let _ = writeln!(
+        h,
+        "<p>{}</p>",
+        esc(
+            "The time model's MoE time of one iteration (every MoE layer: the slowest rank's compute or weight reads, plus dispatch and combine) under the placement live in each window, one window standing for one iteration; a circle marks a cycle that changed the placement, at the window its placement became active, its area growing with the cycle's stall (the digest, one vote per changed layer and each layer's exchange beyond one iteration). The legend gives each policy's mean from the first possible activation, its stalls in all and its net saving against static."
+        )
+    );
+    let _ = writeln!(h, "<figure id=\"chart-time\">{time_svg}</figure>");
     h.push_str("<h2>PAR per window</h2>\n");
     h.push_str("<p>The peak-to-average ratio of rank loads, averaged over layers, for each policy; the dashed black line is the lower bound no placement can beat; a triangle marks a window where a new placement became active.</p>\n");
     let _ = writeln!(h, "<figure id=\"chart-par\">{par_svg}</figure>");

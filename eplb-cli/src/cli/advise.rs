@@ -1,0 +1,164 @@
+//! `eplb advise`: sweeps policies x heat interval x algorithm interval x redundant experts over
+//! a trace (`eplb_sim::advise`), ranks the settings by net estimated saving against no EPLB and
+//! recommends one, or none.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use clap::Args;
+use eplb_core::metrics::Routing;
+use eplb_policies::PolicyKind;
+use eplb_sim::advise::{Grid, advise};
+use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
+
+use super::{CostArgs, Io, RoutingArg, TimeArgs, Topology};
+
+#[derive(Debug, Args)]
+pub(super) struct AdviseArgs {
+    /// An eplb-trace/v1 trace with windows (one window = one iteration).
+    #[arg(long)]
+    trace: PathBuf,
+    /// EP ranks.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    ranks: u16,
+    /// Redundant experts to try, comma-separated (default: the fewest the shape allows, and
+    /// one slot per rank more).
+    #[arg(long, value_delimiter = ',')]
+    redundant_list: Option<Vec<u32>>,
+    /// Policies to try, comma-separated names or numbers (default: every policy but random).
+    #[arg(long, value_delimiter = ',', value_parser = super::parse_policy)]
+    policies: Option<Vec<PolicyKind>>,
+    /// Heat intervals to try, comma-separated (default: T/16, T/8, T/4 of the trace's T
+    /// windows).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    heat_intervals: Option<Vec<u32>>,
+    /// Algorithm intervals to try, comma-separated (default: 1 and max(2, T/32)).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    algo_intervals: Option<Vec<u32>>,
+    #[command(flatten)]
+    topo: Topology,
+    /// `default` or `random:SEED`.
+    #[arg(long, default_value = "default")]
+    initial: String,
+    /// Routing model.
+    #[arg(long, value_enum, default_value = "log2phy")]
+    routing: RoutingArg,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    cost: CostArgs,
+    #[command(flatten)]
+    time: TimeArgs,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    threads: Option<u32>,
+    /// Write the recommended `eplb_config` object here (atomically).
+    #[arg(long)]
+    config_out: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
+    let initial: Initial = a.initial.parse().map_err(|e| format!("{e}"))?;
+    a.cost.resolve()?;
+    a.time.spec().check().map_err(|e| e.to_string())?;
+    if let Some(out) = &a.config_out {
+        eplb_runtime::fsio::refuse_overwrite_input(out, &[a.trace.as_path()])
+            .map_err(|e| e.to_string())?;
+    }
+    let bytes = io.read(&a.trace)?;
+    let source = a.trace.display().to_string();
+    let replay = Replay::load(&bytes, &source, &a.cost.spec()).map_err(|e| e.to_string())?;
+    for w in &replay.warnings {
+        errln!("warning: {source}: {w}");
+    }
+    let t = &replay.trace;
+    let mut grid = Grid::default_for(t.windows, t.experts, a.ranks);
+    if let Some(p) = &a.policies {
+        grid.policies = p.clone();
+    }
+    if let Some(h) = &a.heat_intervals {
+        grid.heat_intervals = h.clone();
+    }
+    if let Some(x) = &a.algo_intervals {
+        grid.algo_intervals = x.clone();
+    }
+    if let Some(x) = &a.redundant_list {
+        grid.redundant = x.clone();
+    }
+    let base = SimConfig {
+        ranks: a.ranks,
+        redundant: 0,
+        ranks_per_node: a.topo.ranks_per_node,
+        groups: a.topo.groups,
+        policy: SimPolicy::Static,
+        heat_interval: 1,
+        algo_interval: 1,
+        initial,
+        routing: match a.routing {
+            RoutingArg::Log2phy => Routing::Log2Phy,
+            RoutingArg::Even => Routing::Even,
+        },
+        seed: a.seed,
+        expert_bytes: 64,
+    };
+    let threads = a.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, usize::from),
+        |n| n as usize,
+    );
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let shown = Mutex::new(false);
+    let progress = |done: usize, total: usize| {
+        if tty && let Ok(mut shown) = shown.lock() {
+            let width = 30;
+            let filled = done * width / total.max(1);
+            let _ = write!(
+                std::io::stderr(),
+                "\r[{}{}] {done}/{total} settings, {:.0} s",
+                "=".repeat(filled),
+                " ".repeat(width - filled),
+                started.elapsed().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+            *shown = true;
+        }
+    };
+    let advice = advise(&replay, &base, &a.time.spec(), &grid, threads, &progress)
+        .map_err(|e| e.to_string())?;
+    if shown.into_inner().unwrap_or(false) {
+        errln!();
+    }
+    if let Some(out) = &a.config_out {
+        let text = serde_json::to_string_pretty(&advice.eplb_config())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        eplb_runtime::fsio::write_atomic(out, format!("{text}\n").as_bytes())
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    if a.json {
+        outln!(io, "{}", advice.to_json());
+    } else {
+        outln!(io, "{}", replay.basis.describe());
+        outln!(io, "{}", advice.time.describe());
+        outln!(
+            io,
+            "baseline (no EPLB: static, {} redundant): {:.3} ms MoE per iteration over windows {}..{}",
+            advice.baseline_redundant,
+            advice.baseline_ms,
+            advice.first_window,
+            t.windows
+        );
+        io.out.push_str(&advice.table());
+        outln!(io, "{}", advice.recommendation());
+        if let Some(out) = &a.config_out {
+            outln!(io, "wrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
