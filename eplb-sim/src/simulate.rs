@@ -288,6 +288,10 @@ pub fn simulate_with(
         .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
+    // One planner serves every rank: rank 0 folds the heat and feeds it, once per cycle.
+    for m in machines.iter_mut().skip(1) {
+        m.share_planner();
+    }
     let mut world = SimWorld::new(shape, &machines, policy)?;
 
     let mut live = initial.clone();
@@ -593,11 +597,11 @@ impl SimWorld {
         ok
     }
 
-    /// Runs the policy for the input's cycle (once for all ranks: every rank folded the same
-    /// gathered heat through the same placement); the plan is handed to every rank that asked
-    /// for it by [`SimWorld::hand_plans`].
+    /// Runs the policy for the input's cycle once, on rank 0's input (the other ranks share
+    /// its planner and submit empty inputs); the plan is handed to every rank that asked for
+    /// it by [`SimWorld::hand_plans`].
     fn plan_for(&mut self, rank: usize, input: &PlanInput<'_>) -> Result<(), String> {
-        if self.planned.map(|p| p.0) != Some(input.cycle) {
+        if rank == 0 && self.planned.map(|p| p.0) != Some(input.cycle) {
             let ok = self.compute(input)?;
             self.planned = Some((input.cycle, ok));
         }

@@ -24,6 +24,9 @@ pub(super) struct SlotHeat {
     loads: Vec<f64>,
     /// `[W][L][N]`, the first `folded` windows valid.
     samples: Vec<f64>,
+    /// Whether this rank folds the gathered heat (false: a rank whose plans come from a
+    /// planner another rank of its process feeds; it keeps no logical heat).
+    folds: bool,
 }
 
 impl SlotHeat {
@@ -38,7 +41,16 @@ impl SlotHeat {
             folded: 0,
             loads: vec![0.0; l * n],
             samples: vec![0.0; w * l * n],
+            folds: true,
         })
+    }
+
+    /// From now on, folds nothing and keeps no logical heat ([`super::RankMachine::share_planner`]).
+    pub(super) fn stop_folding(&mut self) {
+        self.folds = false;
+        self.folded = 0;
+        self.loads = Vec::new();
+        self.samples = Vec::new();
     }
 
     /// Windows counted into so far this cycle (`T` at the snapshot).
@@ -90,6 +102,9 @@ impl SlotHeat {
             shape.ranks() * t * self.words,
             gathered.len(),
         )?;
+        if !self.folds {
+            return Ok(());
+        }
         let Some(samples) = self.samples.get_mut(..t * l * n) else {
             return Err(MachineError::Len {
                 what: "heat windows [T]",

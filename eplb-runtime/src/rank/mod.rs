@@ -237,6 +237,16 @@ impl RankMachine {
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
+    /// This rank's plans come from a planner that another rank of its process feeds (ranks
+    /// that share a process may share one planner, since every rank submits the same
+    /// request): from now on it folds no gathered heat, and its
+    /// [`PlannerAction::Submit`] carries an empty input (`windows` 0, no loads, no samples),
+    /// which the driver answers with the shared plan. The simulator sets it on every rank but
+    /// rank 0, so that the heat is folded once per cycle, not `R` times.
+    pub fn share_planner(&mut self) {
+        self.heat.stop_folding();
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
