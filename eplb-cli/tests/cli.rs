@@ -416,3 +416,56 @@ fn a_one_shot_incremental_plan_from_the_default_layout_rebuilds_to_flashlb_balan
         "{next_par} after {par}, frugal {loop_par}"
     );
 }
+
+/// `simulate --payoff-gate`: on the shared ESFT series, every policy's total estimated time
+/// (MoE time plus stalls, as the net saving against static) is lower with the gate than
+/// without, and it fetches fewer copies.
+#[test]
+fn the_payoff_gate_lowers_every_policys_estimated_time_on_the_esft_series() {
+    let trace = shared("data/series/esft_chain.json");
+    let run = |policy: &str, gate: bool| -> serde_json::Value {
+        let mut args = vec![
+            "simulate",
+            "--trace",
+            &trace,
+            "--ranks",
+            "8",
+            "--redundant",
+            "8",
+            "--policy",
+            policy,
+            "--heat-interval",
+            "10",
+            "--algo-interval",
+            "1",
+            "--json",
+        ];
+        if gate {
+            args.push("--payoff-gate");
+        }
+        let o = eplb(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(stdout(&o).trim()).unwrap()
+    };
+    for policy in ["default", "swift", "flashlb", "incremental", "deepseek"] {
+        let (off, on) = (run(policy, false), run(policy, true));
+        let net = |v: &serde_json::Value| v["est_net_saving_pct"].as_f64().unwrap();
+        let moves = |v: &serde_json::Value| v["moves_total"].as_u64().unwrap();
+        assert!(
+            net(&on) > net(&off),
+            "{policy}: gated {} vs {}",
+            net(&on),
+            net(&off)
+        );
+        assert!(
+            moves(&on) < moves(&off),
+            "{policy}: gated {} vs {} moves",
+            moves(&on),
+            moves(&off)
+        );
+        assert!(
+            on["est_stall_ms_total"].as_f64() < off["est_stall_ms_total"].as_f64(),
+            "{policy}"
+        );
+    }
+}

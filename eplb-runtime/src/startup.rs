@@ -46,6 +46,8 @@ pub enum StartError {
         /// Why.
         error: eplb_map::Error,
     },
+    /// The pay-off gate's model has no payload for the deployment's quant type.
+    Payload(crate::payload::PayloadError),
     /// The controller refused its start (a transport that does not match the shape).
     Controller(MachineError),
 }
@@ -58,6 +60,7 @@ impl fmt::Display for StartError {
             StartError::Config(e) => e.fmt(f),
             StartError::Read { path, error } => write!(f, "{}: {error}", path.display()),
             StartError::Map { path, error } => write!(f, "{}: {error}", path.display()),
+            StartError::Payload(e) => write!(f, "eplb_payoff_gate: {e}"),
             StartError::Controller(e) => e.fmt(f),
         }
     }
@@ -71,6 +74,7 @@ impl std::error::Error for StartError {
             StartError::Config(e) => Some(e),
             StartError::Read { error, .. } => Some(error),
             StartError::Map { error, .. } => Some(error),
+            StartError::Payload(e) => Some(e),
             StartError::Controller(e) => Some(e),
         }
     }
@@ -106,7 +110,8 @@ pub fn controller<T: Transport>(
     let (shape, placement) = startup(cfg, model)?;
     let ccfg = controller_config(cfg, model)?;
     let policy = crate::policies::policy_for(cfg.policy());
-    let planner = Arc::new(Planner::spawn(policy, shape));
+    let gate = payoff_gate(cfg, model)?;
+    let planner = Arc::new(Planner::with_gate(policy, shape, gate));
     let rank = transport.rank();
     let record = ccfg.machine.mode == RunMode::Record;
     let mut c = Controller::new(shape, placement, ccfg, transport, planner)?;
@@ -138,6 +143,59 @@ pub struct ModelInfo {
     pub speculative_tokens: u32,
     /// TP size for the `log2phy` rotation (0 or 1: none).
     pub tp_size: u16,
+}
+
+/// The pay-off gate `eplb_payoff_gate` turns on, for `model` on this deployment (`None`: off).
+///
+/// Unset settings come from the deployment facts, else the defaults: the hardware (`A3`), the
+/// role (decode; a colocated node counts as decode), the tokens per rank (the deployment's
+/// `tokens_per_die`, else the role's default), the model (DeepSeek-V3), whose dtype follows
+/// the deployment's quant type (W8A8 by default) and whose expert bytes are that quant type's
+/// payload ([`crate::payload::ExpertPayload::for_quant`]). Every rank builds the same gate
+/// from the same config, so their decisions agree.
+pub fn payoff_gate(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+) -> Result<Option<eplb_core::time::gate::Gate>, StartError> {
+    use crate::config::deployment::{Hardware as Family, QuantType, Role as NodeRole};
+    use eplb_core::time::{Hardware, ModelSpec, Role, TimeModel};
+    let Some(spec) = cfg.payoff_gate() else {
+        return Ok(None);
+    };
+    let facts = cfg.deployment_facts().cloned().unwrap_or_default();
+    let hardware = spec.hardware.unwrap_or(match facts.hardware {
+        Some(Family::A2) => Hardware::A2,
+        Some(Family::Ascend950Pr) => Hardware::ASCEND_950PR,
+        Some(Family::Ascend950Dt) => Hardware::ASCEND_950DT,
+        Some(Family::A3) | None => Hardware::A3,
+    });
+    let role = spec.role.unwrap_or(match facts.role {
+        Some(NodeRole::Prefill) => Role::Prefill,
+        Some(NodeRole::Decode | NodeRole::Colocated) | None => Role::Decode,
+    });
+    let quant = facts.quant_type.unwrap_or(QuantType::W8A8);
+    let mut spec_model = spec.model.unwrap_or(ModelSpec::DEEPSEEK_V3);
+    spec_model.dtype = quant.compute_dtype();
+    let payload = crate::payload::ExpertPayload::for_quant(
+        crate::payload::ModelDims {
+            hidden: u64::from(spec_model.hidden),
+            intermediate: u64::from(spec_model.intermediate),
+        },
+        quant,
+        facts.fused_mc2.unwrap_or(false),
+    )
+    .map_err(StartError::Payload)?;
+    let mut time = TimeModel::new(hardware, spec_model, role, payload.total_bytes() as f64);
+    if let Some(t) = spec.tokens_per_rank.or(facts.tokens_per_die.map(f64::from)) {
+        time.tokens_per_rank = t;
+    }
+    time.ranks_per_node = (model.ranks_per_node > 0 && model.ranks_per_node < model.ranks)
+        .then_some(model.ranks_per_node);
+    Ok(Some(eplb_core::time::gate::Gate {
+        model: time,
+        iterations: u64::from(cfg.heat_interval()) + u64::from(cfg.algo_interval()),
+        routing: eplb_core::metrics::Routing::Log2Phy,
+    }))
 }
 
 /// The shape and placement a rank starts from.

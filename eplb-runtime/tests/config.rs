@@ -890,3 +890,75 @@ fn record_path_equal_to_the_map_path_is_refused() {
     }
     assert_eq!(std::fs::read(&map).unwrap(), b"{}");
 }
+
+#[test]
+fn payoff_gate_is_off_by_default_and_on_with_true_or_its_settings() {
+    use eplb_runtime::startup::{ModelInfo, payoff_gate};
+    let model = ModelInfo {
+        layers: 58,
+        experts: 256,
+        ranks: 32,
+        ranks_per_node: 16,
+        groups: 1,
+        max_num_seqs: 64,
+        speculative_tokens: 0,
+        tp_size: 1,
+    };
+    let off = parse(r#"{"dynamic_eplb": true}"#, &GUARD).unwrap();
+    assert!(off.payoff_gate().is_none());
+    assert!(payoff_gate(&off, &model).unwrap().is_none());
+    // `true`: DeepSeek-V3 W8A8 on A3, decode, over the next cycle (H + A iterations).
+    let on = parse(
+        r#"{"dynamic_eplb": true, "eplb_payoff_gate": true,
+            "expert_heat_collection_interval": 100, "algorithm_execution_interval": 20}"#,
+        &GUARD,
+    )
+    .unwrap();
+    let g = payoff_gate(&on, &model).unwrap().unwrap();
+    assert_eq!(g.iterations, 120);
+    assert_eq!(g.model.hardware.name, eplb_core::time::Hardware::A3.name);
+    assert_eq!(g.model.model.hidden, 7168);
+    assert_eq!(g.model.tokens_per_rank, 128.0);
+    assert_eq!(g.model.ranks_per_node, Some(16));
+    // The W8A8 DeepSeek-V3 expert of the payload table.
+    assert_eq!(g.model.expert_bytes, 44_085_248.0);
+    // Its settings, and the deployment facts for the ones it leaves out.
+    let set = parse(
+        r#"{"eplb_config": {"dynamic_eplb": true,
+              "eplb_payoff_gate": {"model": "qwen3-30b", "tokens_per_rank": 64}},
+            "deployment": {"hardware": "A2", "role": "prefill", "quant_type": "W8A8"}}"#,
+        &GUARD,
+    )
+    .unwrap();
+    let g = payoff_gate(&set, &model).unwrap().unwrap();
+    assert_eq!(g.model.hardware.name, eplb_core::time::Hardware::A2.name);
+    assert_eq!(g.model.model.hidden, 2048);
+    assert_eq!(g.model.tokens_per_rank, 64.0);
+    // Bad values and keys are errors that name them.
+    assert_eq!(
+        messages(r#"{"eplb_payoff_gate": "yes"}"#, &GUARD),
+        vec![
+            "eplb_config.eplb_payoff_gate: expected a boolean or an object, got \"yes\"".to_owned()
+        ]
+    );
+    let m = messages(
+        r#"{"eplb_payoff_gate": {"modle": "x", "hardware": "tpu", "tokens_per_rank": 0}}"#,
+        &GUARD,
+    );
+    assert_eq!(m.len(), 3, "{m:?}");
+    assert!(
+        m.iter()
+            .any(|e| e.contains("unknown key \"modle\"") && e.contains("did you mean \"model\"")),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|e| e.contains("hardware: unknown hardware \"tpu\"")),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|e| e.contains("tokens_per_rank: expected a number > 0, got 0")),
+        "{m:?}"
+    );
+}

@@ -441,6 +441,7 @@ fn main() {
                 routing: Routing::Log2Phy,
                 seed: 0,
                 expert_bytes: 8,
+                payoff_gate: None,
             };
             let r = simulate(&trace, &cfg, &mut |_, _| {})
                 .unwrap_or_else(|e| panic!("{} on R={ranks}: {e}", policy.name()));

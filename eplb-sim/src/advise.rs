@@ -39,6 +39,8 @@ pub struct Grid {
     pub algo_intervals: Vec<u32>,
     /// Redundant experts `X`.
     pub redundant: Vec<u32>,
+    /// The pay-off gate off (`false`) and/or on (`true`).
+    pub payoff_gate: Vec<bool>,
 }
 
 /// One setting of the grid.
@@ -52,6 +54,8 @@ pub struct Setting {
     pub algo_interval: u32,
     /// `X`.
     pub redundant: u32,
+    /// The pay-off gate is on.
+    pub payoff_gate: bool,
 }
 
 /// The fewest redundant experts `x >= 0` with `(experts + x) % ranks == 0`.
@@ -82,10 +86,11 @@ impl Grid {
             heat_intervals: heat,
             algo_intervals: algo,
             redundant: vec![x0, x0 + u32::from(ranks)],
+            payoff_gate: vec![false],
         }
     }
 
-    /// Every setting, policy-major, then `H`, `A`, `X` in the order given, keeping only those
+    /// Every setting, policy-major, then `H`, `A`, `X`, the gate in the order given, keeping only those
     /// whose first activation `H + A` falls inside `windows`.
     pub fn settings(&self, windows: usize) -> Vec<Setting> {
         let mut out = Vec::new();
@@ -96,12 +101,15 @@ impl Grid {
                         continue;
                     }
                     for &redundant in &self.redundant {
-                        out.push(Setting {
-                            policy,
-                            heat_interval,
-                            algo_interval,
-                            redundant,
-                        });
+                        for &payoff_gate in &self.payoff_gate {
+                            out.push(Setting {
+                                policy,
+                                heat_interval,
+                                algo_interval,
+                                redundant,
+                                payoff_gate,
+                            });
+                        }
                     }
                 }
             }
@@ -299,6 +307,10 @@ fn run_setting(
         algo_interval: s.algo_interval,
         ..base.clone()
     };
+    let cfg = SimConfig {
+        payoff_gate: s.payoff_gate.then(|| time.gate(&cfg)),
+        ..cfg
+    };
     let failed = |e: String| Row {
         setting: s,
         index,
@@ -355,6 +367,15 @@ fn run_setting(
 }
 
 impl Setting {
+    /// The policy's name, with `+gate` when the pay-off gate is on.
+    pub fn label(&self) -> String {
+        if self.payoff_gate {
+            format!("{}+gate", self.policy.name())
+        } else {
+            self.policy.name().to_owned()
+        }
+    }
+
     /// The `eplb_config` object that enables this setting (vLLM-Ascend's keys; the policy by
     /// number where vLLM-Ascend has one, else by name, as `eplb check-config` accepts).
     pub fn eplb_config(&self) -> Value {
@@ -362,13 +383,17 @@ impl Setting {
             Some(n) => json!(n),
             None => json!(self.policy.name()),
         };
-        json!({
+        let mut v = json!({
             "dynamic_eplb": true,
             "num_redundant_experts": self.redundant,
             "expert_heat_collection_interval": self.heat_interval,
             "algorithm_execution_interval": self.algo_interval,
             "eplb_policy_type": policy,
-        })
+        });
+        if self.payoff_gate {
+            v["eplb_payoff_gate"] = json!(true);
+        }
+        v
     }
 }
 
@@ -382,6 +407,7 @@ impl Row {
             "heat_interval": s.heat_interval,
             "algo_interval": s.algo_interval,
             "redundant": s.redundant,
+            "payoff_gate": s.payoff_gate,
             "est_moe_ms_per_iter_mean": self.moe_ms,
             "est_net_saving_pct": self.net_saving_pct,
             "est_stall_ms_per_cycle_mean": self.stall_ms_per_cycle_mean,
@@ -415,11 +441,16 @@ impl Advice {
             Some(r) => {
                 let s = &r.setting;
                 format!(
-                    "enable: policy {}, heat interval {}, algorithm interval {}, {} redundant: -{:.1}% MoE time per iteration, stalls {:.2} ms per cycle",
+                    "enable: policy {}, heat interval {}, algorithm interval {}, {} redundant{}: -{:.1}% MoE time per iteration, stalls {:.2} ms per cycle",
                     s.policy.name(),
                     s.heat_interval,
                     s.algo_interval,
                     s.redundant,
+                    if s.payoff_gate {
+                        ", pay-off gate on"
+                    } else {
+                        ""
+                    },
                     r.net_saving_pct,
                     r.stall_ms_per_cycle_mean
                 )
@@ -469,7 +500,7 @@ impl Advice {
     /// The ranked table for people (one line per setting, a header first).
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:>4}  {:<12} {:>5} {:>5} {:>5}  {:>10}  {:>8}  {:>12}  {:>11}  {:>6}  {:>7}\n",
+            "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10}  {:>8}  {:>12}  {:>11}  {:>6}  {:>7}\n",
             "rank",
             "policy",
             "H",
@@ -486,9 +517,9 @@ impl Advice {
             let s = &r.setting;
             if let Some(e) = &r.error {
                 out.push_str(&format!(
-                    "{:>4}  {:<12} {:>5} {:>5} {:>5}  failed: {e}\n",
+                    "{:>4}  {:<17} {:>5} {:>5} {:>5}  failed: {e}\n",
                     i + 1,
-                    s.policy.name(),
+                    s.label(),
                     s.heat_interval,
                     s.algo_interval,
                     s.redundant
@@ -496,9 +527,9 @@ impl Advice {
                 continue;
             }
             out.push_str(&format!(
-                "{:>4}  {:<12} {:>5} {:>5} {:>5}  {:>10.3}  {:>8.2}  {:>9.2} ms  {:>8.2} ms  {:>6}  {:>7.4}\n",
+                "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10.3}  {:>8.2}  {:>9.2} ms  {:>8.2} ms  {:>6}  {:>7.4}\n",
                 i + 1,
-                s.policy.name(),
+                s.label(),
                 s.heat_interval,
                 s.algo_interval,
                 s.redundant,

@@ -94,6 +94,9 @@ pub struct SimConfig {
     /// Bytes per expert of a moved weight. The one-thread simulator plans every transfer but
     /// moves no bytes, so it does not use this; kept so that configs and bindings stay valid.
     pub expert_bytes: usize,
+    /// The pay-off gate, applied to every plan as the runtime applies it
+    /// (`eplb_payoff_gate`); `None`: off.
+    pub payoff_gate: Option<eplb_core::time::gate::Gate>,
 }
 
 /// One entry of the `eplb-placements/v1` log.
@@ -293,6 +296,7 @@ pub fn simulate_with(
         m.share_planner();
     }
     let mut world = SimWorld::new(shape, &machines, policy)?;
+    world.host.set_gate(cfg.payoff_gate);
 
     let mut live = initial.clone();
     let mut log = vec![LogEntry {

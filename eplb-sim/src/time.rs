@@ -16,10 +16,8 @@
 
 use eplb_core::Shape;
 use eplb_core::time::{
-    Dtype, Hardware, LayerTime, ModelSpec, Role, TimeModel, cycle_overhead_ms, exchange_ms,
-    layer_stall_ms,
+    Hardware, LayerTime, ModelSpec, Role, TimeModel, cycle_overhead_ms, exchange_ms, layer_stall_ms,
 };
-use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::transfer::plan_layer;
 use serde_json::{Value, json};
 
@@ -108,19 +106,6 @@ pub fn parse_role(name: &str) -> Result<Role, SimError> {
     })
 }
 
-/// The compute dtype of a quant type: int8 activations for the W8A8 and W4A8 families, fp8 for
-/// MXFP8, fp4 for MXFP4, bf16 otherwise (unquantised and weight-only types).
-pub fn dtype_of(quant: QuantType) -> Dtype {
-    match quant {
-        QuantType::W8A8 | QuantType::W8A8Dynamic | QuantType::W4A8 | QuantType::W4A8Mxfp4 => {
-            Dtype::Int8
-        }
-        QuantType::Mxfp8 => Dtype::Fp8,
-        QuantType::Mxfp4 => Dtype::Fp4,
-        QuantType::None | QuantType::W4A16 | QuantType::W4A16Mxfp4 => Dtype::Bf16,
-    }
-}
-
 impl TimeSpec {
     /// Checks the names and values alone (before any input is read).
     pub fn check(&self) -> Result<(), SimError> {
@@ -174,7 +159,7 @@ impl TimeSpec {
                 ..ModelPreset::DeepSeekV3.model_spec()
             },
         };
-        model.dtype = dtype_of(cost.quant);
+        model.dtype = cost.quant.compute_dtype();
         for (k, v) in &self.model_params {
             set_model(&mut model, k, *v)?;
         }
@@ -259,6 +244,17 @@ fn set_model(m: &mut ModelSpec, key: &str, v: f64) -> Result<(), SimError> {
 }
 
 impl TimeBasis {
+    /// The pay-off gate of this model for a run of `cfg`: a changed layer must pay back its
+    /// stall within the next cycle (`H + A` iterations, one window each) under `cfg`'s
+    /// routing.
+    pub fn gate(&self, cfg: &SimConfig) -> eplb_core::time::gate::Gate {
+        eplb_core::time::gate::Gate {
+            model: self.model,
+            iterations: u64::from(cfg.heat_interval) + u64::from(cfg.algo_interval),
+            routing: cfg.routing,
+        }
+    }
+
     /// The `time_model` object of `simulate --json`: hardware, model, role, tokens per rank,
     /// expert bytes, dtype, ranks per node, iterations per window, what was defaulted, and
     /// every number of the hardware and the model.

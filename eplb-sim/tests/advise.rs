@@ -75,6 +75,7 @@ fn base(ranks: u16) -> SimConfig {
         routing: Routing::Log2Phy,
         seed: 0,
         expert_bytes: 64,
+        payoff_gate: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn grid(ranks: u16) -> Grid {
         heat_intervals: vec![4, 8],
         algo_intervals: vec![1],
         redundant: vec![0, u32::from(ranks)],
+        payoff_gate: vec![false],
     }
 }
 

@@ -262,6 +262,7 @@ _SIMULATE_OPTIONS = frozenset({
     "ranks", "redundant", "policy", "heat_interval", "algo_interval", "ranks_per_node", "groups",
     "initial", "routing", "seed", "params", "placements_log", "model", "hidden", "intermediate",
     "quant", "fused_mc2", "link", "max_input_bytes", "hardware", "role", "tokens_per_rank",
+    "payoff_gate",
 })
 
 
@@ -272,7 +273,7 @@ def simulate(trace, **options) -> dict:
     ``heat_interval``, ``algo_interval`` (required), ``ranks_per_node``, ``groups``,
     ``initial``, ``routing``, ``seed``, ``params`` (a dict), ``placements_log``, ``model``,
     ``hidden``, ``intermediate``, ``quant``, ``fused_mc2``, ``link``, ``max_input_bytes``,
-    ``hardware``, ``role``, ``tokens_per_rank`` (the time model's; the result carries its
+    ``hardware``, ``role``, ``tokens_per_rank``, ``payoff_gate`` (the time model's; the result carries its
     ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
     thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message.

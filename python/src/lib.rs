@@ -729,7 +729,7 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     routing = "log2phy".to_owned(), seed = 0, params = Vec::new(), placements_log = None,
     model = None, hidden = None, intermediate = None, quant = None, fused_mc2 = false,
     link = None, max_input_bytes = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT,
-    hardware = None, role = None, tokens_per_rank = None,
+    hardware = None, role = None, tokens_per_rank = None, payoff_gate = false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn simulate(
@@ -757,6 +757,7 @@ fn simulate(
     hardware: Option<String>,
     role: Option<String>,
     tokens_per_rank: Option<f64>,
+    payoff_gate: bool,
 ) -> PyResult<String> {
     guarded(py, move || -> Result<String, String> {
         if ranks == 0 {
@@ -817,6 +818,14 @@ fn simulate(
             routing,
             seed,
             expert_bytes: 64,
+            payoff_gate: None,
+        };
+        let basis = time
+            .resolve(&replay.basis, ranks_per_node)
+            .map_err(|e| e.to_string())?;
+        let cfg = SimConfig {
+            payoff_gate: payoff_gate.then(|| basis.gate(&cfg)),
+            ..cfg
         };
         let run = replay
             .run(&cfg, &params, &mut |_, _| {})
@@ -833,9 +842,6 @@ fn simulate(
         if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
             log::warn!("eplb: {warning}");
         }
-        let basis = time
-            .resolve(&replay.basis, ranks_per_node)
-            .map_err(|e| e.to_string())?;
         let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
             .map_err(|e| e.to_string())?;
         let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);

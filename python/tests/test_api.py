@@ -537,6 +537,28 @@ def test_simulate_returns_the_time_keys_of_the_cli():
             assert cli[key] == got[key], key
 
 
+def test_simulate_payoff_gate_is_the_clis():
+    trace = shared_file("data/traces/esft_dsv2lite_law.json")
+    opts = dict(ranks=8, redundant=8, policy="default", heat_interval=4, algo_interval=1)
+    off = eplb.simulate(trace, **opts)
+    on = eplb.simulate(trace, **opts, payoff_gate=True)
+    assert on["moves_total"] <= off["moves_total"]
+    assert on["est_stall_ms_total"] <= off["est_stall_ms_total"]
+    eplb_bin = os.environ.get("EPLB_BIN")
+    if eplb_bin:
+        p = subprocess.run(
+            [eplb_bin, "simulate", "--trace", str(trace), "--ranks", "8", "--redundant", "8",
+             "--policy", "default", "--heat-interval", "4", "--algo-interval", "1",
+             "--payoff-gate", "--json"],
+            capture_output=True, text=True, check=True,
+        )
+        cli = json.loads(p.stdout.strip().splitlines()[-1])
+        timing = {"policy_time_ms_mean", "policy_time_ms_max"}
+        assert {k: v for k, v in cli.items() if k not in timing} == {
+            k: v for k, v in on.items() if k not in timing
+        }
+
+
 def test_simulate_errors():
     trace = shared_file("data/traces/esft_dsv2lite_law.json")
     with pytest.raises(eplb.EplbError, match="--policy fastest"):

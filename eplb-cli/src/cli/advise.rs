@@ -53,6 +53,9 @@ pub(super) struct AdviseArgs {
     cost: CostArgs,
     #[command(flatten)]
     time: TimeArgs,
+    /// Also try every setting with the pay-off gate on (`eplb_payoff_gate`): twice the runs.
+    #[arg(long)]
+    payoff_gate: bool,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     threads: Option<u32>,
@@ -92,6 +95,9 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     if let Some(x) = &a.redundant_list {
         grid.redundant = x.clone();
     }
+    if a.payoff_gate {
+        grid.payoff_gate = vec![false, true];
+    }
     let base = SimConfig {
         ranks: a.ranks,
         redundant: 0,
@@ -107,6 +113,7 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
         },
         seed: a.seed,
         expert_bytes: 64,
+        payoff_gate: None,
     };
     let threads = a.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),

@@ -273,6 +273,10 @@ struct ReplayArgs {
     cost: CostArgs,
     #[command(flatten)]
     time: TimeArgs,
+    /// Move a changed layer only when the time model says its saving over the next cycle
+    /// exceeds the stall of its exchange (the runtime's `eplb_payoff_gate`).
+    #[arg(long)]
+    payoff_gate: bool,
 }
 
 impl ReplayArgs {
@@ -306,6 +310,20 @@ impl ReplayArgs {
             },
             seed: self.seed,
             expert_bytes: 64,
+            payoff_gate: None,
+        };
+        let cfg = SimConfig {
+            payoff_gate: if self.payoff_gate {
+                let basis = self
+                    .time
+                    .spec()
+                    .resolve(&replay.basis, cfg.ranks_per_node)
+                    .map_err(|e| e.to_string())?;
+                Some(basis.gate(&cfg))
+            } else {
+                None
+            },
+            ..cfg
         };
         Ok((replay, cfg))
     }

@@ -222,6 +222,21 @@ const QUANT_NAMES: [&str; 9] = [
 ];
 
 impl QuantType {
+    /// The dtype the expert matmuls run in, for the time model: the activation side of the
+    /// quant type (int8 for the W8A8 and W4A8 families, fp8 for MXFP8, fp4 for MXFP4, bf16 for
+    /// unquantised and weight-only types).
+    pub fn compute_dtype(self) -> eplb_core::time::Dtype {
+        use eplb_core::time::Dtype;
+        match self {
+            QuantType::W8A8 | QuantType::W8A8Dynamic | QuantType::W4A8 | QuantType::W4A8Mxfp4 => {
+                Dtype::Int8
+            }
+            QuantType::Mxfp8 => Dtype::Fp8,
+            QuantType::Mxfp4 => Dtype::Fp4,
+            QuantType::None | QuantType::W4A16 | QuantType::W4A16Mxfp4 => Dtype::Bf16,
+        }
+    }
+
     /// Every quant type, in table order.
     pub const ALL: [QuantType; 9] = [
         QuantType::None,

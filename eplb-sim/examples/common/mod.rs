@@ -32,6 +32,7 @@ pub fn anchor_cfg(ranks: &str, redundant: &str) -> SimConfig {
         routing: Routing::Log2Phy,
         seed: 0,
         expert_bytes: 8,
+        payoff_gate: None,
     }
 }
 

@@ -1,6 +1,7 @@
 use super::*;
 use crate::simulate::{Initial, Router, SimPolicy};
 use eplb_core::metrics::Routing;
+use eplb_core::time::Dtype;
 use eplb_policies::PolicyKind;
 
 fn replay() -> crate::Replay {
@@ -25,6 +26,7 @@ fn cfg(policy: SimPolicy) -> SimConfig {
         routing: Routing::Log2Phy,
         seed: 0,
         expert_bytes: 64,
+        payoff_gate: None,
     }
 }
 

@@ -40,5 +40,6 @@ pub fn anchor_cfg(ranks: u16, redundant: u32, policy: SimPolicy) -> SimConfig {
         routing: Routing::Log2Phy,
         seed: 0,
         expert_bytes: 8,
+        payoff_gate: None,
     }
 }
