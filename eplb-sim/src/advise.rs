@@ -28,6 +28,11 @@ use crate::{Replay, SimConfig, SimError, SimPolicy};
 /// the estimate is within the model's own uncertainty and the moves are not worth the risk.
 pub const MIN_SAVING_PCT: f64 = 1.0;
 
+/// Iterations an aggregate (one-window) trace is replayed for: it is taken as a stationary
+/// workload, its one window repeated. Long enough that every default setting activates and
+/// then serves at least twice its first activation, short enough for the time limit.
+pub const STATIONARY_WINDOWS: usize = 200;
+
 /// The settings to sweep.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grid {
@@ -65,6 +70,16 @@ pub fn min_redundant(experts: usize, ranks: u16) -> u32 {
 }
 
 impl Grid {
+    /// The windows a trace of `windows` windows is replayed over: an aggregate (one-window)
+    /// trace becomes [`STATIONARY_WINDOWS`] iterations of its one window.
+    pub fn replay_windows(windows: usize) -> usize {
+        if windows == 1 {
+            STATIONARY_WINDOWS
+        } else {
+            windows
+        }
+    }
+
     /// The default grid for a trace of `windows` windows and `experts` experts on `ranks`
     /// ranks: every policy but `random` (a test of the update path, not a balancer); heat
     /// intervals `T/16`, `T/8`, `T/4` (at least 1, without repeats); algorithm intervals 1 and
@@ -131,7 +146,7 @@ pub struct Row {
     pub moe_ms: f64,
     /// Net saving against the baseline over the common windows, percent (stalls included).
     pub net_saving_pct: f64,
-    /// Mean stall per cycle (cycles whose placement became active in the common windows), ms.
+    /// Mean stall per cycle (every cycle of the run), ms.
     pub stall_ms_per_cycle_mean: f64,
     /// Largest stall of one such cycle, ms.
     pub stall_ms_per_cycle_max: f64,
@@ -158,6 +173,9 @@ pub struct Advice {
     pub first_window: usize,
     /// Whether the best setting saves at least [`MIN_SAVING_PCT`].
     pub recommended: bool,
+    /// `Some(n)` when the trace had one window and was replayed as a stationary workload of
+    /// `n` iterations ([`STATIONARY_WINDOWS`]).
+    pub stationary: Option<usize>,
     /// The time model used.
     pub time: TimeBasis,
 }
@@ -178,6 +196,9 @@ pub fn advise(
     threads: usize,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Advice, SimError> {
+    // An aggregate dump (one window) is a stationary workload: its window, repeated.
+    let stationary = (replay.trace.windows == 1).then(|| replay.stationary(STATIONARY_WINDOWS));
+    let replay = stationary.as_ref().unwrap_or(replay);
     let trace = &replay.trace;
     let time = spec.resolve(&replay.basis, base.ranks_per_node)?;
     let settings = grid.settings(trace.windows);
@@ -186,9 +207,8 @@ pub fn advise(
             what: "advise grid".to_owned(),
             why: format!(
                 "no setting has its first activation (H + A) inside the trace's {} window(s); \
-                 advise replays the trace window by window, so it needs a trace with a time \
-                 dimension (at least H + A + 1 windows; an aggregate one-window dump cannot \
-                 show what rebalancing gains over time)",
+                 advise replays the trace window by window, so it needs at least H + A + 1 \
+                 windows (give smaller --heat-intervals/--algo-intervals)",
                 trace.windows
             ),
         });
@@ -284,6 +304,7 @@ pub fn advise(
         baseline_ms: base_total / tail_len,
         first_window,
         recommended,
+        stationary: stationary.map(|r| r.trace.windows),
         time,
     })
 }
@@ -335,12 +356,10 @@ fn run_setting(
         Ok(f) => f,
         Err(e) => return failed(e.to_string()),
     };
-    let stalls: Vec<f64> = fig
-        .stalls
-        .iter()
-        .filter(|c| c.window >= first_window)
-        .map(|c| c.ms)
-        .collect();
+    // Every cycle's stall counts, also of the moves before the common windows (the first move
+    // of a stationary workload, say), while the savings count only over the common windows:
+    // conservative, and the same rule for every setting.
+    let stalls: Vec<f64> = fig.stalls.iter().map(|c| c.ms).collect();
     let stall_total = stalls.iter().sum::<f64>() + 0.0;
     let ours = sum_from(&fig.per_window_ms, first_window);
     Row {
@@ -486,6 +505,7 @@ impl Advice {
                 "est_moe_ms_per_iter_mean": self.baseline_ms,
             },
             "first_window": self.first_window,
+            "stationary_windows": self.stationary,
             "table": self
                 .rows
                 .iter()

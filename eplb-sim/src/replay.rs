@@ -75,6 +75,27 @@ impl Replay {
         })
     }
 
+    /// This replay's first window repeated `windows` times: an aggregate trace (one window
+    /// summing a whole run) read as a stationary workload.
+    pub fn stationary(&self, windows: usize) -> Self {
+        let t = &self.trace;
+        let one = t.layers * t.experts;
+        let first = t.counts.get(..one).unwrap_or(&[]);
+        let mut counts = Vec::with_capacity(one * windows);
+        for _ in 0..windows {
+            counts.extend_from_slice(first);
+        }
+        Self {
+            trace: SimTrace {
+                windows,
+                layers: t.layers,
+                experts: t.experts,
+                counts,
+            },
+            ..self.clone()
+        }
+    }
+
     /// Replays `cfg.policy` with `params` (set through the policy's own parser; `static` takes
     /// none) and prices each placement change at this replay's cost basis. `progress` is
     /// called with (windows done, windows).

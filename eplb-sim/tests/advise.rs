@@ -163,3 +163,41 @@ fn the_prefill_input_rule_is_not_reproduced() {
     let a = run(32, Role::Prefill, 512.0, 2);
     assert!(a.recommended, "{}", a.recommendation());
 }
+
+/// An aggregate trace (one window) is replayed as a stationary workload, says so, and is
+/// judged like any other: its first window alone, repeated.
+#[test]
+fn a_one_window_trace_is_advised_as_a_stationary_workload() {
+    let drifting = drifting_trace();
+    let one = Replay {
+        trace: SimTrace {
+            windows: 1,
+            counts: drifting.trace.counts[..drifting.trace.layers * drifting.trace.experts]
+                .to_vec(),
+            ..drifting.trace.clone()
+        },
+        ..drifting.clone()
+    };
+    let spec = TimeSpec {
+        role: Some(Role::Decode),
+        tokens_per_rank: Some(512.0),
+        ..TimeSpec::default()
+    };
+    let mut g = grid(32);
+    g.heat_intervals = vec![8, 16];
+    let a = advise(&one, &base(32), &spec, &g, 2, &|_, _| {}).unwrap();
+    assert_eq!(a.stationary, Some(eplb_sim::advise::STATIONARY_WINDOWS));
+    assert_eq!(a.to_json()["stationary_windows"], 200);
+    assert!(a.recommended, "{}", a.recommendation());
+    // Stationary heat: after the first move the placement stays, so every stall beyond the
+    // first cycle's is a digest only, and each row counts the first move's stall in full.
+    let best = &a.rows[0];
+    assert!(
+        best.stall_ms_per_cycle_max > best.stall_ms_per_cycle_mean,
+        "{}",
+        a.table()
+    );
+    // A trace of a time dimension keeps its own windows.
+    let drift = advise(&drifting, &base(32), &spec, &g, 2, &|_, _| {}).unwrap();
+    assert_eq!(drift.stationary, None);
+}

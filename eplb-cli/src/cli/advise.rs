@@ -82,7 +82,7 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
         errln!("warning: {source}: {w}");
     }
     let t = &replay.trace;
-    let mut grid = Grid::default_for(t.windows, t.experts, a.ranks);
+    let mut grid = Grid::default_for(Grid::replay_windows(t.windows), t.experts, a.ranks);
     if let Some(p) = &a.policies {
         grid.policies = p.clone();
     }
@@ -153,13 +153,19 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     } else {
         outln!(io, "{}", replay.basis.describe());
         outln!(io, "{}", advice.time.describe());
+        if let Some(n) = advice.stationary {
+            outln!(
+                io,
+                "the trace has one window (an aggregate): replayed as a stationary workload of {n} iterations"
+            );
+        }
         outln!(
             io,
             "baseline (no EPLB: static, {} redundant): {:.3} ms MoE per iteration over windows {}..{}",
             advice.baseline_redundant,
             advice.baseline_ms,
             advice.first_window,
-            t.windows
+            advice.stationary.unwrap_or(t.windows)
         );
         io.out.push_str(&advice.table());
         outln!(io, "{}", advice.recommendation());

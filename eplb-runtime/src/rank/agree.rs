@@ -73,29 +73,23 @@ impl Agree {
 
 /// FNV-1a 64 over a placement's ids (one step per id); never [`FAILED_PLAN`].
 pub fn placement_hash(placement: &[u16]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &v in placement {
-        h ^= u64::from(v);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = eplb_core::fnv1a(placement.iter().map(|&v| u64::from(v)));
     if h == FAILED_PLAN { 1 } else { h }
 }
 
 /// [`placement_hash`] of `placement` with layer `layer` taken from `plan`.
 fn placement_hash_with_layer(placement: &[u16], plan: &[u16], shape: &Shape, layer: u16) -> u64 {
     let per = shape.slots_per_layer();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = eplb_core::Fnv1a::new();
     for (l, (old, new)) in placement
         .chunks_exact(per)
         .zip(plan.chunks_exact(per))
         .enumerate()
     {
         let rows = if l == usize::from(layer) { new } else { old };
-        for &v in rows {
-            h ^= u64::from(v);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h.words(rows.iter().map(|&v| u64::from(v)));
     }
+    let h = h.finish();
     if h == FAILED_PLAN { 1 } else { h }
 }
 
