@@ -9,12 +9,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use clap::Args;
-use eplb_core::metrics::Routing;
 use eplb_policies::PolicyKind;
 use eplb_sim::advise::{Grid, advise};
-use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
+use eplb_sim::{Replay, SimConfig, SimPolicy};
 
-use super::{CostArgs, Io, RoutingArg, TimeArgs, Topology};
+use super::{Io, RunArgs};
 
 #[derive(Debug, Args)]
 pub(super) struct AdviseArgs {
@@ -39,20 +38,7 @@ pub(super) struct AdviseArgs {
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     algo_intervals: Option<Vec<u32>>,
     #[command(flatten)]
-    topo: Topology,
-    /// `default` or `random:SEED`.
-    #[arg(long, default_value = "default")]
-    initial: String,
-    /// Routing model.
-    #[arg(long, value_enum, default_value = "log2phy")]
-    routing: RoutingArg,
-    /// Seed of randomised policies.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    #[command(flatten)]
-    cost: CostArgs,
-    #[command(flatten)]
-    time: TimeArgs,
+    run: RunArgs,
     /// Also try every setting with the pay-off gate on (`eplb_payoff_gate`): twice the runs.
     #[arg(long)]
     payoff_gate: bool,
@@ -68,16 +54,14 @@ pub(super) struct AdviseArgs {
 }
 
 pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
-    let initial: Initial = a.initial.parse().map_err(|e| format!("{e}"))?;
-    a.cost.resolve()?;
-    a.time.spec().check().map_err(|e| e.to_string())?;
+    let (initial, routing) = a.run.check()?;
     if let Some(out) = &a.config_out {
         eplb_runtime::fsio::refuse_overwrite_input(out, &[a.trace.as_path()])
             .map_err(|e| e.to_string())?;
     }
     let bytes = io.read(&a.trace)?;
     let source = a.trace.display().to_string();
-    let replay = Replay::load(&bytes, &source, &a.cost.spec()).map_err(|e| e.to_string())?;
+    let replay = Replay::load(&bytes, &source, &a.run.cost.spec()).map_err(|e| e.to_string())?;
     for w in &replay.warnings {
         errln!("warning: {source}: {w}");
     }
@@ -101,17 +85,14 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     let base = SimConfig {
         ranks: a.ranks,
         redundant: 0,
-        ranks_per_node: a.topo.ranks_per_node,
-        groups: a.topo.groups,
+        ranks_per_node: a.run.topo.ranks_per_node,
+        groups: a.run.topo.groups,
         policy: SimPolicy::Static,
         heat_interval: 1,
         algo_interval: 1,
         initial,
-        routing: match a.routing {
-            RoutingArg::Log2phy => Routing::Log2Phy,
-            RoutingArg::Even => Routing::Even,
-        },
-        seed: a.seed,
+        routing,
+        seed: a.run.seed,
         expert_bytes: 64,
         payoff_gate: None,
     };
@@ -137,8 +118,15 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
             *shown = true;
         }
     };
-    let advice = advise(&replay, &base, &a.time.spec(), &grid, threads, &progress)
-        .map_err(|e| e.to_string())?;
+    let advice = advise(
+        &replay,
+        &base,
+        &a.run.time.spec(),
+        &grid,
+        threads,
+        &progress,
+    )
+    .map_err(|e| e.to_string())?;
     if shown.into_inner().unwrap_or(false) {
         errln!();
     }

@@ -239,8 +239,44 @@ enum RoutingArg {
     Even,
 }
 
-/// The options `simulate` and `report` share: the trace, the shape, the cycle, the start, the
-/// routing model, the seed and the cost model.
+/// The options of every replay (`simulate`, `report`, `advise`): the topology, the start, the
+/// routing model, the seed, the cost model and the time model.
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    topo: Topology,
+    /// `default` or `random:SEED`.
+    #[arg(long, default_value = "default")]
+    initial: String,
+    /// Routing model of the metrics.
+    #[arg(long, value_enum, default_value = "log2phy")]
+    routing: RoutingArg,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    cost: CostArgs,
+    #[command(flatten)]
+    time: TimeArgs,
+}
+
+impl RunArgs {
+    /// Checks the settings that need no input (before any is read): the initial placement,
+    /// the cost and the time model; returns the initial placement and the routing model.
+    fn check(&self) -> Result<(Initial, Routing), String> {
+        let initial: Initial = self.initial.parse().map_err(|e| format!("{e}"))?;
+        self.cost.resolve()?;
+        self.time.spec().check().map_err(|e| e.to_string())?;
+        let routing = match self.routing {
+            RoutingArg::Log2phy => Routing::Log2Phy,
+            RoutingArg::Even => Routing::Even,
+        };
+        Ok((initial, routing))
+    }
+}
+
+/// The options `simulate` and `report` share: the trace, the shape, the cycle and
+/// [`RunArgs`].
 #[derive(Debug, Args)]
 struct ReplayArgs {
     /// An eplb-trace/v1 trace with windows.
@@ -259,20 +295,7 @@ struct ReplayArgs {
     #[arg(long)]
     algo_interval: u32,
     #[command(flatten)]
-    topo: Topology,
-    /// `default` or `random:SEED`.
-    #[arg(long, default_value = "default")]
-    initial: String,
-    /// Routing model of the metrics.
-    #[arg(long, value_enum, default_value = "log2phy")]
-    routing: RoutingArg,
-    /// Seed of randomised policies.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    #[command(flatten)]
-    cost: CostArgs,
-    #[command(flatten)]
-    time: TimeArgs,
+    run: RunArgs,
     /// Move a changed layer only when the time model says its saving over the next cycle
     /// exceeds the stall of its exchange (the runtime's `eplb_payoff_gate`).
     #[arg(long)]
@@ -283,12 +306,11 @@ impl ReplayArgs {
     /// Reads the trace (bounded) and builds the settings for `policy`; the trace reader's
     /// warnings go to standard error.
     fn load(&self, io: &Io, policy: SimPolicy) -> Result<(Replay, SimConfig), String> {
-        let initial: Initial = self.initial.parse().map_err(|e| format!("{e}"))?;
-        self.cost.resolve()?;
-        self.time.spec().check().map_err(|e| e.to_string())?;
+        let (initial, routing) = self.run.check()?;
         let bytes = io.read(&self.trace)?;
         let source = self.trace.display().to_string();
-        let replay = Replay::load(&bytes, &source, &self.cost.spec()).map_err(|e| e.to_string());
+        let replay =
+            Replay::load(&bytes, &source, &self.run.cost.spec()).map_err(|e| e.to_string());
         if let Ok(r) = &replay {
             for w in &r.warnings {
                 errln!("warning: {source}: {w}");
@@ -298,23 +320,21 @@ impl ReplayArgs {
         let cfg = SimConfig {
             ranks: self.ranks,
             redundant: self.redundant,
-            ranks_per_node: self.topo.ranks_per_node,
-            groups: self.topo.groups,
+            ranks_per_node: self.run.topo.ranks_per_node,
+            groups: self.run.topo.groups,
             policy,
             heat_interval: self.heat_interval,
             algo_interval: self.algo_interval,
             initial,
-            routing: match self.routing {
-                RoutingArg::Log2phy => Routing::Log2Phy,
-                RoutingArg::Even => Routing::Even,
-            },
-            seed: self.seed,
+            routing,
+            seed: self.run.seed,
             expert_bytes: 64,
             payoff_gate: None,
         };
         let cfg = SimConfig {
             payoff_gate: if self.payoff_gate {
                 let basis = self
+                    .run
                     .time
                     .spec()
                     .resolve(&replay.basis, cfg.ranks_per_node)

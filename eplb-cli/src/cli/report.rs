@@ -56,6 +56,7 @@ pub(super) fn run(
     ) = a.replay.load(io, SimPolicy::Static)?;
     let time = a
         .replay
+        .run
         .time
         .spec()
         .resolve(&basis, base.ranks_per_node)

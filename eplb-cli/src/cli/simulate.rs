@@ -72,6 +72,7 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     }
     let time = a
         .replay
+        .run
         .time
         .spec()
         .resolve(basis, cfg.ranks_per_node)
