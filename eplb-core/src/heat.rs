@@ -1,18 +1,19 @@
-//! The heat window: a ring of per-window logical loads over caller storage.
+//! Heat: the per-slot ring a rank counts into, over caller storage, and the fold of every
+//! rank's gathered ring through the placement into logical heat.
+//!
+//! Forms, once each: u64 `[W][L][S]` (one rank's ring, [`HeatRing`]) → u64 `[R][T][L][S]` (the
+//! gather, rank-major) → f64 `[T][L][N]` (`samples`) → f64 `[L][N]` (`loads`, the sum over `T`)
+//! ([`fold_slot_heat`]).
 
 use crate::placement::check_len;
-use crate::{Error, Placement, Shape};
+use crate::{Error, Shape};
 
-/// The most buckets the ring keeps per layer (FlashLB's sample count).
+/// The most windows the ring keeps per cycle (FlashLB's sample count).
 pub const MAX_WINDOWS: usize = 64;
 
-/// Storage needed for `windows` buckets of `shape`: `windows * L * N` counts.
-pub const fn storage_len(shape: &Shape, windows: usize) -> usize {
-    windows * shape.loads_len()
-}
-
-/// The ring size and bucket width used for a heat interval of `h` iterations: at most
-/// [`MAX_WINDOWS`] buckets, each summing `ceil(h / buckets)` iterations.
+/// The ring size and window width used for a heat interval of `h` iterations: at most
+/// [`MAX_WINDOWS`] windows, each summing `ceil(h / windows)` iterations. The one place the
+/// window count is computed.
 pub fn layout_for_interval(h: u32) -> Result<(usize, u32), Error> {
     if h == 0 {
         return Err(Error::ZeroInterval {
@@ -23,331 +24,375 @@ pub fn layout_for_interval(h: u32) -> Result<(usize, u32), Error> {
     Ok((w, h.div_ceil(w as u32)))
 }
 
-/// A ring of `W` buckets x `L` layers x `N` experts of token counts, over caller storage `B`
-/// (a `&mut [u64]`, or any owner of a `[u64]` such as a `Vec<u64>` in std code).
+/// Storage needed for a ring of `windows` windows of `shape`: `windows * L * S` words
+/// (`windows` from [`layout_for_interval`]).
+pub const fn ring_len(shape: &Shape, windows: usize) -> usize {
+    windows * shape.layers() * shape.slots_per_rank()
+}
+
+/// One rank's per-slot heat ring `[W][L][S]` of token counts, over caller storage `B` (a
+/// `&mut [u64]`, or any owner of a `[u64]` such as a `Vec<u64>` in std code).
 ///
-/// Each bucket sums `iters_per_bucket` consecutive counted iterations. Counts are folded from
-/// per-slot counts into logical experts through the placement they were measured on.
-#[derive(Debug)]
-pub struct HeatWindow<B> {
-    layers: usize,
-    experts: usize,
+/// Counted iteration `k` of a cycle goes to window `k / per` (`W` and `per` from
+/// [`layout_for_interval`], so `W * per >= h`: a cycle's `h` counted iterations fit without
+/// wrapping). [`HeatRing::held`] is what the rank sends in the heat gather; [`HeatRing::reset`]
+/// starts the next cycle.
+#[derive(Debug, Clone)]
+pub struct HeatRing<B> {
+    per: u32,
+    counted: u32,
+    /// `W`.
     capacity: usize,
-    iters_per_bucket: u32,
-    head: usize,
-    filled: usize,
-    iters_in_head: u32,
+    /// `L * S`: the words of one window.
+    words: usize,
     storage: B,
 }
 
-impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatWindow<B> {
-    /// A ring of `windows` buckets, each summing `iters_per_bucket` iterations.
-    pub fn new(
-        shape: &Shape,
-        windows: usize,
-        iters_per_bucket: u32,
-        mut storage: B,
-    ) -> Result<Self, Error> {
-        if windows == 0 {
-            return Err(Error::ZeroDimension { what: "windows" });
-        }
-        if iters_per_bucket == 0 {
-            return Err(Error::ZeroDimension {
-                what: "iterations per bucket",
-            });
-        }
+impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatRing<B> {
+    /// A ring for a heat interval of `heat_interval` iterations over `storage` (exactly
+    /// [`ring_len`] words for the interval's window count; zeroed here).
+    pub fn new(shape: &Shape, heat_interval: u32, mut storage: B) -> Result<Self, Error> {
+        let (w, per) = layout_for_interval(heat_interval)?;
         check_len(
-            "heat storage [W][L][N]",
-            storage_len(shape, windows),
+            "heat ring [W][L][S]",
+            ring_len(shape, w),
             storage.as_ref().len(),
         )?;
         storage.as_mut().fill(0);
         Ok(Self {
-            layers: shape.layers(),
-            experts: shape.experts(),
-            capacity: windows,
-            iters_per_bucket,
-            head: 0,
-            filled: 0,
-            iters_in_head: 0,
+            per,
+            counted: 0,
+            capacity: w,
+            words: shape.layers() * shape.slots_per_rank(),
             storage,
         })
     }
 
-    /// A ring sized for a heat interval of `h` iterations ([`layout_for_interval`]).
-    pub fn for_interval(shape: &Shape, h: u32, storage: B) -> Result<Self, Error> {
-        let (w, per) = layout_for_interval(h)?;
-        Self::new(shape, w, per, storage)
+    /// Iterations summed per window.
+    pub fn per_window(&self) -> u32 {
+        self.per
     }
 
-    /// Number of buckets that hold at least one iteration (at most the capacity).
-    pub fn windows(&self) -> usize {
-        self.filled
-    }
-
-    /// Ring capacity in buckets.
+    /// Windows the ring holds, `W`.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    /// Forgets everything.
-    pub fn reset(&mut self) {
-        self.storage.as_mut().fill(0);
-        self.head = 0;
-        self.filled = 0;
-        self.iters_in_head = 0;
+    /// Iterations counted since the last reset.
+    pub fn counted(&self) -> u32 {
+        self.counted
     }
 
-    fn open_bucket(&mut self) {
-        if self.iters_in_head >= self.iters_per_bucket {
-            self.head = (self.head + 1) % self.capacity;
-            self.iters_in_head = 0;
-            let len = self.layers * self.experts;
-            let start = self.head * len;
-            if let Some(b) = self.storage.as_mut().get_mut(start..start + len) {
-                b.fill(0);
-            }
+    /// Windows counted into so far, `T = ceil(counted / per)`.
+    pub fn windows(&self) -> usize {
+        self.counted.div_ceil(self.per) as usize
+    }
+
+    /// Adds one counted iteration's per-slot counts `[L][S]` into window `counted / per`.
+    ///
+    /// Errors: `counts` of the wrong length; more counted iterations than the ring's `W * per`
+    /// (nothing is added then).
+    pub fn add(&mut self, counts: &[u32]) -> Result<(), Error> {
+        check_len("slot counts [L][S]", self.words, counts.len())?;
+        let overflow = Error::Overflow {
+            what: "heat ring [W][L][S] (iterations counted past its windows)",
+        };
+        let next = self.counted.checked_add(1).ok_or(overflow)?;
+        let b = (self.counted / self.per) as usize;
+        if b >= self.capacity {
+            return Err(overflow);
         }
-    }
-
-    fn head_bucket(&mut self) -> &mut [u64] {
-        self.open_bucket();
-        let len = self.layers * self.experts;
-        let start = self.head * len;
-        self.storage
+        let start = b * self.words;
+        let window = self
+            .storage
             .as_mut()
-            .get_mut(start..start + len)
-            .unwrap_or(&mut [])
-    }
-
-    /// Adds one rank's per-slot counts `[L][S]` (measured on `placement`) into the current bucket.
-    pub fn add_rank_slots(
-        &mut self,
-        placement: &Placement<'_>,
-        rank: usize,
-        counts: &[u32],
-    ) -> Result<(), Error> {
-        let shape = *placement.shape();
-        self.check_shape(&shape)?;
-        if rank >= shape.ranks() {
-            return Err(Error::Index {
-                what: "rank",
-                index: rank,
-                bound: shape.ranks(),
-            });
-        }
-        let s = shape.slots_per_rank();
-        check_len("slot counts [L][S]", shape.layers() * s, counts.len())?;
-        let n = self.experts;
-        let bucket = self.head_bucket();
-        for ((layer, row_counts), heat) in placement
-            .layers()
-            .zip(counts.chunks_exact(s))
-            .zip(bucket.chunks_exact_mut(n))
-        {
-            fold_row(layer.rank(rank), row_counts, heat);
-        }
-        Ok(())
-    }
-
-    /// Adds all ranks' per-slot counts `[L][R][S]` (measured on `placement`) into the current
-    /// bucket.
-    pub fn add_all_slots(
-        &mut self,
-        placement: &Placement<'_>,
-        counts: &[u32],
-    ) -> Result<(), Error> {
-        let shape = *placement.shape();
-        self.check_shape(&shape)?;
-        check_len("slot counts [L][R][S]", shape.placement_len(), counts.len())?;
-        let n = self.experts;
-        let bucket = self.head_bucket();
-        for ((layer, layer_counts), heat) in placement
-            .layers()
-            .zip(counts.chunks_exact(shape.slots_per_layer()))
-            .zip(bucket.chunks_exact_mut(n))
-        {
-            fold_row(layer.as_slice(), layer_counts, heat);
-        }
-        Ok(())
-    }
-
-    /// Adds logical counts `[L][N]` into the current bucket.
-    pub fn add_logical(&mut self, counts: &[u64]) -> Result<(), Error> {
-        check_len(
-            "logical counts [L][N]",
-            self.layers * self.experts,
-            counts.len(),
-        )?;
-        let bucket = self.head_bucket();
-        for (h, &c) in bucket.iter_mut().zip(counts) {
-            *h = h.saturating_add(c);
-        }
-        Ok(())
-    }
-
-    /// Adds logical counts `[L][N]` given as `u32` (one iteration's counts) into the current
-    /// bucket.
-    pub fn add_logical_u32(&mut self, counts: &[u32]) -> Result<(), Error> {
-        check_len(
-            "logical counts [L][N]",
-            self.layers * self.experts,
-            counts.len(),
-        )?;
-        let bucket = self.head_bucket();
-        for (h, &c) in bucket.iter_mut().zip(counts) {
+            .get_mut(start..start + self.words)
+            .ok_or(overflow)?;
+        for (h, &c) in window.iter_mut().zip(counts) {
             *h = h.saturating_add(u64::from(c));
         }
+        self.counted = next;
         Ok(())
     }
 
-    /// Closes one counted iteration: after `iters_per_bucket` of them the next counts go to a
-    /// fresh bucket (the oldest one is overwritten once the ring is full).
-    pub fn end_iteration(&mut self) {
-        self.open_bucket();
-        if self.iters_in_head == 0 {
-            self.filled = (self.filled + 1).min(self.capacity);
-        }
-        self.iters_in_head += 1;
+    /// The windows counted so far, `[T][L][S]`: what the rank sends in the heat gather.
+    pub fn held(&self) -> &[u64] {
+        self.storage
+            .as_ref()
+            .get(..self.windows() * self.words)
+            .unwrap_or(&[])
     }
 
-    /// The counts of chronological bucket `i` (0 = oldest held) for `layer`, `[N]`.
-    pub fn bucket(&self, i: usize, layer: usize) -> Option<&[u64]> {
-        if i >= self.filled || layer >= self.layers {
-            return None;
+    /// Forgets the counted iterations, zeroing only the windows counted into.
+    pub fn reset(&mut self) {
+        let n = self.windows() * self.words;
+        if let Some(d) = self.storage.as_mut().get_mut(..n) {
+            d.fill(0);
         }
-        let idx = (self.head + self.capacity + 1 + i - self.filled) % self.capacity;
-        let start = (idx * self.layers + layer) * self.experts;
-        self.storage.as_ref().get(start..start + self.experts)
+        self.counted = 0;
     }
 
-    fn check_shape(&self, shape: &Shape) -> Result<(), Error> {
-        check_len("placement layers", self.layers, shape.layers())?;
-        check_len("placement experts", self.experts, shape.experts())
-    }
-
-    fn check_out(&self, layer: usize, out: usize, len: usize) -> Result<(), Error> {
-        if layer >= self.layers {
-            return Err(Error::Index {
-                what: "layer",
-                index: layer,
-                bound: self.layers,
-            });
-        }
-        check_len("heat output", len, out)
-    }
-
-    /// Sum over the held buckets of `layer`'s counts, as `f64` into `out` (`[N]`).
-    pub fn sum(&self, layer: usize, out: &mut [f64]) -> Result<(), Error> {
-        self.check_out(layer, out.len(), self.experts)?;
-        out.fill(0.0);
-        for i in 0..self.filled {
-            if let Some(b) = self.bucket(i, layer) {
-                for (o, &c) in out.iter_mut().zip(b) {
-                    *o += c as f64;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Sum over the held buckets of every layer, `[L][N]`.
-    pub fn sum_all(&self, out: &mut [f64]) -> Result<(), Error> {
-        check_len("heat output [L][N]", self.layers * self.experts, out.len())?;
-        for (l, o) in out.chunks_exact_mut(self.experts).enumerate() {
-            self.sum(l, o)?;
-        }
-        Ok(())
-    }
-
-    /// Writes the buckets of every layer in chronological order, `[T][L][N]` with
-    /// `T = self.windows()`, as `f64`.
-    pub fn samples(&self, out: &mut [f64]) -> Result<(), Error> {
-        check_len(
-            "heat samples [T][L][N]",
-            self.filled * self.layers * self.experts,
-            out.len(),
-        )?;
-        for (i, o) in out.chunks_exact_mut(self.layers * self.experts).enumerate() {
-            for (l, ol) in o.chunks_exact_mut(self.experts).enumerate() {
-                if let Some(b) = self.bucket(i, l) {
-                    for (x, &c) in ol.iter_mut().zip(b) {
-                        *x = c as f64;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Per-expert mean over the held buckets of `layer` (0 when empty).
-    pub fn mean(&self, layer: usize, out: &mut [f64]) -> Result<(), Error> {
-        self.sum(layer, out)?;
-        if self.filled > 0 {
-            let t = self.filled as f64;
-            for o in out.iter_mut() {
-                *o /= t;
-            }
-        }
-        Ok(())
-    }
-
-    /// Per-expert sample variance over the held buckets of `layer` (`T - 1` denominator, 0 when
-    /// `T <= 1`), given the mean from [`Self::mean`].
-    pub fn variance(&self, layer: usize, mean: &[f64], out: &mut [f64]) -> Result<(), Error> {
-        self.check_out(layer, out.len(), self.experts)?;
-        check_len("mean [N]", self.experts, mean.len())?;
-        out.fill(0.0);
-        if self.filled <= 1 {
-            return Ok(());
-        }
-        for i in 0..self.filled {
-            if let Some(b) = self.bucket(i, layer) {
-                for ((o, &c), &m) in out.iter_mut().zip(b).zip(mean) {
-                    let d = c as f64 - m;
-                    *o += d * d;
-                }
-            }
-        }
-        let denom = (self.filled - 1) as f64;
-        for o in out.iter_mut() {
-            *o /= denom;
-        }
-        Ok(())
-    }
-
-    /// Sample covariance matrix `[N][N]` over the held buckets of `layer` (`T - 1` denominator,
-    /// all 0 when `T <= 1`), given the mean from [`Self::mean`].
-    pub fn covariance(&self, layer: usize, mean: &[f64], out: &mut [f64]) -> Result<(), Error> {
-        let n = self.experts;
-        self.check_out(layer, out.len(), n * n)?;
-        check_len("mean [N]", n, mean.len())?;
-        out.fill(0.0);
-        if self.filled <= 1 {
-            return Ok(());
-        }
-        for i in 0..self.filled {
-            if let Some(b) = self.bucket(i, layer) {
-                for ((row, &ci), &mi) in out.chunks_exact_mut(n).zip(b).zip(mean) {
-                    let di = ci as f64 - mi;
-                    for ((o, &cj), &mj) in row.iter_mut().zip(b).zip(mean) {
-                        *o += di * (cj as f64 - mj);
-                    }
-                }
-            }
-        }
-        let denom = (self.filled - 1) as f64;
-        for o in out.iter_mut() {
-            *o /= denom;
-        }
-        Ok(())
+    /// The whole storage, `[W][L][S]`.
+    pub fn as_slice(&self) -> &[u64] {
+        self.storage.as_ref()
     }
 }
 
-fn fold_row(ids: &[u16], counts: &[u32], heat: &mut [u64]) {
-    for (&e, &c) in ids.iter().zip(counts) {
-        if let Some(h) = heat.get_mut(usize::from(e)) {
-            *h = h.saturating_add(u64::from(c));
+/// Adds `values[i]` into `out[ids[i]]` for every slot `i` of one placement row: the fold of
+/// per-slot heat into logical experts. Pairs stop at the shorter of `ids` and `values`; an id
+/// outside `out` is skipped (callers check ids against `N` first, as [`fold_slot_heat`] does).
+pub fn fold_row(ids: &[u16], values: impl IntoIterator<Item = f64>, out: &mut [f64]) {
+    for (&e, v) in ids.iter().zip(values) {
+        if let Some(o) = out.get_mut(usize::from(e)) {
+            *o += v;
         }
+    }
+}
+
+/// Folds every rank's gathered slot heat `gathered` (`[R][T][L][S]`, rank-major, `T = windows`)
+/// through `placement` (`[L][R][S]`, the placement it was counted on) into logical per-window
+/// heat `samples` (`[T][L][N]`) and its sum over the windows `loads` (`[L][N]`). Both outputs
+/// are overwritten; on an error neither is touched.
+///
+/// Errors: a slice of the wrong length (which one, expected and given lengths); an expert id
+/// `>= N` in `placement` (its layer, rank and slot); sizes that overflow `usize`.
+pub fn fold_slot_heat(
+    shape: &Shape,
+    placement: &[u16],
+    windows: usize,
+    gathered: &[u64],
+    samples: &mut [f64],
+    loads: &mut [f64],
+) -> Result<(), Error> {
+    let (l, r, s, n) = (
+        shape.layers(),
+        shape.ranks(),
+        shape.slots_per_rank(),
+        shape.experts(),
+    );
+    let per_layer = shape.slots_per_layer();
+    check_len(
+        "placement [L][R][S]",
+        shape.placement_len(),
+        placement.len(),
+    )?;
+    check_ids(shape, placement)?;
+    let overflow = Error::Overflow {
+        what: "heat windows [T]",
+    };
+    let part = windows.checked_mul(l * s).ok_or(overflow)?;
+    check_len(
+        "gathered slot heat [R][T][L][S]",
+        part.checked_mul(r).ok_or(overflow)?,
+        gathered.len(),
+    )?;
+    check_len(
+        "heat samples [T][L][N]",
+        windows.checked_mul(l * n).ok_or(overflow)?,
+        samples.len(),
+    )?;
+    check_len("heat loads [L][N]", l * n, loads.len())?;
+    samples.fill(0.0);
+    loads.fill(0.0);
+    if part == 0 || s == 0 || n == 0 || l == 0 {
+        return Ok(());
+    }
+    for (rank, chunk) in gathered.chunks_exact(part).enumerate() {
+        let lo = rank * s;
+        for (win, out) in chunk
+            .chunks_exact(l * s)
+            .zip(samples.chunks_exact_mut(l * n))
+        {
+            for ((row, out), layer) in win
+                .chunks_exact(s)
+                .zip(out.chunks_exact_mut(n))
+                .zip(placement.chunks_exact(per_layer))
+            {
+                let ids = layer.get(lo..lo + s).unwrap_or(&[]);
+                fold_row(ids, row.iter().map(|&c| c as f64), out);
+            }
+        }
+    }
+    for win in samples.chunks_exact(l * n) {
+        for (a, &b) in loads.iter_mut().zip(win) {
+            *a += b;
+        }
+    }
+    Ok(())
+}
+
+/// Every id of `placement` (`[L][R][S]`, length already checked) is below `N`.
+fn check_ids(shape: &Shape, placement: &[u16]) -> Result<(), Error> {
+    let (n, s, per_layer) = (
+        shape.experts(),
+        shape.slots_per_rank(),
+        shape.slots_per_layer(),
+    );
+    match placement.iter().position(|&e| usize::from(e) >= n) {
+        None => Ok(()),
+        Some(i) => Err(Error::ExpertOutOfRange {
+            layer: (i / per_layer.max(1)) as u16,
+            rank: (i % per_layer.max(1) / s.max(1)) as u16,
+            slot: (i % s.max(1)) as u16,
+            expert: placement.get(i).copied().unwrap_or(0),
+            experts: n as u16,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    #[test]
+    fn ring_buckets_by_k_over_per_and_refuses_past_its_windows() {
+        // h = 130: W = 64, per = 3, so W * per = 192 >= 130.
+        let shape = Shape::new(2, 4, 2, 2).unwrap();
+        let (w, per) = layout_for_interval(130).unwrap();
+        assert_eq!((w, per), (64, 3));
+        let mut storage = vec![7u64; ring_len(&shape, w)];
+        let mut ring = HeatRing::new(&shape, 130, storage.as_mut_slice()).unwrap();
+        assert!(ring.as_slice().iter().all(|&x| x == 0));
+        for k in 0..(w as u32 * per) {
+            ring.add(&[k, 1, 0, 2]).unwrap();
+            assert_eq!(ring.windows(), (k / per + 1) as usize);
+        }
+        assert_eq!(ring.held().len(), w * 4);
+        // Window b holds iterations 3b, 3b+1, 3b+2.
+        for b in 0..w {
+            let want: u64 = (0..per).map(|j| u64::from(b as u32 * per + j)).sum();
+            assert_eq!(ring.held()[b * 4..b * 4 + 4], [want, 3, 0, 6]);
+        }
+        assert_eq!(
+            ring.add(&[1, 1, 1, 1]),
+            Err(Error::Overflow {
+                what: "heat ring [W][L][S] (iterations counted past its windows)"
+            })
+        );
+        assert_eq!(
+            ring.add(&[1, 1, 1]),
+            Err(Error::Length {
+                what: "slot counts [L][S]",
+                expected: 4,
+                got: 3
+            })
+        );
+        ring.reset();
+        assert_eq!(
+            (ring.counted(), ring.windows(), ring.held().len()),
+            (0, 0, 0)
+        );
+        assert!(ring.as_slice().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn ring_rejects_wrong_storage_and_zero_interval() {
+        let shape = Shape::new(2, 4, 2, 2).unwrap();
+        let mut short = vec![0u64; 3];
+        assert_eq!(
+            HeatRing::new(&shape, 10, short.as_mut_slice()).unwrap_err(),
+            Error::Length {
+                what: "heat ring [W][L][S]",
+                expected: 40,
+                got: 3
+            }
+        );
+        assert!(matches!(
+            HeatRing::new(&shape, 0, Vec::new()),
+            Err(Error::ZeroInterval { .. })
+        ));
+    }
+
+    #[test]
+    fn fold_maps_slots_to_experts_and_sums_windows() {
+        // L = 1, N = 3, R = 2, S = 2: rank 0 holds [0, 1], rank 1 holds [2, 0].
+        let shape = Shape::new(1, 3, 2, 2).unwrap();
+        let placement = [0u16, 1, 2, 0];
+        // [R][T][L][S], T = 2.
+        let gathered = [1u64, 2, 3, 4, 10, 20, 30, 40];
+        let mut samples = [9.0; 6];
+        let mut loads = [9.0; 3];
+        fold_slot_heat(&shape, &placement, 2, &gathered, &mut samples, &mut loads).unwrap();
+        assert_eq!(samples, [1.0 + 20.0, 2.0, 10.0, 3.0 + 40.0, 4.0, 30.0]);
+        assert_eq!(loads, [21.0 + 43.0, 6.0, 40.0]);
+    }
+
+    #[test]
+    fn fold_names_bad_input_and_leaves_outputs() {
+        let shape = Shape::new(2, 3, 2, 2).unwrap();
+        let mut placement = [0u16, 1, 2, 0, 0, 1, 2, 1];
+        let gathered = [0u64; 8];
+        let mut samples = [9.0; 6];
+        let mut loads = [9.0; 6];
+        assert_eq!(
+            fold_slot_heat(
+                &shape,
+                &placement,
+                1,
+                &gathered[..7],
+                &mut samples,
+                &mut loads
+            ),
+            Err(Error::Length {
+                what: "gathered slot heat [R][T][L][S]",
+                expected: 8,
+                got: 7
+            })
+        );
+        assert_eq!(
+            fold_slot_heat(
+                &shape,
+                &placement,
+                1,
+                &gathered,
+                &mut samples[..5],
+                &mut loads
+            ),
+            Err(Error::Length {
+                what: "heat samples [T][L][N]",
+                expected: 6,
+                got: 5
+            })
+        );
+        placement[7] = 3;
+        assert_eq!(
+            fold_slot_heat(&shape, &placement, 1, &gathered, &mut samples, &mut loads),
+            Err(Error::ExpertOutOfRange {
+                layer: 1,
+                rank: 1,
+                slot: 1,
+                expert: 3,
+                experts: 3
+            })
+        );
+        assert!(samples.iter().chain(&loads).all(|&x| x == 9.0));
+        assert!(matches!(
+            fold_slot_heat(
+                &shape,
+                &placement[..7],
+                1,
+                &gathered,
+                &mut samples,
+                &mut loads
+            ),
+            Err(Error::Length { .. })
+        ));
+        placement[7] = 1;
+        assert!(matches!(
+            fold_slot_heat(
+                &shape,
+                &placement,
+                usize::MAX,
+                &gathered,
+                &mut samples,
+                &mut loads
+            ),
+            Err(Error::Overflow { .. })
+        ));
+        // T = 0: nothing gathered, everything zero.
+        fold_slot_heat(&shape, &placement, 0, &[], &mut [], &mut loads).unwrap();
+        assert!(loads.iter().all(|&x| x == 0.0));
     }
 }

@@ -1,9 +1,9 @@
 //! `eplb-core`: the sans-IO core of the eplb expert-parallelism load balancer.
 //!
 //! Shapes and their validation, placements `[L][R][S]` with their expert maps and `log2phy`,
-//! the initial layouts, the heat window, the metrics (rank loads, PAR, hotness, lower bound),
-//! the heat-stage filter, the cycle state machine and the serving-time model (milliseconds per
-//! iteration, the stall of moves, the pay-off gate).
+//! the initial layouts, the per-slot heat ring and its fold into logical heat, the metrics
+//! (rank loads, PAR, hotness, lower bound), the heat-stage filter, the cycle state machine and
+//! the serving-time model (milliseconds per iteration, the stall of moves, the pay-off gate).
 //!
 //! **Invariant:** no allocation: every buffer is a caller's slice or a fixed-size value.
 //!
@@ -45,7 +45,7 @@ pub mod time;
 pub use cycle::{Cycle, Phase, Step};
 pub use error::Error;
 pub use hash::{Fnv1a, fnv1a};
-pub use heat::HeatWindow;
+pub use heat::HeatRing;
 pub use layout::Layout;
 pub use metrics::{Hotness, Routing};
 pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placement, ReplicaChoice};

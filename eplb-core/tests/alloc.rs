@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use eplb_core::metrics::{self, Routing};
-use eplb_core::{Cycle, HeatWindow, Layout, Placement, ReplicaChoice, Shape, StageClassifier};
+use eplb_core::{Cycle, HeatRing, Layout, Placement, ReplicaChoice, Shape, StageClassifier};
 
 struct Counting;
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -47,11 +47,14 @@ static GLOBAL: Counting = Counting;
 fn hot_operations_do_not_allocate() {
     let shape = Shape::with_topology(58, 256, 32, 9, 8, 8).unwrap();
     let mut placement = vec![0u16; shape.placement_len()];
-    let counts: Vec<u32> = (0..shape.placement_len() as u32).map(|i| i % 97).collect();
-    let rank_counts: Vec<u32> = (0..(shape.layers() * 9) as u32).collect();
+    let rank_counts: Vec<u32> = (0..(shape.layers() * 9) as u32).map(|i| i % 97).collect();
     let loads: Vec<f64> = (0..shape.loads_len()).map(|i| (i % 31) as f64).collect();
-    let (w, per) = eplb_core::heat::layout_for_interval(600).unwrap();
-    let mut storage = vec![0u64; eplb_core::heat::storage_len(&shape, w)];
+    let (w, _) = eplb_core::heat::layout_for_interval(600).unwrap();
+    let ring_len = eplb_core::heat::ring_len(&shape, w);
+    let mut storage = vec![0u64; ring_len];
+    // What every rank sent: this rank's ring, `R` times (`[R][T][L][S]`, `T = W`).
+    let mut gathered = vec![0u64; 32 * ring_len];
+    let mut samples = vec![0.0; w * shape.loads_len()];
     let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
     let mut ranks = vec![0.0; 32];
     let mut per_layer = vec![0.0; 58];
@@ -59,33 +62,41 @@ fn hot_operations_do_not_allocate() {
     let mut map = vec![0i32; 256];
     let mut l2p = vec![0u32; 256];
     let mut sums = vec![0.0; shape.loads_len()];
-    let mut mean = vec![0.0; 256];
-    let mut var = vec![0.0; 256];
     let changed = vec![true; 58];
+    let mut folds = 0;
 
     let before = ALLOCS.load(Ordering::SeqCst);
     MEASURING.set(true);
     Layout::Default.fill(&shape, &mut placement).unwrap();
     let p = Placement::new(shape, &placement).unwrap();
-    let mut heat = HeatWindow::new(&shape, w, per, &mut storage).unwrap();
+    let mut heat = HeatRing::new(&shape, 600, storage.as_mut_slice()).unwrap();
     let classifier = StageClassifier::new(64, 1);
     let mut cycle = Cycle::new(600, 50).unwrap();
-    for i in 0..700u64 {
+    for i in 0..2000u64 {
         let stage = classifier.classify(i % 200);
         let matched = eplb_core::HeatStage::Decode.matches(stage);
-        if matched {
-            heat.add_all_slots(&p, &counts).unwrap();
-            heat.add_rank_slots(&p, 3, &rank_counts).unwrap();
-            heat.end_iteration();
-        }
-        let step = cycle.on_iteration(matched, &changed);
-        if step == eplb_core::Step::PlanDue {
-            cycle.on_plan(&changed);
+        match cycle.on_iteration(matched, &changed) {
+            eplb_core::Step::Collect { counted: true } => heat.add(&rank_counts).unwrap(),
+            eplb_core::Step::Snapshot => {
+                heat.add(&rank_counts).unwrap();
+                let t = heat.windows();
+                let held = heat.held();
+                for part in gathered.chunks_exact_mut(held.len()).take(32) {
+                    part.copy_from_slice(held);
+                }
+                let all = &gathered[..32 * held.len()];
+                let out = &mut samples[..t * shape.loads_len()];
+                eplb_core::heat::fold_slot_heat(&shape, &placement, t, all, out, &mut sums)
+                    .unwrap();
+                folds += 1;
+            }
+            eplb_core::Step::PlanDue => {
+                cycle.on_plan(&changed);
+            }
+            eplb_core::Step::CycleDone => heat.reset(),
+            _ => {}
         }
     }
-    heat.sum_all(&mut sums).unwrap();
-    heat.mean(5, &mut mean).unwrap();
-    heat.variance(5, &mean, &mut var).unwrap();
     for layer in p.layers() {
         for rank in 0..32 {
             layer.expert_map(rank, &mut map).unwrap();
@@ -115,5 +126,8 @@ fn hot_operations_do_not_allocate() {
     MEASURING.set(false);
     drop(v);
     assert!(ALLOCS.load(Ordering::SeqCst) > after);
-    assert!(sums.iter().sum::<f64>() > 0.0);
+    assert!(folds >= 1, "no cycle reached its snapshot");
+    // Every rank sent the same ring, so the fold counted each token `R` times.
+    let want: f64 = 600.0 * 32.0 * rank_counts.iter().map(|&c| f64::from(c)).sum::<f64>();
+    assert_eq!(sums.iter().sum::<f64>(), want);
 }

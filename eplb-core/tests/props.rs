@@ -1,7 +1,7 @@
 //! Property tests of the core invariants.
 
 use eplb_core::metrics::{self, Routing};
-use eplb_core::{Cycle, HeatWindow, Layout, Placement, ReplicaChoice, Shape, Step};
+use eplb_core::{Cycle, HeatRing, Layout, Placement, ReplicaChoice, Shape, Step};
 use proptest::prelude::*;
 
 /// A random servable shape and placement: the default layout with expert ids permuted per layer
@@ -132,33 +132,97 @@ proptest! {
     }
 
     #[test]
-    fn heat_window_keeps_the_last_buckets(
-        h in 1u32..200,
-        iters in 1usize..300,
+    fn heat_ring_buckets_iteration_k_into_window_k_over_per(
+        h in 1u32..400,
+        frac in 0.0f64..=1.0,
+        seed in 0u32..1000,
     ) {
-        let shape = Shape::new(1, 4, 2, 2).unwrap();
-        let p = [0u16, 1, 2, 3];
-        let pl = Placement::new(shape, &p).unwrap();
+        let shape = Shape::new(2, 4, 2, 2).unwrap();
+        let words = 2 * 2;
         let (w, per) = eplb_core::heat::layout_for_interval(h).unwrap();
-        let mut storage = vec![0u64; eplb_core::heat::storage_len(&shape, w)];
-        let mut heat = HeatWindow::new(&shape, w, per, &mut storage).unwrap();
-        for i in 0..iters {
-            let c = i as u32 + 1;
-            heat.add_all_slots(&pl, &[c, 0, 0, 2 * c]).unwrap();
-            heat.end_iteration();
+        prop_assert!(w * per as usize >= h as usize, "a cycle's {} iterations must fit", h);
+        let mut storage = vec![u64::MAX; eplb_core::heat::ring_len(&shape, w)];
+        let mut ring = HeatRing::new(&shape, h, storage.as_mut_slice()).unwrap();
+        prop_assert_eq!((ring.capacity(), ring.per_window()), (w, per));
+        prop_assert!(ring.as_slice().iter().all(|&x| x == 0));
+        let counts = |k: u32| -> [u32; 4] {
+            let x = k.wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000;
+            [x, 1, 0, x / 3]
+        };
+        let iters = ((f64::from(h) * frac) as u32).min(h);
+        for round in 0..2 {
+            for k in 0..iters {
+                ring.add(&counts(k)).unwrap();
+                prop_assert_eq!(ring.windows(), (k / per + 1) as usize);
+            }
+            prop_assert_eq!(ring.counted(), iters);
+            let t = iters.div_ceil(per) as usize;
+            prop_assert_eq!(ring.held().len(), t * words);
+            let mut want = vec![0u64; w * words];
+            for k in 0..iters {
+                let b = (k / per) as usize;
+                for (x, c) in want[b * words..(b + 1) * words].iter_mut().zip(counts(k)) {
+                    *x += u64::from(c);
+                }
+            }
+            prop_assert_eq!(ring.as_slice(), &want[..], "round {}", round);
+            prop_assert_eq!(ring.held(), &want[..t * words]);
+            // Reset zeroes the windows used; a second round counts exactly as the first.
+            ring.reset();
+            prop_assert_eq!((ring.counted(), ring.windows()), (0, 0));
+            prop_assert!(ring.held().is_empty());
+            prop_assert!(ring.as_slice().iter().all(|&x| x == 0));
         }
-        let buckets = iters.div_ceil(per as usize);
-        prop_assert_eq!(heat.windows(), buckets.min(w));
-        // The held buckets cover the last iterations, oldest first.
-        let first_bucket = buckets - heat.windows();
-        let first_iter = first_bucket * per as usize;
-        let want: u64 = (first_iter..iters).map(|i| i as u64 + 1).sum();
-        let mut sum = vec![0.0; 4];
-        heat.sum(0, &mut sum).unwrap();
-        prop_assert_eq!(sum[0], want as f64);
-        prop_assert_eq!(sum[3], 2.0 * want as f64);
-        let oldest = heat.bucket(0, 0).unwrap()[0];
-        let want_oldest: u64 = (first_iter..(first_iter + per as usize).min(iters)).map(|i| i as u64 + 1).sum();
-        prop_assert_eq!(oldest, want_oldest);
+        // Filling every window, then one more: refused, nothing added.
+        for k in 0..(w as u32 * per) {
+            ring.add(&counts(k)).unwrap();
+        }
+        let full = ring.as_slice().to_vec();
+        prop_assert!(
+            matches!(ring.add(&counts(0)), Err(eplb_core::Error::Overflow { .. })),
+            "a full ring must refuse"
+        );
+        prop_assert_eq!(ring.as_slice(), &full[..]);
+        prop_assert_eq!(ring.windows(), w);
+    }
+
+    #[test]
+    fn fold_maps_every_slot_count_to_its_expert(
+        (shape, p) in placement(),
+        t in 0usize..4,
+        seed in 0u64..1000,
+    ) {
+        let (l, r, s, n) = (shape.layers(), shape.ranks(), shape.slots_per_rank(), shape.experts());
+        let gathered: Vec<u64> = (0..r * t * l * s)
+            .map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(seed) % 5000)
+            .collect();
+        let mut samples = vec![f64::NAN; t * l * n];
+        let mut loads = vec![f64::NAN; l * n];
+        eplb_core::heat::fold_slot_heat(&shape, &p, t, &gathered, &mut samples, &mut loads).unwrap();
+        // Reference: slot (rank, window, layer, slot) of the gather adds to its expert.
+        let mut want = vec![0.0; t * l * n];
+        for rank in 0..r {
+            for win in 0..t {
+                for layer in 0..l {
+                    for slot in 0..s {
+                        let c = gathered[((rank * t + win) * l + layer) * s + slot];
+                        let e = p[(layer * r + rank) * s + slot] as usize;
+                        want[(win * l + layer) * n + e] += c as f64;
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(&samples, &want);
+        // The loads are the sum of the samples over the windows.
+        let mut sum = vec![0.0; l * n];
+        for win in samples.chunks_exact(l * n) {
+            for (a, b) in sum.iter_mut().zip(win) {
+                *a += b;
+            }
+        }
+        prop_assert_eq!(&loads, &sum);
+        // No token is lost or invented.
+        let total: u64 = gathered.iter().sum();
+        prop_assert_eq!(loads.iter().sum::<f64>(), total as f64);
     }
 }

@@ -33,6 +33,7 @@ use serde_json::Number;
 
 use crate::json::Node;
 use eplb_core::Placement;
+use eplb_core::heat::fold_row;
 
 use crate::{Axis, Error, Position, ShortText};
 
@@ -789,10 +790,8 @@ fn slot_loads(v: &Node, placement: &Placement<'_>) -> Result<Heat, Error> {
     for (wi, window) in a.values.chunks_exact(l * per_layer).enumerate() {
         for (layer, loads) in placement.layers().zip(window.chunks_exact(per_layer)) {
             let base = (wi * l + layer.index()) * n;
-            for (&e, &load) in layer.as_slice().iter().zip(loads) {
-                if let Some(o) = out.get_mut(base + usize::from(e)) {
-                    *o += load;
-                }
+            if let Some(row) = out.get_mut(base..base + n) {
+                fold_row(layer.as_slice(), loads.iter().copied(), row);
             }
         }
     }

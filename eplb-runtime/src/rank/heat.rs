@@ -1,23 +1,22 @@
-//! One rank's heat: the per-slot ring it counts into, and the fold of every rank's gathered ring
-//! through the live placement into the logical heat the planner is given.
+//! One rank's heat: the machine-owned storage of its per-slot ring and of the logical heat
+//! folded from every rank's gathered ring. The ring and the fold are `eplb-core`'s
+//! ([`eplb_core::HeatRing`], [`eplb_core::heat::fold_slot_heat`]); this file only owns the
+//! buffers.
 //!
 //! Forms, once each: u64 `[W][L][S]` (this rank's ring) → u64 `[R][T][L][S]` (the gather, the
 //! driver's buffer) → f64 `[T][L][N]` (`samples`) → f64 `[L][N]` (`loads`, the sum over `T`).
 
-use eplb_core::{Error, Shape};
+use eplb_core::heat::{fold_slot_heat, layout_for_interval, ring_len};
+use eplb_core::{Error, HeatRing, Shape};
 
 use super::{MachineError, check};
 
-/// The per-slot heat ring `[W][L][S]` (counted iteration `k` of a cycle goes to bucket
+/// The per-slot heat ring `[W][L][S]` (counted iteration `k` of a cycle goes to window
 /// `k / per`) and the logical heat folded from the last gather. Every buffer is sized in
 /// [`SlotHeat::new`].
 #[derive(Debug, Clone)]
 pub(super) struct SlotHeat {
-    per: u32,
-    counted: u32,
-    /// `L * S`: the words of one bucket.
-    words: usize,
-    ring: Vec<u64>,
+    ring: HeatRing<Vec<u64>>,
     /// `T` of the last fold (0 before the first).
     folded: usize,
     /// `[L][N]`.
@@ -31,16 +30,13 @@ pub(super) struct SlotHeat {
 
 impl SlotHeat {
     pub(super) fn new(shape: &Shape, heat_interval: u32) -> Result<Self, Error> {
-        let (w, per) = eplb_core::heat::layout_for_interval(heat_interval)?;
-        let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
+        let (w, _) = layout_for_interval(heat_interval)?;
+        let ln = shape.loads_len();
         Ok(Self {
-            per,
-            counted: 0,
-            words: l * s,
-            ring: vec![0; w * l * s],
+            ring: HeatRing::new(shape, heat_interval, vec![0; ring_len(shape, w)])?,
             folded: 0,
-            loads: vec![0.0; l * n],
-            samples: vec![0.0; w * l * n],
+            loads: vec![0.0; ln],
+            samples: vec![0.0; w * ln],
             folds: true,
         })
     }
@@ -53,53 +49,39 @@ impl SlotHeat {
         self.samples = Vec::new();
     }
 
-    /// Windows counted into so far this cycle (`T` at the snapshot).
-    fn windows(&self) -> usize {
-        self.counted.div_ceil(self.per) as usize
-    }
-
-    pub(super) fn add(&mut self, counts: &[u32]) {
-        let b = (self.counted / self.per) as usize;
-        if let Some(bucket) = self.ring.get_mut(b * self.words..(b + 1) * self.words) {
-            for (h, &c) in bucket.iter_mut().zip(counts) {
-                *h = h.saturating_add(u64::from(c));
-            }
-            self.counted += 1;
-        }
+    /// Adds one counted iteration's per-slot counts `[L][S]`.
+    pub(super) fn add(&mut self, counts: &[u32]) -> Result<(), Error> {
+        self.ring.add(counts)
     }
 
     /// Words of the whole ring, `W * L * S`: the most this rank sends in a heat gather.
     pub(super) fn capacity(&self) -> usize {
-        self.ring.len()
+        self.ring.as_slice().len()
     }
 
     /// The windows counted so far, `[T][L][S]`: what this rank sends in the heat gather.
     pub(super) fn held(&self) -> &[u64] {
-        self.ring.get(..self.windows() * self.words).unwrap_or(&[])
+        self.ring.held()
     }
 
     pub(super) fn reset(&mut self) {
-        let n = self.windows() * self.words;
-        if let Some(d) = self.ring.get_mut(..n) {
-            d.fill(0);
-        }
-        self.counted = 0;
+        self.ring.reset();
     }
 
     /// Folds the gathered slot heat (`[R][T][L][S]`, rank-major, `T` the windows this rank
-    /// holds) through `placement` into `samples` and their sum `loads`. This is the one fold
-    /// from slot heat to logical heat.
+    /// holds, at least 1) through `placement` into `samples` and their sum `loads`
+    /// ([`fold_slot_heat`]). A rank that does not fold only checks the gather's length.
     pub(super) fn fold(
         &mut self,
         shape: &Shape,
         placement: &[u16],
         gathered: &[u64],
     ) -> Result<(), MachineError> {
-        let (l, n) = (shape.layers(), shape.experts());
-        let t = self.windows().max(1);
+        let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
+        let t = self.ring.windows().max(1);
         check(
             "gathered slot heat [R][T][L][S]",
-            shape.ranks() * t * self.words,
+            shape.ranks() * t * l * s,
             gathered.len(),
         )?;
         if !self.folds {
@@ -112,13 +94,7 @@ impl SlotHeat {
                 got: t,
             });
         };
-        fold_slot_heat(shape, placement, t, gathered, samples);
-        self.loads.fill(0.0);
-        for win in samples.chunks_exact(l * n) {
-            for (a, b) in self.loads.iter_mut().zip(win) {
-                *a += b;
-            }
-        }
+        fold_slot_heat(shape, placement, t, gathered, samples, &mut self.loads)?;
         self.folded = t;
         Ok(())
     }
@@ -135,41 +111,5 @@ impl SlotHeat {
     pub(super) fn samples(&self) -> &[f64] {
         let len = self.folded * self.loads.len();
         self.samples.get(..len).unwrap_or(&[])
-    }
-}
-
-/// Folds rank-major slot heat `[R][T][L][S]` through `placement` (`[L][R][S]`) into logical
-/// per-window heat `[T][L][N]` (overwritten).
-fn fold_slot_heat(
-    shape: &Shape,
-    placement: &[u16],
-    windows: usize,
-    gathered: &[u64],
-    samples: &mut [f64],
-) {
-    let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
-    let per = shape.slots_per_layer();
-    samples.fill(0.0);
-    let part = windows * l * s;
-    if part == 0 {
-        return;
-    }
-    for (rank, chunk) in gathered.chunks_exact(part).enumerate() {
-        for (i, win) in chunk.chunks_exact(l * s).enumerate() {
-            for (layer, row) in win.chunks_exact(s).enumerate() {
-                let base = layer * per + rank * s;
-                let at = (i * l + layer) * n;
-                let (Some(experts), Some(out)) =
-                    (placement.get(base..base + s), samples.get_mut(at..at + n))
-                else {
-                    continue;
-                };
-                for (&c, &e) in row.iter().zip(experts) {
-                    if let Some(x) = out.get_mut(usize::from(e)) {
-                        *x += c as f64;
-                    }
-                }
-            }
-        }
     }
 }

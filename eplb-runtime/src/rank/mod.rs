@@ -305,11 +305,11 @@ impl RankMachine {
         match self.cycle.on_iteration(matched, &self.changed) {
             Step::Collect { counted } => {
                 if counted {
-                    self.heat.add(slot_counts);
+                    self.heat.add(slot_counts)?;
                 }
             }
             Step::Snapshot => {
-                self.heat.add(slot_counts);
+                self.heat.add(slot_counts)?;
                 self.events.snapshot = true;
                 self.agree.task = Task::Gather;
             }

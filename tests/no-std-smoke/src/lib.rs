@@ -3,7 +3,7 @@
 //! (duplicate `panic_impl` lang item, or `std` not found on a bare-metal target).
 #![no_std]
 
-use eplb_core::{Layout, Placement, Shape};
+use eplb_core::{HeatRing, Layout, Placement, Shape};
 
 /// Builds the default layout of a small shape and reports its number of co-located rows
 /// (0), or `u32::MAX` on error. Exists so the linker keeps code from every crate.
@@ -18,6 +18,22 @@ pub extern "C" fn eplb_no_std_smoke() -> u32 {
     }
     let kind: Result<eplb_policies::PolicyKind, _> = "swift".parse();
     if kind.is_err() {
+        return u32::MAX;
+    }
+    // The heat ring over stack storage (h = 2: two windows of `[L][S]`) and its fold.
+    let mut ring_words = [0u64; 20];
+    let Ok(mut ring) = HeatRing::new(&shape, 2, &mut ring_words[..]) else {
+        return u32::MAX;
+    };
+    if ring.add(&[1; 10]).is_err() {
+        return u32::MAX;
+    }
+    let (mut samples, mut loads) = ([0.0f64; 16], [0.0f64; 16]);
+    let mut gathered = [0u64; 20];
+    gathered[..10].copy_from_slice(ring.held());
+    if eplb_core::heat::fold_slot_heat(&shape, &buf, 1, &gathered, &mut samples, &mut loads)
+        .is_err()
+    {
         return u32::MAX;
     }
     match Placement::new(shape, &buf) {
