@@ -15,11 +15,15 @@
 //!   placement's MoE time summed over layers: a forward also runs attention, so this
 //!   iteration is shorter than the real one and the stall is over-stated (the gate errs on
 //!   the side of not moving);
-//! - the layer moves iff `layer_pays(saving, iterations, stall)`; otherwise its rows of the
-//!   plan are overwritten with the current ones.
+//! - the layer moves iff `layer_pays(saving, iterations * age, stall)`, where `age` is the
+//!   number of cycles the layer's current placement has lived ([`Scratch::ages`]; 1 right
+//!   after it moved): a placement that has stayed long is likely to stay as long again, so a
+//!   move of a rarely changing layer is paid back over a longer horizon. Otherwise its rows of
+//!   the plan are overwritten with the current ones.
 //!
 //! **Agreement.** Every input is agreed among the ranks: the digest-agreed plan, the current
-//! placement, the gathered heat and the configuration. Evaluated in a fixed order with `f64`
+//! placement, the gathered heat, the configuration and the ages (the runtime keeps them with
+//! the policy state: they advance only for cycles every rank took). Evaluated in a fixed order with `f64`
 //! arithmetic and no clock, the gate takes the same decision on every rank without a
 //! collective. Apply it to the plan *before* its digest is taken.
 
@@ -63,6 +67,8 @@ pub struct Scratch<'a> {
     pub floats: &'a mut [f64],
     /// `u32` words.
     pub words: &'a mut [u32],
+    /// Per layer, how many cycles its placement has lived (empty: 1 for every layer).
+    pub ages: &'a [u32],
 }
 
 /// The scratch the gate needs for `shape`: `(f64 words, u32 words)` of a [`Scratch`].
@@ -89,6 +95,7 @@ impl Gate {
         let Scratch {
             floats: fscratch,
             words: uscratch,
+            ages,
         } = scratch;
         self.model.check()?;
         let (l, r, s) = (shape.layers(), shape.ranks(), shape.slots_per_rank());
@@ -149,7 +156,8 @@ impl Gate {
                 &self.model.hardware,
             )?;
             let stall = layer_stall_ms(exchange, iteration_ms, &self.model.hardware)?;
-            if layer_pays(saving, self.iterations, stall) {
+            let age = u64::from(ages.get(layer).copied().unwrap_or(1).max(1));
+            if layer_pays(saving, self.iterations.saturating_mul(age), stall) {
                 sum.moved += 1;
                 sum.saving_ms_per_iter += saving;
                 sum.stall_ms += stall;
@@ -244,7 +252,11 @@ mod tests {
     }
 
     fn sc<'a>(floats: &'a mut [f64], words: &'a mut [u32]) -> Scratch<'a> {
-        Scratch { floats, words }
+        Scratch {
+            floats,
+            words,
+            ages: &[],
+        }
     }
 
     fn run(g: &Gate) -> (Vec<u16>, Vec<bool>, GateSummary) {

@@ -42,6 +42,12 @@ struct GateState {
     fscratch: Vec<f64>,
     uscratch: Vec<u32>,
     moved: Vec<bool>,
+    /// Per layer, the cycles its placement has lived, after the last cycle taken (1 right
+    /// after a move): a layer that rarely changes gets a longer pay-back horizon.
+    ages: Vec<u32>,
+    /// The ages after the cycle planned last (kept iff the cycle is taken, like the policy
+    /// state, so that every rank holds the same ages).
+    pending_ages: Vec<u32>,
     metrics: Vec<u32>,
     rank_buf: Vec<f64>,
 }
@@ -78,6 +84,8 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
                 fscratch: vec![0.0; f],
                 uscratch: vec![0; u],
                 moved: vec![false; self.shape.layers()],
+                ages: vec![1; self.shape.layers()],
+                pending_ages: vec![1; self.shape.layers()],
                 metrics: vec![0; eplb_core::metrics::scratch_len(&self.shape)],
                 rank_buf: vec![0.0; self.shape.ranks()],
             }
@@ -97,6 +105,12 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     /// The state after the last cycle taken.
     pub fn state(&self) -> &[u64] {
         &self.state
+    }
+
+    /// Per layer, the cycles its placement has lived as the pay-off gate counts them (after the
+    /// last cycle taken); `None` when the gate is off.
+    pub fn gate_ages(&self) -> Option<&[u32]> {
+        self.gate.as_ref().map(|g| g.ages.as_slice())
     }
 
     /// Runs the policy for `cycle` on `input`, on a working copy of the state (validated by
@@ -176,6 +190,13 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
         } else if resync {
             self.state.fill(0);
         }
+        if let Some(g) = self.gate.as_mut() {
+            if taken {
+                g.ages.copy_from_slice(&g.pending_ages);
+            } else if resync {
+                g.ages.fill(1);
+            }
+        }
     }
 
     /// [`PolicyHost::plan`], then settle at once: the state advances only when the plan
@@ -190,6 +211,9 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     pub fn reset(&mut self) {
         self.state.fill(0);
         self.pending = None;
+        if let Some(g) = self.gate.as_mut() {
+            g.ages.fill(1);
+        }
     }
 }
 
@@ -207,9 +231,18 @@ impl GateState {
             eplb_core::time::gate::Scratch {
                 floats: &mut self.fscratch,
                 words: &mut self.uscratch,
+                ages: &self.ages,
             },
             &mut self.moved,
         )?;
+        for ((next, &age), &moved) in self
+            .pending_ages
+            .iter_mut()
+            .zip(&self.ages)
+            .zip(&self.moved)
+        {
+            *next = if moved { 1 } else { age.saturating_add(1) };
+        }
         let per = shape.slots_per_layer();
         let mut moves = 0;
         for (l, (changed, moved)) in plan.changed.iter_mut().zip(&self.moved).enumerate() {
@@ -334,6 +367,30 @@ mod tests {
         assert_eq!(h.state(), [1], "the failed call's write was dropped");
         h.plan_and_take(3, &input(&h, &p, &w)).unwrap();
         assert_eq!(h.state(), [2]);
+    }
+
+    #[test]
+    fn the_gates_ages_advance_only_for_taken_cycles() {
+        use eplb_core::time::{Hardware, ModelSpec, Role, TimeModel};
+        let (mut h, p, w) = host(|_| Ok(()));
+        let gate = Gate {
+            model: TimeModel::new(Hardware::A3, ModelSpec::DEEPSEEK_V3, Role::Decode, 44e6),
+            iterations: 10,
+            routing: Routing::Log2Phy,
+        };
+        h.set_gate(Some(gate));
+        assert_eq!(h.gate_ages(), Some(&[1u32][..]));
+        // The policy keeps the placement: the layer did not move, so its age grows by one for
+        // a taken cycle and not at all for an abandoned one.
+        h.plan(1, &input(&h, &p, &w)).unwrap();
+        h.settle(1, false, false);
+        assert_eq!(h.gate_ages(), Some(&[1u32][..]));
+        h.plan(2, &input(&h, &p, &w)).unwrap();
+        h.settle(2, true, false);
+        assert_eq!(h.gate_ages(), Some(&[2u32][..]));
+        h.plan(3, &input(&h, &p, &w)).unwrap();
+        h.settle(3, false, true);
+        assert_eq!(h.gate_ages(), Some(&[1u32][..]), "resync restarts the ages");
     }
 
     #[test]
