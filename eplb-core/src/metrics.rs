@@ -98,13 +98,9 @@ pub fn rank_loads(
     let (count, seen) = scratch.split_at_mut(n);
     count.fill(0);
     seen.fill(0);
+    count_holders(layer, routing, count);
     match routing {
         Routing::Even => {
-            for &e in layer.as_slice() {
-                if let Some(c) = count.get_mut(usize::from(e)) {
-                    *c += 1;
-                }
-            }
             for (o, row) in out.iter_mut().zip(layer.rows()) {
                 *o = row
                     .iter()
@@ -117,15 +113,6 @@ pub fn rank_loads(
             }
         }
         Routing::Log2Phy => {
-            for row in layer.rows() {
-                for (s, &e) in row.iter().enumerate() {
-                    if is_first_in_row(row, s)
-                        && let Some(c) = count.get_mut(usize::from(e))
-                    {
-                        *c += 1;
-                    }
-                }
-            }
             let rf = r as f64;
             for (o, row) in out.iter_mut().zip(layer.rows()) {
                 let mut sum = 0.0;
@@ -172,13 +159,9 @@ pub fn slot_loads(
     seen.fill(0);
     out.fill(0.0);
     let s_per = shape.slots_per_rank().max(1);
+    count_holders(layer, routing, count);
     match routing {
         Routing::Even => {
-            for &e in layer.as_slice() {
-                if let Some(c) = count.get_mut(usize::from(e)) {
-                    *c += 1;
-                }
-            }
             for (o, &e) in out.iter_mut().zip(layer.as_slice()) {
                 let e = usize::from(e);
                 let c = count.get(e).copied().unwrap_or(1).max(1);
@@ -186,15 +169,6 @@ pub fn slot_loads(
             }
         }
         Routing::Log2Phy => {
-            for row in layer.rows() {
-                for (s, &e) in row.iter().enumerate() {
-                    if is_first_in_row(row, s)
-                        && let Some(c) = count.get_mut(usize::from(e))
-                    {
-                        *c += 1;
-                    }
-                }
-            }
             let rf = r as f64;
             for (orow, row) in out.chunks_exact_mut(s_per).zip(layer.rows()) {
                 for (s, (o, &e)) in orow.iter_mut().zip(row).enumerate() {
@@ -215,6 +189,31 @@ pub fn slot_loads(
         }
     }
     Ok(())
+}
+
+/// Writes each expert's number of copies the routing splits its tokens over into `count`
+/// (`[N]`, zeroed): every slot under `even`, every distinct holding rank under `log2phy`.
+fn count_holders(layer: &LayerPlacement<'_>, routing: Routing, count: &mut [u32]) {
+    match routing {
+        Routing::Even => {
+            for &e in layer.as_slice() {
+                if let Some(c) = count.get_mut(usize::from(e)) {
+                    *c += 1;
+                }
+            }
+        }
+        Routing::Log2Phy => {
+            for row in layer.rows() {
+                for (s, &e) in row.iter().enumerate() {
+                    if is_first_in_row(row, s)
+                        && let Some(c) = count.get_mut(usize::from(e))
+                    {
+                        *c += 1;
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn is_first_in_row(row: &[u16], s: usize) -> bool {

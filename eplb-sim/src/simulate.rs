@@ -16,7 +16,7 @@ use eplb_core::metrics::{self, Routing};
 use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
 use eplb_policies::PolicyKind;
-use eplb_runtime::planner::{PlanFailure, PolicyHost};
+use eplb_runtime::planner::{PolicyHost, policy_input};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
     Action, LayerAction, LocalCollective, MachineConfig, PlanInput, PlannerAction, RankMachine,
@@ -637,15 +637,14 @@ impl SimWorld {
     fn compute(&mut self, input: &PlanInput<'_>) -> Result<bool, String> {
         let cycle = input.cycle;
         let shape = self.shape;
-        let outcome = (|| {
-            let current = Placement::new(shape, input.current)
-                .map_err(|e| PlanFailure::Input(eplb_policies::Error::Core(e)))?;
-            let samples = eplb_policies::Samples::new(&shape, input.windows, input.samples)
-                .map_err(PlanFailure::Input)?;
-            let input = eplb_policies::Input::new(current, input.loads, Some(samples), input.seed)
-                .map_err(PlanFailure::Input)?;
-            self.host.plan(cycle, &input)
-        })();
+        let outcome = policy_input(
+            &shape,
+            input.current,
+            input.loads,
+            Some((input.windows, input.samples)),
+            input.seed,
+        )
+        .and_then(|i| self.host.plan(cycle, &i));
         match outcome {
             Ok(plan) => {
                 self.plan_time = plan.elapsed.as_secs_f64();

@@ -129,13 +129,7 @@ impl Hardware {
             ("hgx-b200", Hardware::B200),
             ("b200-hgx", Hardware::B200),
         ];
-        let n = name.trim();
-        Hardware::ALL
-            .iter()
-            .map(|h| (h.name, *h))
-            .chain(ALIASES)
-            .find(|(k, _)| k.eq_ignore_ascii_case(n))
-            .map(|(_, h)| h)
+        lookup(name, Hardware::ALL.iter().map(|h| (h.name, *h)), ALIASES)
     }
 }
 
@@ -243,12 +237,19 @@ impl ModelSpec {
             ("mixtral", ModelSpec::MIXTRAL_8X7B),
             ("mixtral-8x7b-v0.1", ModelSpec::MIXTRAL_8X7B),
         ];
-        let n = name.trim();
-        ModelSpec::ALL
-            .iter()
-            .map(|m| (m.name, *m))
-            .chain(ALIASES)
-            .find(|(k, _)| k.eq_ignore_ascii_case(n))
-            .map(|(_, m)| m)
+        lookup(name, ModelSpec::ALL.iter().map(|m| (m.name, *m)), ALIASES)
     }
+}
+
+/// The preset whose name or alias is `name` (ASCII case-insensitive, trimmed).
+fn lookup<'a, T: Copy>(
+    name: &str,
+    presets: impl Iterator<Item = (&'a str, T)>,
+    aliases: impl IntoIterator<Item = (&'a str, T)>,
+) -> Option<T> {
+    let n = name.trim();
+    presets
+        .chain(aliases)
+        .find(|(k, _)| k.eq_ignore_ascii_case(n))
+        .map(|(_, v)| v)
 }

@@ -50,6 +50,7 @@ struct GateState {
     pending_ages: Vec<u32>,
     metrics: Vec<u32>,
     rank_buf: Vec<f64>,
+    per_layer: Vec<f64>,
 }
 
 impl<P: Policy + ?Sized> PolicyHost<P> {
@@ -88,6 +89,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
                 pending_ages: vec![1; self.shape.layers()],
                 metrics: vec![0; eplb_core::metrics::scratch_len(&self.shape)],
                 rank_buf: vec![0.0; self.shape.ranks()],
+                per_layer: vec![0.0; self.shape.layers()],
             }
         });
     }
@@ -264,14 +266,13 @@ impl GateState {
         plan.summary.changed_layers = plan.changed.iter().filter(|&&c| c).count();
         plan.summary.moves = moves;
         plan.summary.colocated_rows = p.colocated_rows();
-        let mut per_layer = vec![0.0; shape.layers()];
         plan.summary.after = eplb_core::metrics::hotness(
             &p,
             input.loads(),
             Routing::Even,
             &mut self.metrics,
             &mut self.rank_buf,
-            &mut per_layer,
+            &mut self.per_layer,
         )?;
         plan.gate = Some(sum);
         Ok(())

@@ -45,13 +45,27 @@ pub struct PlanRequest {
 impl PlanRequest {
     /// The policy's input for `shape`, checked: the placement, the loads and the samples.
     pub fn input(&self, shape: &Shape) -> Result<Input<'_>, PlanFailure> {
-        let current = Placement::new(*shape, &self.current).map_err(PlanFailure::input)?;
-        let samples = match &self.samples {
-            Some((t, data)) => Some(Samples::new(shape, *t, data).map_err(PlanFailure::Input)?),
-            None => None,
-        };
-        Input::new(current, &self.loads, samples, self.seed).map_err(PlanFailure::Input)
+        let samples = self.samples.as_ref().map(|(t, data)| (*t, data.as_slice()));
+        policy_input(shape, &self.current, &self.loads, samples, self.seed)
     }
+}
+
+/// The policy's input for `shape`, checked: the placement `current` (`[L][R][S]`), the loads
+/// (`[L][N]`), the per-window samples (`T`, `[T][L][N]`) and the seed. The one conversion from
+/// a plan request (the planner thread's, the simulator's) to what a policy takes.
+pub fn policy_input<'a>(
+    shape: &Shape,
+    current: &'a [u16],
+    loads: &'a [f64],
+    samples: Option<(usize, &'a [f64])>,
+    seed: u64,
+) -> Result<Input<'a>, PlanFailure> {
+    let current = Placement::new(*shape, current).map_err(PlanFailure::input)?;
+    let samples = match samples {
+        Some((t, data)) => Some(Samples::new(shape, t, data).map_err(PlanFailure::Input)?),
+        None => None,
+    };
+    Input::new(current, loads, samples, seed).map_err(PlanFailure::Input)
 }
 
 /// A computed plan.
