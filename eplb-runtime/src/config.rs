@@ -19,6 +19,9 @@
 //! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
 //! | `eplb_policy_params` | `{}` | object of numbers: the policy's parameters by name (extension; `DESIGN.md`, "Policy parameters"), checked by the policy's own parser |
 //! | `eplb_heat_collection_stage` | `"all"` | `"all"`, `"prefill"` or `"decode"` |
+//! | `eplb_metrics` | `true` | boolean, or an object with any of `enabled` (boolean), `prefix` (a metric name prefix, default `"eplb"`) and `per_layer` (boolean, default `false`: `3 L` more series): the Prometheus metrics exported into the engine's registry (extension; [`crate::metrics`]) |
+//! | `eplb_heat_record_path` | `null` | path of a file in an existing directory: rank 0 appends each cycle's heat there as an `eplb-trace/v1` line recording (extension; [`crate::heat_record`]) |
+//! | `eplb_heat_record_max_bytes` | 1073741824 | integer `>= 1`: the recording stops growing at this size, with one log line (extension) |
 //! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`) and `tokens_per_rank` (a number > 0): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
@@ -72,6 +75,7 @@
 pub mod deployment;
 mod env;
 mod error;
+mod observe;
 pub mod suggest;
 
 use core::fmt::Write as _;
@@ -86,10 +90,11 @@ use crate::policies::Param;
 
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
 pub use error::{ConfigError, ConfigErrors};
+pub use observe::{METRICS_KEYS, Observe};
 
 /// The keys of `eplb_config`, in vLLM-Ascend's order (the extensions `eplb_policy_seed`,
-/// `eplb_policy_params` and `eplb_payoff_gate` last).
-pub const KEYS: [&str; 11] = [
+/// `eplb_policy_params`, `eplb_payoff_gate` and the observability keys last).
+pub const KEYS: [&str; 14] = [
     "dynamic_eplb",
     "expert_map_path",
     "expert_heat_collection_interval",
@@ -101,6 +106,9 @@ pub const KEYS: [&str; 11] = [
     "eplb_policy_seed",
     "eplb_policy_params",
     "eplb_payoff_gate",
+    "eplb_metrics",
+    "eplb_heat_record_path",
+    "eplb_heat_record_max_bytes",
 ];
 
 /// The keys of an `eplb_payoff_gate` object.
@@ -199,6 +207,7 @@ pub struct EplbConfig {
     policy_params: Vec<Param>,
     heat_stage: HeatStage,
     payoff_gate: Option<PayoffGate>,
+    observe: Observe,
     deployment: Option<Value>,
     facts: Option<Deployment>,
 }
@@ -218,6 +227,7 @@ impl Default for EplbConfig {
             policy_params: Vec::new(),
             heat_stage: HeatStage::All,
             payoff_gate: None,
+            observe: Observe::default(),
             deployment: None,
             facts: None,
         }
@@ -406,6 +416,11 @@ impl EplbConfig {
     /// `eplb_payoff_gate`: the gate's settings when it is on.
     pub fn payoff_gate(&self) -> Option<&PayoffGate> {
         self.payoff_gate.as_ref()
+    }
+
+    /// `eplb_metrics`, `eplb_heat_record_path`, `eplb_heat_record_max_bytes` (extensions).
+    pub fn observe(&self) -> &Observe {
+        &self.observe
     }
 
     /// The raw `deployment` object given beside `eplb_config`, as written.
@@ -756,6 +771,7 @@ impl Parser {
         if let Some(v) = obj.get("eplb_payoff_gate") {
             self.payoff_gate(v);
         }
+        observe::parse(obj, &mut self.cfg.observe, &mut self.errs);
 
         if self.cfg.dynamic && !env_guard_holds(env) {
             self.errs.push(ConfigError::EnvGuard {

@@ -31,6 +31,8 @@
 pub mod config;
 pub mod controller;
 pub mod fsio;
+pub mod heat_record;
+pub mod metrics;
 pub mod payload;
 pub mod planner;
 pub mod policies;

@@ -93,7 +93,8 @@ fn malformed_configs_name_key_and_value() {
     let valid_keys = "dynamic_eplb, expert_map_path, expert_heat_collection_interval, \
                       algorithm_execution_interval, expert_map_record_path, num_redundant_experts, \
                       eplb_policy_type, eplb_heat_collection_stage, eplb_policy_seed, \
-                      eplb_policy_params, eplb_payoff_gate";
+                      eplb_policy_params, eplb_payoff_gate, eplb_metrics, \
+                      eplb_heat_record_path, eplb_heat_record_max_bytes";
     let unknown_foo = format!("eplb_config: unknown key \"foo\"; valid keys: {valid_keys}");
     let policy = |got: &str, tail: &str| {
         format!(

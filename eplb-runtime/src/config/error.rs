@@ -100,6 +100,14 @@ pub enum ConfigError {
         /// The policy parser's message, naming the parameter.
         message: String,
     },
+    /// An observability key (`eplb_metrics`, `eplb_heat_record_path`,
+    /// `eplb_heat_record_max_bytes`) holds an unknown key or value.
+    Observe {
+        /// The key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// `eplb_payoff_gate` holds an unknown key or value.
     PayoffGate {
         /// What is wrong, naming the key.
@@ -271,6 +279,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::PolicyParam { message } => {
                 write!(f, "eplb_config.eplb_policy_params: {message}")
+            }
+            ConfigError::Observe { key, message } => {
+                write!(f, "eplb_config.{key}: {message}")
             }
             ConfigError::PayoffGate { message } => {
                 write!(f, "eplb_config.eplb_payoff_gate: {message}")

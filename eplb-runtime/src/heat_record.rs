@@ -1,0 +1,339 @@
+//! Rank 0's heat recording for replay (`eplb_heat_record_path`): each cycle's gathered heat,
+//! folded through the live placement (per window, per layer, per logical expert), appended to an
+//! `eplb-trace/v1` file in its line layout, which `eplb report`, `eplb simulate` and `eplb
+//! advise` read as any trace.
+//!
+//! # The line layout of `eplb-trace/v1`
+//!
+//! Line 1 is the header, an `eplb-trace/v1` object without `counts` and with `"layout":
+//! "lines"`: the model's shape (`model.num_moe_layers`, `model.num_experts`), the topology
+//! (`topology`: ranks, slots per rank, redundant experts, ranks per node, groups), the intervals
+//! (`intervals`: `H`, `A`, iterations per window) and what a count is. Every further line is one
+//! window, `{"cycle": k, "counts": [L][N]}`, oldest first. A reader (`eplb_map::heat`) takes the
+//! windows of every complete line and ignores a last line without its newline.
+//!
+//! # Safety of the file
+//!
+//! Every line is written with one `write_all` of the whole line and its newline, then flushed;
+//! a crash can leave at most a partial last line, which readers ignore and which the next
+//! recorder on the same path cuts off before appending. A file that already holds a recording
+//! with the same header is continued; one with another header is left alone (recording stays
+//! off, with an error in the log). The file stops growing at its size cap
+//! ([`DEFAULT_MAX_BYTES`] unless `eplb_heat_record_max_bytes` says otherwise), with one log line.
+//!
+//! The formatting and the writes run on a thread of their own: the serving thread only copies
+//! the cycle's heat into a bounded channel (once per cycle; a cycle is dropped, with a log line,
+//! if the writer is still busy with two earlier ones).
+//!
+//! **Invariant:** never panics and never fails the serving path: an I/O error stops the
+//! recording with a log line.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+
+use eplb_core::Shape;
+use eplb_core::heat::layout_for_interval;
+
+/// The default size cap of a heat recording: 1 GiB, the CLI's default input limit, so that a
+/// capped recording can still be replayed.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// What the header of a recording says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordMeta {
+    /// The model's shape and topology.
+    pub shape: Shape,
+    /// `H`.
+    pub heat_interval: u32,
+    /// `A`.
+    pub algo_interval: u32,
+}
+
+impl RecordMeta {
+    /// The header line (without its newline) of a recording at `path`.
+    pub fn header(&self, path: &Path) -> String {
+        let s = &self.shape;
+        let per = layout_for_interval(self.heat_interval)
+            .map(|(_, per)| per)
+            .unwrap_or(1);
+        let name = path
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or("eplb-heat");
+        serde_json::json!({
+            "format": eplb_map::heat::TRACE_FORMAT,
+            "layout": "lines",
+            "name": name,
+            "model": {
+                "num_moe_layers": s.layers(),
+                "num_experts": s.experts(),
+            },
+            "topology": {
+                "ranks": s.ranks(),
+                "slots_per_rank": s.slots_per_rank(),
+                "redundant_experts": s.redundant(),
+                "ranks_per_node": s.ranks_per_node(),
+                "groups": s.groups(),
+            },
+            "intervals": {
+                "expert_heat_collection_interval": self.heat_interval,
+                "algorithm_execution_interval": self.algo_interval,
+                "iterations_per_window": per,
+            },
+            "phase": "serving",
+            "unit": "number of (token, routed expert) assignments",
+            "window": format!("{per} counted iterations of one cycle's heat"),
+            "per_rank_origin": null,
+            "source": "eplb-runtime heat recording (rank 0): the gathered slot heat of each cycle folded through the live placement",
+        })
+        .to_string()
+    }
+}
+
+/// One cycle's heat on its way to the writer thread.
+struct CycleHeat {
+    cycle: u64,
+    windows: usize,
+    /// `[T][L][N]`.
+    samples: Vec<f64>,
+}
+
+/// Appends each cycle's heat to a recording (rank 0; see the module docs).
+#[derive(Debug)]
+pub struct HeatRecorder {
+    tx: Option<SyncSender<CycleHeat>>,
+    writer: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for CycleHeat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CycleHeat")
+            .field("cycle", &self.cycle)
+            .field("windows", &self.windows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeatRecorder {
+    /// Opens (or continues) the recording at `path`, capped at `max_bytes`, and starts its
+    /// writer thread.
+    pub fn open(path: &Path, max_bytes: u64, meta: RecordMeta) -> io::Result<Self> {
+        let header = meta.header(path);
+        let (file, written) = open_recording(path, &header)?;
+        let (tx, rx) = sync_channel::<CycleHeat>(2);
+        let shape = meta.shape;
+        let writer = Writer {
+            file,
+            written,
+            cap: max_bytes,
+            path: path.to_path_buf(),
+            shape,
+            stopped: false,
+        };
+        let handle = std::thread::Builder::new()
+            .name("eplb-heat-record".into())
+            .spawn(move || writer.run(rx))?;
+        Ok(Self {
+            tx: Some(tx),
+            writer: Some(handle),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The recording's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Hands cycle `cycle`'s heat (`windows` windows, `[T][L][N]`) to the writer; never blocks.
+    pub fn record(&mut self, cycle: u64, windows: usize, samples: &[f64]) {
+        let Some(tx) = &self.tx else {
+            return;
+        };
+        let heat = CycleHeat {
+            cycle,
+            windows,
+            samples: samples.to_vec(),
+        };
+        match tx.try_send(heat) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => log::warn!(
+                "eplb: heat recording {}: the writer is behind; cycle {cycle} not recorded",
+                self.path.display()
+            ),
+            Err(TrySendError::Disconnected(_)) => self.tx = None,
+        }
+    }
+
+    /// Waits until every cycle handed over is written (for tests and shutdown).
+    pub fn finish(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.tx = None;
+        if let Some(h) = self.writer.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for HeatRecorder {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Opens `path` for appending: a new file gets `header`; an existing one must start with it
+/// (its partial last line, if any, is cut off). Returns the file and its length.
+fn open_recording(path: &Path, header: &str) -> io::Result<(File, u64)> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(path)?;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        let mut line = String::with_capacity(header.len() + 1);
+        line.push_str(header);
+        line.push('\n');
+        file.write_all(line.as_bytes())?;
+        file.flush()?;
+        return Ok((file, line.len() as u64));
+    }
+    // Compare the first line with ours.
+    let mut first = vec![0u8; header.len() + 1];
+    file.seek(SeekFrom::Start(0))?;
+    let got = read_up_to(&mut file, &mut first)?;
+    if got != first.len() || first.get(..header.len()) != Some(header.as_bytes()) {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} holds another recording or another file (its first line is not this \
+                 model's header); move it away to record",
+                path.display()
+            ),
+        ));
+    }
+    // Cut a partial last line.
+    let mut end = len;
+    let mut byte = [0u8; 1];
+    while end > 0 {
+        file.seek(SeekFrom::Start(end - 1))?;
+        file.read_exact(&mut byte)?;
+        if byte == [b'\n'] {
+            break;
+        }
+        end -= 1;
+    }
+    if end < len {
+        log::warn!(
+            "eplb: heat recording {}: cut a partial last line ({} bytes) before appending",
+            path.display(),
+            len - end
+        );
+        file.set_len(end)?;
+    }
+    Ok((file, end))
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let Some(rest) = buf.get_mut(n..) else {
+            break;
+        };
+        match file.read(rest)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// The writer thread's state.
+struct Writer {
+    file: File,
+    written: u64,
+    cap: u64,
+    path: PathBuf,
+    shape: Shape,
+    stopped: bool,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<CycleHeat>) {
+        let mut line = String::new();
+        while let Ok(heat) = rx.recv() {
+            if self.stopped {
+                continue;
+            }
+            let ln = self.shape.loads_len();
+            let n = self.shape.experts().max(1);
+            for w in 0..heat.windows {
+                let Some(window) = heat.samples.get(w * ln..(w + 1) * ln) else {
+                    break;
+                };
+                line.clear();
+                let _ = write!(line, "{{\"cycle\":{},\"counts\":[", heat.cycle);
+                for (l, layer) in window.chunks(n).enumerate() {
+                    if l > 0 {
+                        line.push(',');
+                    }
+                    line.push('[');
+                    for (e, &x) in layer.iter().enumerate() {
+                        if e > 0 {
+                            line.push(',');
+                        }
+                        // Whole token counts, exact in f64 (sums of u64 counts below 2^53).
+                        let v = if x.is_finite() && x > 0.0 { x as u64 } else { 0 };
+                        let _ = write!(line, "{v}");
+                    }
+                    line.push(']');
+                }
+                line.push_str("]}\n");
+                if !self.append(&line) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Appends one whole line; `false` once recording stopped.
+    fn append(&mut self, line: &str) -> bool {
+        let len = line.len() as u64;
+        if self.written.saturating_add(len) > self.cap {
+            log::warn!(
+                "eplb: heat recording {} stopped at its size cap of {} bytes \
+                 (eplb_heat_record_max_bytes); serving and balancing continue",
+                self.path.display(),
+                self.cap
+            );
+            self.stopped = true;
+            return false;
+        }
+        let res = self
+            .file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.flush());
+        match res {
+            Ok(()) => {
+                self.written += len;
+                true
+            }
+            Err(e) => {
+                log::error!(
+                    "eplb: heat recording {} stopped: {e}",
+                    self.path.display()
+                );
+                self.stopped = true;
+                false
+            }
+        }
+    }
+}
