@@ -71,6 +71,10 @@ pub struct Controller<T: Transport> {
     plan: Option<Arc<crate::planner::Outcome>>,
     launch_due: Option<u16>,
     in_flight: Option<InFlight>,
+    /// Metrics updates on cycle events (issue 29).
+    metrics: Option<crate::metrics::RankObserver>,
+    /// Rank 0's heat recording (issue 29).
+    heat_record: Option<crate::heat_record::HeatRecorder>,
 }
 
 impl<T: Transport> fmt::Debug for Controller<T> {
@@ -131,6 +135,8 @@ impl<T: Transport> Controller<T> {
             plan: None,
             launch_due: None,
             in_flight: None,
+            metrics: None,
+            heat_record: None,
         };
         for l in 0..shape.layers() {
             c.refresh_maps(l)?;
@@ -140,6 +146,21 @@ impl<T: Transport> Controller<T> {
     /// Hands each plan to `sink` in record mode (set it on rank 0).
     pub fn set_record_sink(&mut self, sink: RecordSink) {
         self.record = Some(sink);
+    }
+
+    /// Updates `metrics` on every cycle event from now on (`expert_bytes`: one expert copy).
+    pub fn set_metrics(&mut self, metrics: crate::metrics::Metrics, expert_bytes: u64) {
+        let (shape, placement) = (*self.machine.shape(), self.machine.placement());
+        self.metrics = Some(crate::metrics::RankObserver::new(
+            metrics,
+            shape,
+            placement,
+            expert_bytes,
+        ));
+    }
+    /// Appends each cycle's folded heat to `recorder` (set it on rank 0).
+    pub fn set_heat_recorder(&mut self, recorder: crate::heat_record::HeatRecorder) {
+        self.heat_record = Some(recorder);
     }
 
     /// This rank.
@@ -329,7 +350,12 @@ impl<T: Transport> Controller<T> {
         self.poll_planner();
         self.machine.handle_forward(slot_counts, padded_tokens)?;
         self.drive()?;
-        Ok(self.machine.take_events())
+        let events = self.machine.take_events();
+        if let Some(m) = self.metrics.as_mut() {
+            let plan = self.plan.as_deref().and_then(|o| o.as_ref().ok());
+            m.after_forward(&events, &self.machine, plan);
+        }
+        Ok(events)
     }
 
     /// Hands the planner's answer to the machine once it is there.
@@ -366,6 +392,9 @@ impl<T: Transport> Controller<T> {
                     self.machine.handle_collective(reply)?;
                 }
                 Action::Planner(PlannerAction::Submit(input)) => {
+                    if let Some(rec) = self.heat_record.as_mut() {
+                        rec.record(input.cycle, input.windows, input.samples);
+                    }
                     self.planner.submit(request(&input));
                     self.waiting_for = Some(input.cycle);
                 }

@@ -121,7 +121,48 @@ pub fn controller<T: Transport>(
     {
         c.set_record_sink(record_sink(path.to_path_buf()));
     }
+    if rank == 0
+        && let Some(path) = cfg.observe().heat_record_path.as_deref()
+    {
+        heat_recorder(&mut c, cfg, path);
+    }
     Ok(c)
+}
+
+/// Rank 0's heat recording (`eplb_heat_record_path`); a file that cannot be opened leaves
+/// recording off with an error in the log (serving never fails for it).
+fn heat_recorder<T: Transport>(c: &mut Controller<T>, cfg: &EplbConfig, path: &Path) {
+    let meta = crate::heat_record::RecordMeta {
+        shape: *c.shape(),
+        heat_interval: cfg.heat_interval(),
+        algo_interval: cfg.algo_interval(),
+    };
+    match crate::heat_record::HeatRecorder::open(path, cfg.observe().heat_record_max_bytes, meta) {
+        Ok(r) => {
+            log::info!("eplb: recording each cycle's heat to {}", path.display());
+            c.set_heat_recorder(r);
+        }
+        Err(e) => log::error!(
+            "eplb: heat recording to {} is off: {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Registers eplb's metrics in the engine's `registry` as `eplb_metrics` says and has `c`
+/// update them on every cycle event; `expert_bytes` is one expert copy's weight. `None` when
+/// the config turns metrics off. Ranks that share a process and a registry pass each a
+/// sub-registry with their own label (`registry.sub_registry_with_label(("rank", ...))`).
+pub fn attach_metrics<T: Transport>(
+    c: &mut Controller<T>,
+    cfg: &EplbConfig,
+    registry: &mut prometheus_client::registry::Registry,
+    expert_bytes: u64,
+) -> Option<crate::metrics::Metrics> {
+    let settings = cfg.observe().metrics.as_ref()?;
+    let m = crate::metrics::Metrics::register(registry, settings, c.shape().layers());
+    c.set_metrics(m.clone(), expert_bytes);
+    Some(m)
 }
 
 /// What the serving engine tells the runtime about the model and the parallel layout.
