@@ -37,6 +37,8 @@ use eplb_core::heat::fold_row;
 
 use crate::{Axis, Error, Position, ShortText};
 
+mod lines;
+
 /// The largest integer `f64` holds exactly, 2^53.
 const EXACT_MAX: f64 = 9_007_199_254_740_992.0;
 
@@ -291,7 +293,7 @@ impl Heat {
 /// Which of the heat formats `bytes` holds (used by `eplb plan --loads FILE`). Parses the whole
 /// document; contents are not checked.
 pub fn sniff(bytes: &[u8]) -> Result<HeatFormat, Error> {
-    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = parse_document(bytes)?;
     detect(&v)
 }
 
@@ -365,7 +367,7 @@ fn depth(mut v: &Node) -> usize {
 /// Reads heat in any of the formats ([`sniff`]). Per-slot loads need `placement` (the one
 /// they were measured on); the other formats ignore it.
 pub fn load_heat(bytes: &[u8], placement: Option<&Placement<'_>>) -> Result<Heat, Error> {
-    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = parse_document(bytes)?;
     let format = detect(&v)?;
     from_value(&v, format, placement)
 }
@@ -376,8 +378,17 @@ pub fn load_heat_as(
     format: HeatFormat,
     placement: Option<&Placement<'_>>,
 ) -> Result<Heat, Error> {
-    let v: Node = crate::json::parse_lenient_numbers(bytes)?;
+    let v: Node = parse_document(bytes)?;
     from_value(&v, format, placement)
+}
+
+/// The document of `bytes`: one JSON value, or a trace in the line layout joined into one
+/// (`lines`: a recorder's header line, then one window per line).
+fn parse_document(bytes: &[u8]) -> Result<Node, Error> {
+    match lines::join(bytes)? {
+        Some(v) => Ok(v),
+        None => crate::json::parse_lenient_numbers(bytes),
+    }
 }
 
 fn from_value(

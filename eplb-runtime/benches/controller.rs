@@ -10,6 +10,7 @@ use eplb_core::HeatStage;
 fn bench(c: &mut Criterion) {
     let mut ctrl = common::dsv3_controller(HeatStage::All);
     let mut filtered = common::dsv3_controller(HeatStage::Prefill);
+    let (mut observed, _registry) = common::dsv3_controller_with_metrics(HeatStage::All);
     let counts = common::counts();
     c.bench_function(
         "controller iteration, collecting (58 layers x 9 slots)",
@@ -17,6 +18,15 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 ctrl.before_forward();
                 black_box(ctrl.after_forward(black_box(&counts), 300).unwrap());
+            })
+        },
+    );
+    c.bench_function(
+        "controller iteration, collecting, metrics on (58 layers x 9 slots)",
+        |b| {
+            b.iter(|| {
+                observed.before_forward();
+                black_box(observed.after_forward(black_box(&counts), 300).unwrap());
             })
         },
     );

@@ -201,7 +201,12 @@ impl core::str::FromStr for Initial {
 
 /// The model preset a trace names in its `model` object, and that object's `name`.
 pub fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
-    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+    // A one-object trace, or the header line of the line layout (a runtime recording).
+    let first_line = || {
+        let end = bytes.iter().position(|&b| b == b'\n')?;
+        serde_json::from_slice::<Value>(bytes.get(..end)?).ok()
+    };
+    let Some(v) = serde_json::from_slice::<Value>(bytes).ok().or_else(first_line) else {
         return (None, None);
     };
     let Some(m) = v.get("model") else {

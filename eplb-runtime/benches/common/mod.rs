@@ -46,3 +46,19 @@ pub fn dsv3_controller(stage: HeatStage) -> Controller<HostTransport> {
 pub fn counts() -> Vec<u32> {
     (0..58 * 9).map(|i| (i * 37 % 101) as u32).collect()
 }
+
+/// [`dsv3_controller`] with eplb's metrics registered (per-layer series on) and updated on
+/// every cycle event: the hot path with metrics on.
+pub fn dsv3_controller_with_metrics(
+    stage: HeatStage,
+) -> (Controller<HostTransport>, prometheus_client::registry::Registry) {
+    let mut c = dsv3_controller(stage);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let settings = eplb_runtime::metrics::MetricsSettings {
+        per_layer: true,
+        ..Default::default()
+    };
+    let m = eplb_runtime::metrics::Metrics::register(&mut registry, &settings, 58);
+    c.set_metrics(m, 8);
+    (c, registry)
+}
