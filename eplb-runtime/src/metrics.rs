@@ -436,9 +436,12 @@ impl Metrics {
         }
     }
 
-    /// A walk ended after `took`; `rearranged`: it committed at least one layer.
-    pub fn record_walk(&self, took: Duration, rearranged: bool) {
-        self.f.walk.observe(took.as_secs_f64());
+    /// A walk ended after `took` (`None`: not timed, as in a replay); `rearranged`: it
+    /// committed at least one layer.
+    pub fn record_walk(&self, took: Option<Duration>, rearranged: bool) {
+        if let Some(t) = took {
+            self.f.walk.observe(t.as_secs_f64());
+        }
         if rearranged {
             self.f.rearrangements.inc();
         }
@@ -465,6 +468,62 @@ impl Metrics {
             g.set(i64::from(i == state));
         }
     }
+}
+
+/// The content type of [`encode_text`]: the Prometheus text format 0.0.4.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of [`encode_openmetrics`].
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `registry` in the OpenMetrics text format (`# EOF` last), as `prometheus_client` writes it.
+pub fn encode_openmetrics(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)?;
+    Ok(text)
+}
+
+/// `registry` in the Prometheus text format 0.0.4 (what `promtool check metrics`, the
+/// node exporter's textfile collector and every Prometheus read): the OpenMetrics text with each
+/// counter family named by its `_total` samples in `# HELP` / `# TYPE`, and without `# UNIT`
+/// and `# EOF`.
+pub fn encode_text(registry: &Registry) -> Result<String, std::fmt::Error> {
+    Ok(openmetrics_to_text(&encode_openmetrics(registry)?))
+}
+
+/// The conversion of [`encode_text`].
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len() + 16 * counters.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(p);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                if !tail.is_empty() {
+                    out.push(' ');
+                    out.push_str(tail);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Increments of the failure counters.
@@ -607,7 +666,7 @@ impl RankObserver {
         }
         if ev.cycle_done || ev.suspended {
             if let Some(t0) = self.walk_started.take() {
-                m.record_walk(now.saturating_duration_since(t0), self.committed > 0);
+                m.record_walk(Some(now.saturating_duration_since(t0)), self.committed > 0);
             }
             if self.placement.len() == machine.placement().len() {
                 self.placement.copy_from_slice(machine.placement());
@@ -651,13 +710,18 @@ mod tests {
             planner_time: Duration::from_millis(3),
         }));
         m.record_layer_moved(1, 3, 300);
-        m.record_walk(Duration::from_millis(40), true);
+        m.record_walk(Some(Duration::from_millis(40)), true);
         m.record_health(Health::Suspended { failures: 3 });
         let mut a = String::new();
         encode(&mut a, &reg).unwrap();
         let mut b = String::new();
         encode(&mut b, &reg).unwrap();
         assert_eq!(a, b);
+        let text = encode_text(&reg).unwrap();
+        assert!(text.contains("# TYPE eplb_cycles_total counter\n"), "{text}");
+        assert!(text.contains("# HELP eplb_cycles_total Cycles"), "{text}");
+        assert!(!text.contains("# EOF"));
+        assert!(a.ends_with("# EOF\n"));
         for line in [
             "eplb_balancedness_min{when=\"before\"} 0.5",
             "eplb_balancedness_min{when=\"after\"} 0.8",

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod cost;
 mod error;
 pub mod json;
+pub mod metrics_out;
 pub mod replay;
 pub mod simulate;
 pub mod time;

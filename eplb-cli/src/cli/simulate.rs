@@ -31,14 +31,18 @@ pub(super) struct SimulateArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Write the Prometheus metrics the runtime would have exported over the replay here (text
+    /// exposition format; `eplb_runtime::metrics`).
+    #[arg(long, value_name = "FILE")]
+    metrics_out: Option<PathBuf>,
 }
 
 pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let policy = parse_sim_policy(&a.policy).map_err(|e| e.to_string())?;
     // Parameters are checked before any input is read.
     check_params(policy, &a.params).map_err(|e| e.to_string())?;
-    if let Some(log) = &a.placements_log {
-        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.replay.trace.as_path()])
+    for out in [&a.placements_log, &a.metrics_out].into_iter().flatten() {
+        eplb_runtime::fsio::refuse_overwrite_input(out, &[a.replay.trace.as_path()])
             .map_err(|e| e.to_string())?;
     }
     let (replay, cfg) = a.replay.load(io, policy)?;
@@ -69,6 +73,16 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     if let Some(path) = &a.placements_log {
         json::write_placements_log(path, r, policy.name(), replay.name.as_deref())
             .map_err(|e| e.to_string())?;
+    }
+    if let Some(path) = &a.metrics_out {
+        let text = eplb_sim::metrics_out::replay_metrics(
+            &replay.trace,
+            r,
+            basis.payload.total_bytes() as u64,
+            &eplb_runtime::metrics::MetricsSettings::default(),
+        )?;
+        eplb_runtime::fsio::write_atomic(path, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let time = a
         .replay
