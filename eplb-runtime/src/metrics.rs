@@ -476,11 +476,68 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// `registry` in the OpenMetrics text format (`# EOF` last), as `prometheus_client` writes it.
+/// `registry` in the OpenMetrics text format (`# EOF` last), as `prometheus_client` writes it,
+/// with the families that sub-registries split merged ([`merge_families`]).
 pub fn encode_openmetrics(registry: &Registry) -> Result<String, std::fmt::Error> {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry)?;
-    Ok(text)
+    Ok(merge_families(&text))
+}
+
+/// One family of each name: `prometheus_client` writes a family once per sub-registry (ranks of
+/// one process registered with `sub_registry_with_label(("rank", ..))`), which both text formats
+/// forbid (`promtool`: "second HELP line"). Keeps the first `# HELP` / `# TYPE` / `# UNIT` of
+/// each name and puts every sample of the name under it, families in first-seen order, samples
+/// in their order; `# EOF` stays last.
+pub fn merge_families(text: &str) -> String {
+    let mut order: Vec<&str> = Vec::new();
+    let mut fams: std::collections::BTreeMap<&str, (Vec<&str>, Vec<&str>)> =
+        std::collections::BTreeMap::new();
+    let mut current: Option<&str> = None;
+    let mut eof = false;
+    for line in text.lines() {
+        if line == "# EOF" {
+            eof = true;
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE ", "# UNIT "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p));
+        if let Some(rest) = meta {
+            let name = rest.split(' ').next().unwrap_or(rest);
+            let fam = fams.entry(name).or_insert_with(|| {
+                order.push(name);
+                (Vec::new(), Vec::new())
+            });
+            let kind = line.get(..7).unwrap_or("");
+            if !fam.0.iter().any(|m| m.get(..7) == Some(kind)) {
+                fam.0.push(line);
+            }
+            current = Some(name);
+            continue;
+        }
+        match current.and_then(|c| fams.get_mut(c)) {
+            Some(fam) => fam.1.push(line),
+            None => {
+                // A sample before any family header: keep it under its own name.
+                order.push(line);
+                fams.insert(line, (Vec::new(), vec![line]));
+            }
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    for name in order {
+        if let Some((meta, samples)) = fams.get(name) {
+            for l in meta.iter().chain(samples) {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    if eof {
+        out.push_str("# EOF\n");
+    }
+    out
 }
 
 /// `registry` in the Prometheus text format 0.0.4 (what `promtool check metrics`, the
@@ -739,6 +796,18 @@ mod tests {
         ] {
             assert!(a.lines().any(|l| l == line), "missing {line:?} in\n{a}");
         }
+        // Ranks in sub-registries: one family per name, every rank's samples under it.
+        let mut reg2 = Registry::default();
+        for r in 0..2 {
+            let sub = reg2.sub_registry_with_label(("rank".into(), r.to_string().into()));
+            Metrics::register(sub, &MetricsSettings::default(), 2).record_plan(None);
+        }
+        let two = encode_text(&reg2).unwrap();
+        assert_eq!(two.matches("# HELP eplb_cycles_total ").count(), 1, "{two}");
+        assert!(two.contains(
+            "# TYPE eplb_cycles_total counter\neplb_cycles_total{rank=\"0\"} 1\neplb_cycles_total{rank=\"1\"} 1\n"
+        ));
+        assert!(encode_openmetrics(&reg2).unwrap().ends_with("\n# EOF\n"));
         let before = a.find("when=\"before\"").unwrap();
         let after = a.find("when=\"after\"").unwrap();
         assert!(before < after);

@@ -17,6 +17,7 @@ use eplb_core::Shape;
 use eplb_runtime::config::EplbConfig;
 use eplb_runtime::controller::{Controller, MachineStats};
 use eplb_runtime::startup::{ModelInfo, StartError, attach_metrics, controller};
+use eplb_runtime::transport::Transport;
 use eplb_runtime::transport::host::{HostTransport, HostWorld};
 use prometheus_client::registry::Registry;
 
@@ -29,10 +30,16 @@ pub struct ClusterSpec {
     pub ranks: u16,
     /// Bytes of one expert's weights in the host transport.
     pub expert_bytes: usize,
+    /// Bytes one expert copy weighs in the metrics (`eplb_moved_bytes_total`): the model's,
+    /// while the host transport moves `expert_bytes` of stand-in weights.
+    pub metrics_expert_bytes: u64,
     /// Times the trace is fed (at least 1).
     pub passes: usize,
     /// Sleep after every forward (a serving pace for the metrics example).
     pub pace: Option<Duration>,
+    /// After this many forwards with balancing suspended, every rank resumes it (as an engine
+    /// would once its collectives work again); `None`: never.
+    pub resume_after: Option<usize>,
 }
 
 /// What rank 0 saw.
@@ -102,10 +109,168 @@ pub fn slot_counts(shape: &Shape, placement: &[u16], window: &[u64], rank: usize
     }
 }
 
-/// Runs `trace` through `spec.ranks` controllers built from `cfg` (dynamic mode; the env guard
-/// is the caller's). With `registry`, every rank registers its metrics there under the label
-/// `rank`. `model` gives the shape (its `layers`, `experts` and `ranks` must match the trace
-/// and `spec`).
+/// `R` controllers built from one config, ready to run a trace.
+pub struct Cluster<T: Transport> {
+    trace: Arc<SimTrace>,
+    shape: Shape,
+    spec: ClusterSpec,
+    world: Arc<HostWorld>,
+    controllers: Vec<Controller<T>>,
+    cfg: EplbConfig,
+}
+
+impl<T: Transport + 'static> Cluster<T> {
+    /// Builds `spec.ranks` controllers from `cfg` (dynamic mode; the env guard is the
+    /// caller's) over the host transport, each endpoint passed through `wrap` (the identity, or
+    /// a transport that injects faults). `model` gives the shape: its `layers`, `experts` and
+    /// `ranks` must match the trace and `spec`.
+    pub fn build(
+        trace: &SimTrace,
+        cfg: &EplbConfig,
+        model: &ModelInfo,
+        spec: &ClusterSpec,
+        wrap: impl Fn(HostTransport) -> T,
+    ) -> Result<Self, ClusterError> {
+        let r = usize::from(spec.ranks);
+        if usize::from(model.layers) != trace.layers
+            || usize::from(model.experts) != trace.experts
+            || model.ranks != spec.ranks
+        {
+            return Err(ClusterError::Run(format!(
+                "the trace ({} layers x {} experts) does not fit the model ({} x {}, {} ranks)",
+                trace.layers, trace.experts, model.layers, model.experts, model.ranks
+            )));
+        }
+        let world = HostWorld::new(r, Duration::from_secs(5));
+        let (shape, initial) =
+            eplb_runtime::startup::startup(cfg, model).map_err(ClusterError::Start)?;
+        let (per, s) = (shape.slots_per_layer(), shape.slots_per_rank());
+        let mut controllers = Vec::with_capacity(r);
+        for rank in 0..r {
+            let rows: Vec<Vec<u16>> = initial
+                .chunks_exact(per)
+                .map(|l| l.get(rank * s..(rank + 1) * s).unwrap_or(&[]).to_vec())
+                .collect();
+            let t = HostTransport::new(Arc::clone(&world), rank, &rows, spec.expert_bytes);
+            controllers.push(controller(cfg, model, wrap(t)).map_err(ClusterError::Start)?);
+        }
+        Ok(Self {
+            trace: Arc::new(trace.clone()),
+            shape,
+            spec: spec.clone(),
+            world,
+            controllers,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The host transport's meeting point (to inject transfer faults).
+    pub fn world(&self) -> &Arc<HostWorld> {
+        &self.world
+    }
+
+    /// Registers every rank's metrics in `registry` under the label `rank` (as `eplb_metrics`
+    /// says; nothing when it turns them off).
+    pub fn register_metrics(&mut self, registry: &mut Registry) {
+        for c in self.controllers.iter_mut() {
+            let sub = registry.sub_registry_with_label(("rank".into(), c.rank().to_string().into()));
+            attach_metrics(c, &self.cfg, sub, self.spec.metrics_expert_bytes);
+        }
+    }
+
+    /// Runs the trace on one thread per rank; returns what rank 0 saw and every rank's
+    /// counters and placement.
+    pub fn run(self) -> Result<ClusterRun, ClusterError> {
+        let Self {
+            trace,
+            shape,
+            spec,
+            controllers,
+            ..
+        } = self;
+        let passes = spec.passes.max(1);
+        let threads: Vec<_> = controllers
+            .into_iter()
+            .map(|mut c| {
+                let trace = Arc::clone(&trace);
+                let spec = spec.clone();
+                std::thread::spawn(move || {
+                    let out = drive(&mut c, &shape, &trace, &spec, passes);
+                    let out = out.map(|run| (run, c.stats(), c.placement().to_vec()));
+                    // Dropping the controller joins rank 0's heat writer: the file is complete.
+                    drop(c);
+                    out
+                })
+            })
+            .collect();
+        let mut result = ClusterRun::default();
+        for (rank, t) in threads.into_iter().enumerate() {
+            let (run, stats, placement) = t
+                .join()
+                .map_err(|_| ClusterError::Run(format!("rank {rank} panicked")))?
+                .map_err(ClusterError::Run)?;
+            if rank == 0 {
+                result = ClusterRun {
+                    stats: Vec::new(),
+                    placements: Vec::new(),
+                    ..run
+                };
+            }
+            result.stats.push(stats);
+            result.placements.push(placement);
+        }
+        Ok(result)
+    }
+}
+
+/// One rank's serving loop.
+fn drive<T: Transport>(
+    c: &mut Controller<T>,
+    shape: &Shape,
+    trace: &SimTrace,
+    spec: &ClusterSpec,
+    passes: usize,
+) -> Result<ClusterRun, String> {
+    let (l, n, w) = (trace.layers, trace.experts, trace.windows);
+    let rank = c.rank();
+    let mut counts = vec![0u32; l * shape.slots_per_rank()];
+    let mut run = ClusterRun::default();
+    let mut suspended_for = 0usize;
+    for it in 0..w * passes {
+        let win = it % w.max(1);
+        let window = trace.counts.get(win * l * n..(win + 1) * l * n).unwrap_or(&[]);
+        slot_counts(shape, c.placement(), window, rank, &mut counts);
+        c.before_forward();
+        let tokens = counts.iter().map(|&x| u64::from(x)).sum::<u64>();
+        let ev = c
+            .after_forward(&counts, tokens)
+            .map_err(|e| format!("rank {rank}, iteration {it}: {e}"))?;
+        if let Some(k) = ev.plan_taken {
+            run.plans_taken.push((it, k));
+        }
+        if ev.cycle_done {
+            run.cycles_done.push(it);
+        }
+        if ev.suspended {
+            suspended_for += 1;
+            if spec.resume_after.is_some_and(|k| suspended_for >= k) {
+                c.resume();
+                suspended_for = 0;
+            }
+        }
+        if let Some(p) = spec.pace {
+            std::thread::sleep(p);
+        } else if ev.plan_late {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        run.iterations = it + 1;
+    }
+    Ok(run)
+}
+
+/// Runs `trace` through `spec.ranks` controllers built from `cfg` over the host transport
+/// ([`Cluster::build`], [`Cluster::run`]); with `registry`, every rank registers its metrics
+/// there under the label `rank`.
 pub fn run_cluster(
     trace: &SimTrace,
     cfg: &EplbConfig,
@@ -113,93 +278,9 @@ pub fn run_cluster(
     spec: &ClusterSpec,
     registry: Option<&mut Registry>,
 ) -> Result<ClusterRun, ClusterError> {
-    let r = usize::from(spec.ranks);
-    if usize::from(model.layers) != trace.layers
-        || usize::from(model.experts) != trace.experts
-        || model.ranks != spec.ranks
-    {
-        return Err(ClusterError::Run(format!(
-            "the trace ({} layers x {} experts) does not fit the model ({} x {}, {} ranks)",
-            trace.layers, trace.experts, model.layers, model.experts, model.ranks
-        )));
-    }
-    let world = HostWorld::new(r, Duration::from_secs(5));
-    let mut controllers: Vec<Controller<HostTransport>> = Vec::with_capacity(r);
-    let (initial, shape) = eplb_runtime::startup::startup(cfg, model)
-        .map(|(s, p)| (p, s))
-        .map_err(ClusterError::Start)?;
-    let per = shape.slots_per_layer();
-    let s = shape.slots_per_rank();
-    for rank in 0..r {
-        let rows: Vec<Vec<u16>> = initial
-            .chunks_exact(per)
-            .map(|l| l.get(rank * s..(rank + 1) * s).unwrap_or(&[]).to_vec())
-            .collect();
-        let t = HostTransport::new(Arc::clone(&world), rank, &rows, spec.expert_bytes);
-        controllers.push(controller(cfg, model, t).map_err(ClusterError::Start)?);
-    }
+    let mut cluster = Cluster::build(trace, cfg, model, spec, |t| t)?;
     if let Some(reg) = registry {
-        for c in controllers.iter_mut() {
-            let sub = reg.sub_registry_with_label(("rank".into(), c.rank().to_string().into()));
-            attach_metrics(c, cfg, sub, spec.expert_bytes as u64);
-        }
+        cluster.register_metrics(reg);
     }
-    let trace = Arc::new(trace.clone());
-    let passes = spec.passes.max(1);
-    let pace = spec.pace;
-    let threads: Vec<_> = controllers
-        .into_iter()
-        .map(|mut c| {
-            let trace = Arc::clone(&trace);
-            std::thread::spawn(move || -> Result<(ClusterRun, MachineStats, Vec<u16>), String> {
-                let (l, n, w) = (trace.layers, trace.experts, trace.windows);
-                let rank = c.rank();
-                let mut counts = vec![0u32; l * s];
-                let mut run = ClusterRun::default();
-                for it in 0..w * passes {
-                    let win = it % w.max(1);
-                    let window = trace.counts.get(win * l * n..(win + 1) * l * n).unwrap_or(&[]);
-                    slot_counts(&shape, c.placement(), window, rank, &mut counts);
-                    c.before_forward();
-                    let tokens = counts.iter().map(|&x| u64::from(x)).sum::<u64>();
-                    let ev = c
-                        .after_forward(&counts, tokens)
-                        .map_err(|e| format!("rank {rank}, iteration {it}: {e}"))?;
-                    if let Some(k) = ev.plan_taken {
-                        run.plans_taken.push((it, k));
-                    }
-                    if ev.cycle_done {
-                        run.cycles_done.push(it);
-                    }
-                    if let Some(p) = pace {
-                        std::thread::sleep(p);
-                    } else if ev.plan_late {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    run.iterations = it + 1;
-                }
-                let out = (run, c.stats(), c.placement().to_vec());
-                // Dropping the controller joins rank 0's heat writer: the file is complete.
-                drop(c);
-                Ok(out)
-            })
-        })
-        .collect();
-    let mut result = ClusterRun::default();
-    for (rank, t) in threads.into_iter().enumerate() {
-        let (run, stats, placement) = t
-            .join()
-            .map_err(|_| ClusterError::Run(format!("rank {rank} panicked")))?
-            .map_err(ClusterError::Run)?;
-        if rank == 0 {
-            result = ClusterRun {
-                stats: Vec::new(),
-                placements: Vec::new(),
-                ..run
-            };
-        }
-        result.stats.push(stats);
-        result.placements.push(placement);
-    }
-    Ok(result)
+    cluster.run()
 }

@@ -47,8 +47,10 @@ fn a_recording_of_the_demo_trace_replays_to_the_windows_it_was_recorded_from() {
     let spec = ClusterSpec {
         ranks: 8,
         expert_bytes: 16,
+        metrics_expert_bytes: 16,
         passes: 1,
         pace: None,
+        resume_after: None,
     };
     let run = run_cluster(t, &cfg, &model, &spec, None).unwrap();
     assert!(

@@ -5,6 +5,8 @@
 //! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, the Python
 //!   package's wheel and tests, cross builds when their targets are installed).
 //! - `cargo xtask python`: only the Python package's step of the gate.
+//! - `cargo xtask metrics`: only the metrics exposition step of the gate (promtool and the
+//!   reference parser; issue 29).
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
 //!   `aarch64-unknown-linux-gnu`, installing the targets with rustup when it can.
 //! - `cargo xtask fuzz`: runs each decoder's fuzz target (cargo-fuzz, nightly).
@@ -15,6 +17,7 @@
 
 mod aicpu;
 mod demo;
+mod exposition;
 mod fuzz;
 mod python;
 
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         "fuzz" => fuzz::run(rest),
         "aicpu" => aicpu::run(rest),
         "python" => python::test(),
+        "metrics" => exposition::check(),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -71,7 +75,9 @@ tasks:
   bench   run the criterion benchmarks (extra args go to `cargo bench`)
   aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds,
           the C test for aarch64 under qemu-aarch64 (when installed) against the x86_64 bytes
-  python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)";
+  python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)
+  metrics the metrics exposition: serve_metrics scraped on loopback and simulate --metrics-out,
+          linted by promtool and parsed by prometheus_client (each skips with a warning if absent)";
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -124,6 +130,7 @@ fn test(args: &[String]) -> Result<(), String> {
         "cargo test",
         cargo().args(["test", "--workspace", "--all-features"]),
     )?;
+    exposition::check()?;
     run(
         "cargo doc (warnings denied)",
         cargo()

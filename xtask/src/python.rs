@@ -32,12 +32,12 @@ fn target_dir() -> PathBuf {
     root().join("target").join("python")
 }
 
-fn venv_bin(venv: &Path, exe: &str) -> PathBuf {
+pub(crate) fn venv_bin(venv: &Path, exe: &str) -> PathBuf {
     venv.join("bin").join(exe)
 }
 
 /// Creates a venv at `dir` (replacing any), or says which package is missing.
-fn make_venv(dir: &Path) -> Result<(), String> {
+pub(crate) fn make_venv(dir: &Path) -> Result<(), String> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
@@ -51,7 +51,7 @@ fn make_venv(dir: &Path) -> Result<(), String> {
     })
 }
 
-fn pip_install(venv: &Path, what: &str, args: &[&str]) -> Result<(), String> {
+pub(crate) fn pip_install(venv: &Path, what: &str, args: &[&str]) -> Result<(), String> {
     run(
         &format!("python: pip install {what}"),
         Command::new(venv_bin(venv, "python"))
