@@ -45,7 +45,10 @@ fn metrics_out_agrees_with_the_json() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let text = std::fs::read_to_string(&out).unwrap();
-    assert_eq!(sample(&text, "eplb_cycles_total"), v["cycles"].as_f64().unwrap());
+    assert_eq!(
+        sample(&text, "eplb_cycles_total"),
+        v["cycles"].as_f64().unwrap()
+    );
     assert_eq!(
         sample(&text, "eplb_rearrangements_total"),
         v["changes"].as_f64().unwrap()
@@ -60,7 +63,10 @@ fn metrics_out_agrees_with_the_json() {
     );
     let before = sample(&text, "eplb_balancedness_min{when=\"before\"}");
     let after = sample(&text, "eplb_balancedness_min{when=\"after\"}");
-    assert!(0.0 < before && before < after && after <= 1.0, "{before} {after}");
+    assert!(
+        0.0 < before && before < after && after <= 1.0,
+        "{before} {after}"
+    );
     assert!(text.contains("# TYPE eplb_cycles_total counter\n"));
     assert!(!text.contains("# EOF"));
 
@@ -76,13 +82,15 @@ fn metrics_out_agrees_with_the_json() {
 /// The demo trace rewritten in the line layout: its header without `counts`, then one window a
 /// line, and a partial last line as a recorder cut off mid-write leaves.
 fn as_lines(trace: &str) -> String {
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(trace).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(trace).unwrap()).unwrap();
     let counts = v.as_object_mut().unwrap().remove("counts").unwrap();
     v["layout"] = "lines".into();
     let mut text = format!("{v}\n");
     for (k, w) in counts.as_array().unwrap().iter().enumerate() {
-        text.push_str(&format!("{}\n", serde_json::json!({"cycle": k / 16, "counts": w})));
+        text.push_str(&format!(
+            "{}\n",
+            serde_json::json!({"cycle": k / 16, "counts": w})
+        ));
     }
     text.push_str("{\"cycle\":99,\"counts\":[[1,2");
     text

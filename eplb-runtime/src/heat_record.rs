@@ -291,7 +291,11 @@ impl Writer {
                             line.push(',');
                         }
                         // Whole token counts, exact in f64 (sums of u64 counts below 2^53).
-                        let v = if x.is_finite() && x > 0.0 { x as u64 } else { 0 };
+                        let v = if x.is_finite() && x > 0.0 {
+                            x as u64
+                        } else {
+                            0
+                        };
                         let _ = write!(line, "{v}");
                     }
                     line.push(']');
@@ -327,13 +331,87 @@ impl Writer {
                 true
             }
             Err(e) => {
-                log::error!(
-                    "eplb: heat recording {} stopped: {e}",
-                    self.path.display()
-                );
+                log::error!("eplb: heat recording {} stopped: {e}", self.path.display());
                 self.stopped = true;
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> RecordMeta {
+        RecordMeta {
+            shape: Shape::new(2, 3, 2, 2).unwrap(),
+            heat_interval: 2,
+            algo_interval: 1,
+        }
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("eplb-heat-rec-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Two windows of `[2][3]`.
+    const SAMPLES: [f64; 12] = [1., 2., 3., 4., 5., 6., 7., 8., 9., 0., 0., 12.];
+
+    #[test]
+    fn appends_whole_lines_and_continues_a_cut_recording() {
+        let d = dir("append");
+        let path = d.join("h.jsonl");
+        let mut r = HeatRecorder::open(&path, DEFAULT_MAX_BYTES, meta()).unwrap();
+        r.record(1, 2, &SAMPLES);
+        r.finish();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[1], r#"{"cycle":1,"counts":[[1,2,3],[4,5,6]]}"#);
+        assert_eq!(lines[2], r#"{"cycle":1,"counts":[[7,8,9],[0,0,12]]}"#);
+        // A crash mid-line: the next recorder cuts it and appends after the last whole line.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"cycle":2,"counts":[[1,"#).unwrap();
+        drop(f);
+        let mut r = HeatRecorder::open(&path, DEFAULT_MAX_BYTES, meta()).unwrap();
+        r.record(2, 1, &SAMPLES[..6]);
+        r.finish();
+        let again = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(again.lines().count(), 4, "{again}");
+        assert!(again.starts_with(&text));
+        assert!(again.ends_with("{\"cycle\":2,\"counts\":[[1,2,3],[4,5,6]]}\n"));
+        let heat = eplb_map::heat::load_heat(again.as_bytes(), None).unwrap();
+        assert_eq!(heat.windows(), 3);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn another_header_is_left_alone_and_the_cap_stops_growth() {
+        let d = dir("cap");
+        let other = d.join("other.jsonl");
+        std::fs::write(&other, "not a recording\n").unwrap();
+        let e = HeatRecorder::open(&other, DEFAULT_MAX_BYTES, meta()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(
+            std::fs::read_to_string(&other).unwrap(),
+            "not a recording\n"
+        );
+
+        let path = d.join("capped.jsonl");
+        let header = meta().header(&path).len() as u64 + 1;
+        let line = r#"{"cycle":1,"counts":[[1,2,3],[4,5,6]]}"#.len() as u64 + 1;
+        // Room for the header and one window line, not two.
+        let mut r = HeatRecorder::open(&path, header + line + line / 2, meta()).unwrap();
+        r.record(1, 2, &SAMPLES);
+        r.record(2, 2, &SAMPLES);
+        r.finish();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.len() as u64 <= header + line + line / 2);
+        std::fs::remove_dir_all(d).unwrap();
     }
 }

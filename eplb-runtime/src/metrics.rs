@@ -26,7 +26,8 @@
 //! | `eplb_walk_duration_seconds` | histogram | | from the taken plan to the end of its layer walk |
 //! | `eplb_planner_duration_seconds` | histogram | | the policy call alone |
 //!
-//! 25 series plus the two histograms' 17 + 16 buckets, whatever the model. Opt-in
+//! 25 series and two histograms of 16 buckets (`+Inf` included) with `_sum` and `_count`: 61
+//! samples per rank, whatever the model. Opt-in
 //! ([`MetricsSettings::per_layer`]): `eplb_layer_balancedness{layer, when}` and
 //! `eplb_layer_expert_copies_moved_total{layer}`, `3 L` more series (174 on DeepSeek-V3's 58
 //! layers). Series come out in a fixed order (no hash-map order).
@@ -775,7 +776,10 @@ mod tests {
         encode(&mut b, &reg).unwrap();
         assert_eq!(a, b);
         let text = encode_text(&reg).unwrap();
-        assert!(text.contains("# TYPE eplb_cycles_total counter\n"), "{text}");
+        assert!(
+            text.contains("# TYPE eplb_cycles_total counter\n"),
+            "{text}"
+        );
         assert!(text.contains("# HELP eplb_cycles_total Cycles"), "{text}");
         assert!(!text.contains("# EOF"));
         assert!(a.ends_with("# EOF\n"));

@@ -142,10 +142,7 @@ fn heat_recorder<T: Transport>(c: &mut Controller<T>, cfg: &EplbConfig, path: &P
             log::info!("eplb: recording each cycle's heat to {}", path.display());
             c.set_heat_recorder(r);
         }
-        Err(e) => log::error!(
-            "eplb: heat recording to {} is off: {e}",
-            path.display()
-        ),
+        Err(e) => log::error!("eplb: heat recording to {} is off: {e}", path.display()),
     }
 }
 

@@ -153,12 +153,17 @@ fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
 fn get_metrics(addr: std::net::SocketAddr) -> std::io::Result<String> {
     use std::io::Read;
     let mut s = TcpStream::connect(addr)?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     match text.split_once("\r\n\r\n") {
         Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
-        _ => Err(std::io::Error::other(format!("unexpected answer: {text:.200}"))),
+        _ => Err(std::io::Error::other(format!(
+            "unexpected answer: {text:.200}"
+        ))),
     }
 }
 

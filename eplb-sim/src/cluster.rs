@@ -173,7 +173,8 @@ impl<T: Transport + 'static> Cluster<T> {
     /// says; nothing when it turns them off).
     pub fn register_metrics(&mut self, registry: &mut Registry) {
         for c in self.controllers.iter_mut() {
-            let sub = registry.sub_registry_with_label(("rank".into(), c.rank().to_string().into()));
+            let sub =
+                registry.sub_registry_with_label(("rank".into(), c.rank().to_string().into()));
             attach_metrics(c, &self.cfg, sub, self.spec.metrics_expert_bytes);
         }
     }
@@ -238,7 +239,10 @@ fn drive<T: Transport>(
     let mut suspended_for = 0usize;
     for it in 0..w * passes {
         let win = it % w.max(1);
-        let window = trace.counts.get(win * l * n..(win + 1) * l * n).unwrap_or(&[]);
+        let window = trace
+            .counts
+            .get(win * l * n..(win + 1) * l * n)
+            .unwrap_or(&[]);
         slot_counts(shape, c.placement(), window, rank, &mut counts);
         c.before_forward();
         let tokens = counts.iter().map(|&x| u64::from(x)).sum::<u64>();

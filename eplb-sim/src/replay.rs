@@ -206,7 +206,10 @@ pub fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
         let end = bytes.iter().position(|&b| b == b'\n')?;
         serde_json::from_slice::<Value>(bytes.get(..end)?).ok()
     };
-    let Some(v) = serde_json::from_slice::<Value>(bytes).ok().or_else(first_line) else {
+    let Some(v) = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .or_else(first_line)
+    else {
         return (None, None);
     };
     let Some(m) = v.get("model") else {

@@ -72,7 +72,11 @@ fn a_recording_of_the_demo_trace_replays_to_the_windows_it_was_recorded_from() {
         H as u64
     );
     assert_eq!(header["intervals"]["iterations_per_window"], 1);
-    assert_eq!(*bytes.last().unwrap(), b'\n', "the file ends with a whole line");
+    assert_eq!(
+        *bytes.last().unwrap(),
+        b'\n',
+        "the file ends with a whole line"
+    );
 
     // What `eplb simulate --trace` reads.
     let rec = Replay::load(&bytes, "heat.jsonl", &CostSpec::default()).unwrap();
@@ -99,7 +103,12 @@ fn a_recording_of_the_demo_trace_replays_to_the_windows_it_was_recorded_from() {
         .zip(expected.chunks_exact(ln))
         .enumerate()
     {
-        assert_eq!(got, want, "recorded window {k} (cycle {}) differs", k / H + 1);
+        assert_eq!(
+            got,
+            want,
+            "recorded window {k} (cycle {}) differs",
+            k / H + 1
+        );
     }
 
     // It replays: `eplb simulate` over the recording.

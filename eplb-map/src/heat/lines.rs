@@ -127,10 +127,13 @@ mod tests {
 
     #[test]
     fn a_bad_window_line_names_its_line() {
-        let text = format!("{HEADER}\n{{\"counts\":[[1,2,3],[4,5,6]]}}\n{{\"counts\":[[1,2,3],[4,5,]]}}\n");
+        let text = format!(
+            "{HEADER}\n{{\"counts\":[[1,2,3],[4,5,6]]}}\n{{\"counts\":[[1,2,3],[4,5,]]}}\n"
+        );
         let e = load_heat(text.as_bytes(), None).unwrap_err().to_string();
         assert!(e.contains("line 3"), "{e}");
-        let ragged = format!("{HEADER}\n{{\"counts\":[[1,2,3],[4,5,6]]}}\n{{\"counts\":[[1,2],[4,5]]}}\n");
+        let ragged =
+            format!("{HEADER}\n{{\"counts\":[[1,2,3],[4,5,6]]}}\n{{\"counts\":[[1,2],[4,5]]}}\n");
         assert!(load_heat(ragged.as_bytes(), None).is_err());
     }
 

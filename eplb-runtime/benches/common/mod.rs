@@ -51,7 +51,10 @@ pub fn counts() -> Vec<u32> {
 /// every cycle event: the hot path with metrics on.
 pub fn dsv3_controller_with_metrics(
     stage: HeatStage,
-) -> (Controller<HostTransport>, prometheus_client::registry::Registry) {
+) -> (
+    Controller<HostTransport>,
+    prometheus_client::registry::Registry,
+) {
     let mut c = dsv3_controller(stage);
     let mut registry = prometheus_client::registry::Registry::default();
     let settings = eplb_runtime::metrics::MetricsSettings {

@@ -197,6 +197,9 @@ mod tests {
             r#"{"eplb_heat_record_path": "/no/such/dir/h.jsonl", "eplb_heat_record_max_bytes": 0}"#,
         );
         assert_eq!(e.len(), 2, "{e:?}");
-        assert!(e[0].starts_with("eplb_config.eplb_heat_record_path: "), "{e:?}");
+        assert!(
+            e[0].starts_with("eplb_config.eplb_heat_record_path: "),
+            "{e:?}"
+        );
     }
 }
