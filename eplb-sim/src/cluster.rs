@@ -1,5 +1,5 @@
 //! A serving cluster in one process: `R` rank threads, each a
-//! [`Controller`](eplb_runtime::controller::Controller) built from an `eplb_config` by
+//! [`Controller`] built from an `eplb_config` by
 //! [`eplb_runtime::startup::controller`] (its own planner thread, rank 0's heat recording) over
 //! the in-process host transport, fed a trace's windows as forwards. Unlike [`crate::simulate`]
 //! (one thread, the machines driven directly), this is the runtime as an engine runs it:
