@@ -350,12 +350,13 @@ impl<T: Transport> Controller<T> {
         self.poll_planner();
         self.machine.handle_forward(slot_counts, padded_tokens)?;
         self.drive()?;
-        let events = self.machine.take_events();
         if let Some(m) = self.metrics.as_mut() {
+            let events = self.machine.take_events();
             let plan = self.plan.as_deref().and_then(|o| o.as_ref().ok());
             m.after_forward(&events, &self.machine, plan);
+            return Ok(events);
         }
-        Ok(events)
+        Ok(self.machine.take_events())
     }
 
     /// Hands the planner's answer to the machine once it is there.
