@@ -129,9 +129,10 @@ pub fn controller<T: Transport>(
     Ok(c)
 }
 
-/// Rank 0's heat recording (`eplb_heat_record_path`); a file that cannot be opened leaves
-/// recording off with an error in the log (serving never fails for it).
-fn heat_recorder<T: Transport>(c: &mut Controller<T>, cfg: &EplbConfig, path: &Path) {
+/// Rank 0's heat recording (`eplb_heat_record_path`, which [`controller`] sets up; for a
+/// controller built by hand); a file that cannot be opened leaves recording off with an error in
+/// the log (serving never fails for it).
+pub fn heat_recorder<T: Transport>(c: &mut Controller<T>, cfg: &EplbConfig, path: &Path) {
     let meta = crate::heat_record::RecordMeta {
         shape: *c.shape(),
         heat_interval: cfg.heat_interval(),

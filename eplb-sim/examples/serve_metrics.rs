@@ -11,10 +11,12 @@
 //!
 //! `GET /metrics` answers in the Prometheus text format 0.0.4 (OpenMetrics when the scraper asks
 //! for `application/openmetrics-text`). So that every metric moves, the example also injects
-//! faults unless `--no-faults`: layer 3's exchange fails on rank 5 for 5 s of every 30 s
+//! faults unless `--no-faults`: layer 3's exchange fails on rank 5 from 5 s to 10 s of every 30 s
 //! (`eplb_layers_aborted_total`), one collective in 400 fails
 //! (`eplb_collectives_failed_total`), and three in a row every 1500 suspend balancing
-//! (`eplb_health{state="suspended"}`) until the ranks resume it 50 forwards later. With `--exit`
+//! (`eplb_health{state="suspended"}`) until the ranks resume it 50 forwards later, and rank 3's
+//! policy fails one plan in 10 (`eplb_plans_failed_total`) and returns another plan than its
+//! peers' in another one in 10 (`eplb_digest_mismatches_total`). With `--exit`
 //! it stops when the trace passes are done; otherwise it keeps serving the final values until
 //! interrupted. `--record FILE` also records rank 0's heat (`eplb_heat_record_path`);
 //! `--dump FILE` scrapes the example's own `/metrics` once the run is done and writes the body
@@ -25,10 +27,13 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+use eplb_core::Shape;
+use eplb_policies::{Error as PolicyError, Input, Policy, PolicyKind};
 use eplb_runtime::config::EplbConfig;
 use eplb_runtime::metrics::{
     OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, encode_openmetrics, encode_text,
 };
+use eplb_runtime::policies::policy_for;
 use eplb_runtime::startup::ModelInfo;
 use eplb_runtime::transfer::RankPlan;
 use eplb_runtime::transport::host::{Fault, HostTransport};
@@ -37,6 +42,58 @@ use eplb_sim::cluster::{Cluster, ClusterSpec};
 use eplb_sim::cost::CostSpec;
 use eplb_sim::replay::Replay;
 use prometheus_client::registry::Registry;
+
+/// The configured policy, except that on the rank it is given to, call `k` fails when
+/// `k % 10 == 4` (a failed plan: every rank abandons the cycle) and moves one expert copy when
+/// `k % 10 == 8` (another plan than its peers': a digest mismatch, every rank abandons the
+/// cycle and restarts the policy state).
+struct Flaky {
+    inner: Box<dyn Policy + Send>,
+    calls: u64,
+}
+
+impl Policy for Flaky {
+    fn kind(&self) -> PolicyKind {
+        self.inner.kind()
+    }
+    fn scratch_len(&self, shape: &Shape) -> usize {
+        self.inner.scratch_len(shape)
+    }
+    fn state_len(&self, shape: &Shape) -> usize {
+        self.inner.state_len(shape)
+    }
+    fn check_shape(&self, shape: &Shape) -> Result<(), PolicyError> {
+        self.inner.check_shape(shape)
+    }
+    fn colocates(&self) -> bool {
+        self.inner.colocates()
+    }
+    fn place(
+        &mut self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), PolicyError> {
+        let k = self.calls;
+        self.calls += 1;
+        if k % 10 == 4 {
+            return Err(PolicyError::NoPlacement {
+                layer: 0,
+                why: "injected failure (serve_metrics)",
+            });
+        }
+        self.inner.place(input, scratch, state, out)?;
+        if k % 10 == 8 {
+            // Swap two slots of layer 0 across ranks 0 and 1: still a valid placement.
+            let s = input.current().shape().slots_per_rank();
+            if out.len() > s {
+                out.swap(0, s);
+            }
+        }
+        Ok(())
+    }
+}
 
 /// The host transport whose `k`-th collective fails (on every rank alike: every rank asks for
 /// the same collectives in the same order) when `fails(k)`.
@@ -233,21 +290,38 @@ fn main() {
         pace: Some(Duration::from_millis(pace_ms)),
         resume_after: Some(50),
     };
-    let mut cluster = Cluster::build(&trace, &cfg, &model, &spec, |inner| Outages {
-        inner,
-        collectives: 0,
-        faults,
-    })
+    let kind = cfg.policy();
+    let flaky = |rank: usize| -> Option<Box<dyn Policy + Send>> {
+        (faults && rank == 3).then(|| {
+            Box::new(Flaky {
+                inner: policy_for(kind),
+                calls: 0,
+            }) as Box<dyn Policy + Send>
+        })
+    };
+    let mut cluster = Cluster::build_with(
+        &trace,
+        &cfg,
+        &model,
+        &spec,
+        |inner| Outages {
+            inner,
+            collectives: 0,
+            faults,
+        },
+        &flaky,
+    )
     .expect("the cluster");
     if faults {
-        // Layer 3's exchange fails on rank 5 for 5 s of every 30 s.
+        // Layer 3's exchange fails on rank 5 from 5 s to 10 s of every 30 s.
         let world = std::sync::Arc::clone(cluster.world());
         std::thread::spawn(move || {
             loop {
-                std::thread::sleep(Duration::from_secs(25));
+                std::thread::sleep(Duration::from_secs(5));
                 world.inject(3, 5, Fault::Fail);
                 std::thread::sleep(Duration::from_secs(5));
                 world.clear_faults();
+                std::thread::sleep(Duration::from_secs(20));
             }
         });
     }

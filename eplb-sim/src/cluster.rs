@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eplb_core::Shape;
+use eplb_policies::Policy;
 use eplb_runtime::config::EplbConfig;
 use eplb_runtime::controller::{Controller, MachineStats};
+use eplb_runtime::planner::Planner;
 use eplb_runtime::startup::{ModelInfo, StartError, attach_metrics, controller};
 use eplb_runtime::transport::Transport;
 use eplb_runtime::transport::host::{HostTransport, HostWorld};
@@ -131,6 +133,19 @@ impl<T: Transport + 'static> Cluster<T> {
         spec: &ClusterSpec,
         wrap: impl Fn(HostTransport) -> T,
     ) -> Result<Self, ClusterError> {
+        Self::build_with(trace, cfg, model, spec, wrap, &|_| None)
+    }
+
+    /// [`Cluster::build`] where `policy(rank)` may give a rank another policy object than the
+    /// config's (a fault injector, for instance); the rest is as `startup::controller` does it.
+    pub fn build_with(
+        trace: &SimTrace,
+        cfg: &EplbConfig,
+        model: &ModelInfo,
+        spec: &ClusterSpec,
+        wrap: impl Fn(HostTransport) -> T,
+        policy: &dyn Fn(usize) -> Option<Box<dyn Policy + Send>>,
+    ) -> Result<Self, ClusterError> {
         let r = usize::from(spec.ranks);
         if usize::from(model.layers) != trace.layers
             || usize::from(model.experts) != trace.experts
@@ -152,7 +167,11 @@ impl<T: Transport + 'static> Cluster<T> {
                 .map(|l| l.get(rank * s..(rank + 1) * s).unwrap_or(&[]).to_vec())
                 .collect();
             let t = HostTransport::new(Arc::clone(&world), rank, &rows, spec.expert_bytes);
-            controllers.push(controller(cfg, model, wrap(t)).map_err(ClusterError::Start)?);
+            let c = match policy(rank) {
+                None => controller(cfg, model, wrap(t)).map_err(ClusterError::Start)?,
+                Some(p) => by_hand(cfg, model, shape, &initial, wrap(t), p)?,
+            };
+            controllers.push(c);
         }
         Ok(Self {
             trace: Arc::new(trace.clone()),
@@ -222,6 +241,30 @@ impl<T: Transport + 'static> Cluster<T> {
         }
         Ok(result)
     }
+}
+
+/// A rank's controller with policy object `p`, otherwise as [`controller`] builds it.
+fn by_hand<T: Transport>(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+    shape: Shape,
+    initial: &[u16],
+    t: T,
+    p: Box<dyn Policy + Send>,
+) -> Result<Controller<T>, ClusterError> {
+    use eplb_runtime::startup::{controller_config, heat_recorder, payoff_gate};
+    let ccfg = controller_config(cfg, model).map_err(ClusterError::Start)?;
+    let gate = payoff_gate(cfg, model).map_err(ClusterError::Start)?;
+    let planner = Arc::new(Planner::with_gate(p, shape, gate));
+    let rank = t.rank();
+    let mut c = Controller::new(shape, initial.to_vec(), ccfg, t, planner)
+        .map_err(|e| ClusterError::Start(e.into()))?;
+    if rank == 0
+        && let Some(path) = cfg.observe().heat_record_path.as_deref()
+    {
+        heat_recorder(&mut c, cfg, path);
+    }
+    Ok(c)
 }
 
 /// One rank's serving loop.
