@@ -528,6 +528,29 @@ impl EplbConfig {
             let _ = writeln!(s, "eplb_policy_params: {}", kv.join(", "));
         }
         let _ = writeln!(s, "eplb_heat_collection_stage: {}", self.heat_stage);
+        // The observability keys, when not at their defaults.
+        match &self.observe.metrics {
+            None => {
+                let _ = writeln!(s, "eplb_metrics: off");
+            }
+            Some(m) if *m != crate::metrics::MetricsSettings::default() => {
+                let _ = writeln!(
+                    s,
+                    "eplb_metrics: prefix {:?}, per-layer series {}",
+                    m.prefix,
+                    if m.per_layer { "on" } else { "off" }
+                );
+            }
+            Some(_) => {}
+        }
+        if let Some(p) = &self.observe.heat_record_path {
+            let _ = writeln!(
+                s,
+                "eplb_heat_record_path: {} (at most {} bytes)",
+                p.display(),
+                self.observe.heat_record_max_bytes
+            );
+        }
         let _ = write!(
             s,
             "deployment: {}",

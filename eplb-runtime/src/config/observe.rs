@@ -183,6 +183,33 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_names_them_when_not_at_their_defaults() {
+        let env: [(&str, &str); 0] = [];
+        let summary = |v: serde_json::Value| {
+            crate::config::EplbConfig::from_value(&v, &env)
+                .unwrap()
+                .summary()
+        };
+        let plain = summary(serde_json::json!({}));
+        assert!(!plain.contains("eplb_metrics") && !plain.contains("eplb_heat_record"));
+        let path = std::env::temp_dir().join("h.jsonl");
+        let set = summary(serde_json::json!({
+            "eplb_metrics": false,
+            "eplb_heat_record_path": path.to_str().unwrap(),
+        }));
+        assert!(set.contains("\neplb_metrics: off\n"), "{set}");
+        assert!(
+            set.contains(&format!(
+                "\neplb_heat_record_path: {} (at most 1073741824 bytes)\n",
+                path.display()
+            )),
+            "{set}"
+        );
+        let custom = summary(serde_json::json!({"eplb_metrics": {"per_layer": true}}));
+        assert!(custom.contains("\neplb_metrics: prefix \"eplb\", per-layer series on\n"));
+    }
+
+    #[test]
     fn heat_record_keys_are_checked() {
         let dir = std::env::temp_dir();
         let ok = dir.join("eplb-heat.jsonl");
