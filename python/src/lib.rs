@@ -651,16 +651,46 @@ fn hotness<'py>(
     Ok((PyArray1::from_vec(py, per), h.mean, h.max))
 }
 
-fn read_file(path: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{path}: {e}"))
+/// Reads `path` through the CLI's bounded reader with the GIL released: a regular file of at
+/// most the default input limit (a FIFO or a device is refused without being opened, so
+/// `/dev/zero` cannot grow without bound and a FIFO cannot block). I/O errors raise Python's own
+/// `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...) naming the path; the rest
+/// raise `EplbError`.
+fn read_file(py: Python<'_>, path: &str) -> PyResult<Vec<u8>> {
+    let p = std::path::PathBuf::from(path);
+    let limit = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT;
+    match py.detach(|| eplb_runtime::fsio::read_bounded(&p, limit)) {
+        Ok(bytes) => Ok(bytes),
+        Err(eplb_runtime::fsio::ReadError::Io(e)) => Err(os_error(&e, path)),
+        Err(other) => Err(err(format!("{path}: {other}"))),
+    }
+}
+
+/// The Python `OSError` subclass of `e` (by its kind), with errno, message and file name.
+fn os_error(e: &std::io::Error, path: &str) -> PyErr {
+    use pyo3::exceptions::{PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError};
+    use std::io::ErrorKind;
+    // Rust's text ends in " (os error N)"; Python's `strerror` is the text alone.
+    let text = e.to_string();
+    let strerror = match text.rfind(" (os error ") {
+        Some(at) => text.get(..at).unwrap_or(&text).to_owned(),
+        None => text,
+    };
+    let args = (e.raw_os_error().unwrap_or(0), strerror, path.to_owned());
+    match e.kind() {
+        ErrorKind::NotFound => PyFileNotFoundError::new_err(args),
+        ErrorKind::PermissionDenied => PyPermissionError::new_err(args),
+        ErrorKind::IsADirectory => PyIsADirectoryError::new_err(args),
+        _ => PyOSError::new_err(args),
+    }
 }
 
 /// Reads a vLLM-Ascend expert-map JSON (co-located copies accepted) into `[L,R,S]` int64.
 #[pyfunction]
 fn read_map<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyArray3<i64>>> {
+    let bytes = read_file(py, path)?;
     let path = path.to_owned();
     let (shape, ids) = guarded(py, move || {
-        let bytes = read_file(&path)?;
         let m =
             read_map_json(&bytes, &ReadOptions::lenient()).map_err(|e| format!("{path}: {e}"))?;
         let ids: Vec<i64> = m
@@ -697,9 +727,8 @@ fn validate_map(
     if let Some(r) = ranks {
         opts = opts.ranks(dim_u16("ranks", r)?);
     }
-    let path = path.to_owned();
+    let bytes = read_file(py, path)?;
     guarded(py, move || {
-        let bytes = read_file(&path)?;
         let report = check_map_json(&bytes, &opts);
         let mut out: Vec<String> = report.errors.iter().map(|e| e.to_string()).collect();
         if report.truncated {

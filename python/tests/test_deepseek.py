@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+import eplb
 from conftest import FakeTensor, golden
 from eplb import deepseek
 
@@ -15,7 +17,7 @@ def test_numpy_in_numpy_out_readme_vector():
     np.testing.assert_array_equal(phy2log, c.exact("deepseek_hier"))
     np.testing.assert_array_equal(phy2log, c.reference["readme_phy2log"])  # DeepSeek's README
     assert logcnt.shape == (2, 12) and (logcnt.sum(axis=1) == 16).all()
-    assert log2phy.shape == (2, 12, 5)
+    assert log2phy.shape == (2, 12, logcnt.max())
 
 
 def test_torch_in_torch_out(fake_torch):
@@ -31,3 +33,61 @@ def test_torch_in_torch_out(fake_torch):
             ids = np.flatnonzero(p[l] == e)
             assert logcnt.numpy()[l, e] == len(ids)
             assert set(log2phy.numpy()[l, e, : len(ids)]) == set(ids)
+
+
+def test_readme_example_runs_unchanged_on_the_top_level_name(fake_torch):
+    """DeepSeek's README: ``import eplb; eplb.rebalance_experts(weight, 16, 4, 2, 8)`` on a torch
+    tensor of ints, with this package installed under the same name."""
+    import eplb
+
+    c = golden("deepseek_readme")
+    weight = FakeTensor(c.loads.astype(np.int64))
+    phy2log, log2phy, logcnt = eplb.rebalance_experts(weight, 16, 4, 2, 8)
+    assert all(isinstance(a, FakeTensor) for a in (phy2log, log2phy, logcnt))
+    np.testing.assert_array_equal(phy2log.numpy(), c.reference["readme_phy2log"])
+    # DeepSeek's log2phy is as wide as the largest copy count.
+    assert log2phy.shape == (2, 12, logcnt.numpy().max())
+
+
+class _Bf16Tensor(FakeTensor):
+    """A tensor whose dtype numpy has not (bfloat16): ``.numpy()`` fails until ``.float()``."""
+
+    def numpy(self):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    def float(self):
+        return FakeTensor(self._a.astype(np.float32), self.device)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int16, np.uint8, np.bool_, np.uint16, np.uint32])
+def test_every_dtype_deepseek_takes_after_float(dtype, fake_torch):
+    c = golden("deepseek_readme")  # loads below 256: exact in every dtype here but bool
+    w = c.loads.astype(dtype)
+    want = eplb.rebalance_experts(w.astype(np.float32), 16, 4, 2, 8)
+    got = eplb.rebalance_experts(w, 16, 4, 2, 8)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    # The same through a tensor whose dtype numpy lacks.
+    t = eplb.rebalance_experts(_Bf16Tensor(c.loads), 16, 4, 2, 8)
+    np.testing.assert_array_equal(t[0].numpy(), c.reference["readme_phy2log"])
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((13, 1, 1, 4), "not a multiple of num_gpus"),
+        ((4, 1, 1, 4), "below the 12 logical experts"),
+        ((16, 5, 1, 8), "do not split into num_groups = 5"),
+        ((16, 0, 1, 8), "num_groups = 0 is out of range"),
+        ((16.5, 4, 2, 8), "num_replicas = 16.5 is not an integer"),
+        ((2**70, 4, 2, 8), "num_replicas = .* is out of range"),
+    ],
+)
+def test_failed_preconditions_are_eplb_errors_and_assertion_errors(args, match):
+    c = golden("deepseek_readme")
+    with pytest.raises(AssertionError, match=match) as e:
+        eplb.rebalance_experts(c.loads, *args)
+    assert isinstance(e.value, eplb.EplbError)
+    assert isinstance(e.value, eplb.PreconditionError)
+    with pytest.raises(eplb.PreconditionError, match="not a number type"):
+        eplb.rebalance_experts(np.array([["a", "b"]]), 2, 1, 1, 1)
