@@ -240,3 +240,15 @@ def test_many_steps_become_at_most_64_flashlb_windows(sglang):
     assert w.shape == (64, 3, 16)
     np.testing.assert_array_equal(w.sum(axis=0), steps.sum(axis=0))
     init_by_eplb(sglang, FakeTensor(steps), 24, 6, None, 1, "eplb_rs:flashlb")
+
+
+def test_a_failing_plan_falls_back_to_sglangs_deepseek(sglang, caplog):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    counts = np.ones((1, 2, 8))
+    counts[0, 1, 5] = np.nan  # our policies refuse NaN loads
+    bad = FakeTensor(counts)
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        out = sglang.rebalance_experts(bad, 12, 4, None, 1, "eplb_rs:incremental")
+    assert out == ("upstream", EplbAlgorithm.deepseek)
+    assert "SGLang's own deepseek algorithm plans this rebalance" in caplog.text

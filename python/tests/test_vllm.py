@@ -247,3 +247,21 @@ def test_importing_the_adapters_does_not_import_torch():
             "eplb.integrations.sglang, eplb.deepseek; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_failing_plan_keeps_the_engines_placement(vllm_registry, monkeypatch, caplog):
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    adapter.register()
+    c = golden("esft_law_ep8")
+    bad = c.loads.copy()
+    bad[0, 3] = np.nan
+    old = FakeTensor(c.current.reshape(c.layers, -1))
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        out = vllm_registry["default"].rebalance_experts(
+            FakeTensor(bad), c.replicas, 1, 1, c.ranks, old
+        )
+    assert out is old
+    assert "the placement is kept this rearrangement" in caplog.text
+    # Without a current placement there is nothing to keep: the error reaches the caller.
+    with pytest.raises(eplb.EplbError):
+        vllm_registry["default"].rebalance_experts(FakeTensor(bad), c.replicas, 1, 1, c.ranks)

@@ -185,9 +185,34 @@ def _around_compute_algorithm(original_fn, *args, **kwargs):
 
 def _around_rebalance_experts(original_fn, *args, **kwargs):
     algorithm = args[5] if len(args) > 5 else kwargs.get("algorithm")
-    if ours(algorithm) is not None:
+    if ours(algorithm) is None:
+        return original_fn(*args, **kwargs)
+    try:
         return rebalance_experts(*args, **kwargs)
-    return original_fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a rebalance must not end SGLang's loop
+        fallback = _sglang_deepseek(original_fn)
+        if fallback is None:
+            raise
+        logger.error(
+            "eplb: %s failed (%s: %s); SGLang's own deepseek algorithm plans this rebalance",
+            getattr(algorithm, "value", algorithm), type(e).__name__, e,
+        )
+        args = list(args)
+        if len(args) > 5:
+            args[5] = fallback
+        else:
+            kwargs["algorithm"] = fallback
+        return original_fn(*args, **kwargs)
+
+
+def _sglang_deepseek(original_fn):
+    """SGLang's ``EplbAlgorithm.deepseek``, or None when it cannot be found."""
+    try:
+        import importlib
+
+        return importlib.import_module(ALGORITHMS).EplbAlgorithm.deepseek
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def register() -> bool:

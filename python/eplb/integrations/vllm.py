@@ -58,15 +58,26 @@ class Policy:
         num_ranks,
         old_global_expert_indices=None,
     ):
-        phy2log = cls.plan(
-            to_numpy(weight),
-            int(num_replicas),
-            int(num_groups),
-            int(num_nodes),
-            int(num_ranks),
-            None if old_global_expert_indices is None else to_numpy(old_global_expert_indices),
-        )
-        return to_torch(phy2log)
+        try:
+            phy2log = cls.plan(
+                to_numpy(weight),
+                int(num_replicas),
+                int(num_groups),
+                int(num_nodes),
+                int(num_ranks),
+                None if old_global_expert_indices is None else to_numpy(old_global_expert_indices),
+            )
+            return to_torch(phy2log)
+        except ShapeError:
+            raise  # vLLM's own policy asserts the same: the engine's configuration is wrong
+        except Exception as e:  # noqa: BLE001 - a rebalance must not end the engine's loop
+            if old_global_expert_indices is None:
+                raise
+            logger.error(
+                "eplb: %s policy failed (%s: %s); the placement is kept this rearrangement",
+                cls.policy_name, type(e).__name__, e,
+            )
+            return old_global_expert_indices
 
     @classmethod
     def plan(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old=None) -> np.ndarray:

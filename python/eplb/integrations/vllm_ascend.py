@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
+from typing import Optional
 
 import numpy as np
 
@@ -32,7 +34,9 @@ _lock = threading.Lock()
 
 def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
-    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same set per row."""
+    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same multiset per
+    row: an expert the old row holds twice keeps one old slot per copy the new row has, so no
+    expert of ``new`` is lost."""
     out = new.copy()
     layers, ranks, slots = new.shape
     for l in range(layers):
@@ -40,11 +44,42 @@ def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
         same = (o_l == n_l).all(axis=1)
         for r in np.flatnonzero(~same):
             o, n = o_l[r].tolist(), n_l[r].tolist()
-            keep = set(o) & set(n)
-            row = [e if e in keep else -1 for e in o]
-            rest = iter(e for e in n if e not in keep)
-            out[l, r] = [e if e >= 0 else next(rest) for e in row]
+            left = Counter(n)  # copies of the new row not yet placed
+            row = []
+            for e in o:
+                if left[e] > 0:
+                    left[e] -= 1
+                    row.append(e)
+                else:
+                    row.append(None)
+            rest = iter([e for e in n if _take(left, e)])
+            out[l, r] = [e if e is not None else next(rest) for e in row]
     return out
+
+
+def _take(left: Counter, e) -> bool:
+    if left[e] > 0:
+        left[e] -= 1
+        return True
+    return False
+
+
+def guard(table: np.ndarray, experts: int) -> Optional[str]:
+    """What vLLM-Ascend's planner would reject in a new ``[L, R, S]`` table (an expert twice on
+    one rank, an id out of range, an expert with no copy), or None when it passes."""
+    layers, ranks, _ = table.shape
+    if table.size and (table.min() < 0 or table.max() >= experts):
+        return f"an expert id outside 0..{experts - 1}"
+    srt = np.sort(table, axis=2)
+    dup = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))
+    if len(dup):
+        l, r = dup[0]
+        return f"layer {l}, rank {r} holds an expert twice"
+    for l in range(layers):
+        missing = np.setdiff1d(np.arange(experts), table[l])
+        if missing.size:
+            return f"layer {l} has no copy of expert {int(missing[0])}"
+    return None
 
 
 def fold(table: np.ndarray, slot_loads: np.ndarray, experts: int) -> np.ndarray:
@@ -77,32 +112,34 @@ class Policy:
         self.__init__(state["policy"], state["params"], state["policy_type"])
 
     def rebalance_experts(self, current_expert_table, expert_workload):
-        table = to_numpy(current_expert_table)
+        """Never raises: an exception would end vLLM-Ascend's planner loop and leave the worker
+        waiting forever. On any failure (bad shapes or dtypes, a table the planner would
+        reject, a policy error) the current table comes back unchanged, with a log line."""
         try:
-            new = self.plan(table, to_numpy(expert_workload))
-        except EplbError as e:
-            # An exception would end vLLM-Ascend's planner loop and leave the worker waiting
-            # forever; keep the current table (nothing changes) and say why.
-            logger.error("eplb: %s policy failed (%s); the placement is kept this cycle", self.policy, e)
+            table = np.asarray(to_numpy(current_expert_table))
+            new = self.plan(table, np.asarray(to_numpy(expert_workload)))
+            changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
+            priority = np.flatnonzero(changed_layers)
+            return int(changed_layers.any()), priority, like(new, current_expert_table)
+        except Exception as e:  # noqa: BLE001 - the engine's loop must go on
+            logger.error(
+                "eplb: %s policy failed (%s: %s); the placement is kept this cycle",
+                self.policy, type(e).__name__, e,
+            )
             return 0, np.zeros(0, dtype=np.int64), current_expert_table
-        changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
-        priority = np.flatnonzero(changed_layers)
-        return int(changed_layers.any()), priority, like(new, current_expert_table)
 
     def plan(self, table: np.ndarray, workload: np.ndarray) -> np.ndarray:
-        """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard."""
+        """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard, or
+        an EplbError saying why there is none."""
         if self._cache is None:
             self._cache = _common.PolicyCache()
         if table.ndim != 3:
             raise EplbError(f"current_expert_table: expected [L, R, S], got shape {table.shape}")
-        layers, ranks, slots = table.shape
-        if workload.ndim == 4:
-            samples = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
-            loads = samples.sum(axis=0)
-        elif workload.ndim == 3:
-            samples = None
-            loads = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
-        else:
+        if table.dtype.kind not in "iu":
+            raise EplbError(f"current_expert_table: expected integer ids, got dtype {table.dtype}")
+        if table.size and table.min() < 0:
+            raise EplbError("current_expert_table: a negative expert id")
+        if workload.ndim not in (3, 4):
             raise EplbError(
                 f"expert_workload: expected [L, R, S] or [H, L, R, S], got shape {workload.shape}"
             )
@@ -110,7 +147,21 @@ class Policy:
             raise EplbError(
                 f"expert_workload: shape {workload.shape} does not end in the table's {table.shape}"
             )
-        experts = loads.shape[1]
+        if workload.dtype.kind not in "iuf":
+            raise EplbError(f"expert_workload: expected numbers, got dtype {workload.dtype}")
+        layers, ranks, slots = table.shape
+        experts = 0 if table.size == 0 else int(table.max()) + 1
+        # A table holding an expert twice on one rank (co-located input) is repaired first, so
+        # that the policy plans from, and keeps slots against, a placement the guard accepts.
+        current = _common.repair_current(table, layers, experts, ranks, slots)
+        if current is None:
+            raise EplbError("current_expert_table: cannot be repaired into a valid placement")
+        if workload.ndim == 4:
+            samples = fold(table, workload, experts)
+            loads = samples.sum(axis=0)
+        else:
+            samples = None
+            loads = fold(table, workload, experts)
         policy = self._cache.get(
             self.policy,
             self.params,
@@ -119,9 +170,12 @@ class Policy:
             ranks=ranks,
             redundant=ranks * slots - experts,
         )
-        current = table.astype(np.int64)
         r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
-        return keep_slots(current, r.placement)
+        new = keep_slots(current, r.placement)
+        why = guard(new, experts)
+        if why is not None:
+            raise EplbError(f"the new table would be rejected: {why}")
+        return new
 
 
 def selection():
