@@ -265,3 +265,56 @@ def test_a_failing_plan_keeps_the_engines_placement(vllm_registry, monkeypatch, 
     # Without a current placement there is nothing to keep: the error reaches the caller.
     with pytest.raises(eplb.EplbError):
         vllm_registry["default"].rebalance_experts(FakeTensor(bad), c.replicas, 1, 1, c.ranks)
+
+
+def _intra_gpu_moves(old: np.ndarray, new: np.ndarray, ranks: int) -> int:
+    """Copies within a GPU for nothing: an expert the GPU holds before and after, but not in its
+    first old slot."""
+    moves = 0
+    for o_l, n_l in zip(old.reshape(old.shape[0], ranks, -1), new.reshape(new.shape[0], ranks, -1)):
+        for o, n in zip(o_l.tolist(), n_l.tolist()):
+            for e in set(o) & set(n):
+                if n[o.index(e)] != e:
+                    moves += 1
+    return moves
+
+
+@pytest.mark.parametrize("policy", ["deepseek", "default", "swift", "incremental", "flashlb"])
+def test_every_policy_keeps_the_engines_slots(vllm_registry, monkeypatch, policy):
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    rng = np.random.default_rng(3)
+    weight = rng.integers(1, 200, size=(4, 12))
+    old = np.stack([rng.permutation(np.arange(16) % 12) for _ in range(4)])
+    p = rearrange(vllm_registry, FakeTensor(weight), 16, 4, 2, 8, FakeTensor(old))
+    assert _intra_gpu_moves(old, p, 8) == 0
+    # The same plan without the old placement: only the slot order within GPUs differs.
+    monkeypatch.setattr(adapter.Policy, "_cache", adapter._common.PolicyCache())
+    free = rearrange(vllm_registry, FakeTensor(weight), 16, 4, 2, 8, None if policy == "deepseek" else FakeTensor(old))
+    if policy == "deepseek":
+        for a, b in zip(p.reshape(4, 8, 2), free.reshape(4, 8, 2)):
+            assert sorted(map(sorted, a.tolist())) == sorted(map(sorted, b.tolist()))
+
+
+@pytest.mark.parametrize(
+    "ranks, old, new",
+    [
+        (2, [[0, 1, 2, 3, 4, 5, 6, 7]], [[1, 5, 0, 4, 6, 2, 7, 3]]),
+        (2, [[0, 1, 0, 2, 3, 4, 5, 6, 1, 2]], [[0, 5, 4, 0, 1, 6, 2, 3, 2, 1]]),
+        (3, [[0, 1, 2, 3] * 3], [[0] * 8 + [1, 2, 3, 0]]),
+        (2, [[0, -1, 2, 3, 1, -1]], [[2, 0, 4, 1, 3, 5]]),  # empty old slots
+    ],
+)
+def test_preserve_intragpu_slots_as_vllms_class_offers_it(ranks, old, new):
+    old, new = np.array(old), np.array(new)
+    post = adapter.Policy.preserve_intragpu_slots(new, ranks, old)
+    assert isinstance(post, np.ndarray) and post.shape == new.shape
+    slots = new.shape[1] // ranks
+    for g in range(ranks):
+        o, n, q = (a[0, g * slots:(g + 1) * slots].tolist() for a in (old, new, post))
+        assert sorted(q) == sorted(n)  # nothing lost, nothing added
+        for e in set(o) & set(n):
+            assert q[o.index(e)] == e  # a kept expert stays in its first old slot
+    assert _intra_gpu_moves(old, post, ranks) == 0
+    # Another size: unchanged.
+    assert adapter.Policy.preserve_intragpu_slots(new, ranks + 5, old) is new

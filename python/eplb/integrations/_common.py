@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import weakref
+from collections import Counter
 from typing import Optional, Tuple
 
 import numpy as np
@@ -156,3 +157,35 @@ def repair_current(old, layers: int, experts: int, ranks: int, slots: int) -> Op
             row = set(int(x) for x in layer[r] if x >= 0)
             layer[r, s] = next(e for e in range(experts) if e not in row)
     return a
+
+
+def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
+    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same multiset per
+    row: an expert the old row holds twice keeps one old slot per copy the new row has, so no
+    expert of ``new`` is lost."""
+    out = new.copy()
+    layers, ranks, slots = new.shape
+    for l in range(layers):
+        o_l, n_l = old[l], new[l]
+        same = (o_l == n_l).all(axis=1)
+        for r in np.flatnonzero(~same):
+            o, n = o_l[r].tolist(), n_l[r].tolist()
+            left = Counter(n)  # copies of the new row not yet placed
+            row = []
+            for e in o:
+                if left[e] > 0:
+                    left[e] -= 1
+                    row.append(e)
+                else:
+                    row.append(None)
+            rest = iter([e for e in n if _take(left, e)])
+            out[l, r] = [e if e is not None else next(rest) for e in row]
+    return out
+
+
+def _take(left: Counter, e) -> bool:
+    if left[e] > 0:
+        left[e] -= 1
+        return True
+    return False

@@ -80,6 +80,29 @@ class Policy:
             return old_global_expert_indices
 
     @classmethod
+    def preserve_intragpu_slots(cls, phy2log, num_ranks, old_phy2log):
+        """vLLM's post-processing, for every policy: per rank and layer, an expert the rank
+        keeps stays in its old slot (one old slot per copy it keeps), the incoming experts take
+        the other slots in their order, so nothing is copied within a rank for nothing. The
+        multiset of each rank's row is the new one's. ``phy2log`` comes back unchanged when
+        the sizes differ (another rank count or slots per rank). numpy or torch in, the same
+        kind out."""
+        new = to_numpy(phy2log)
+        old = to_numpy(old_phy2log)
+        ranks = int(num_ranks)
+        if (
+            new.ndim != 2
+            or old.shape != new.shape
+            or ranks <= 0
+            or new.shape[1] % ranks != 0
+        ):
+            return phy2log
+        layers, p = new.shape
+        shape = (layers, ranks, p // ranks)
+        kept = _common.keep_slots(old.reshape(shape), new.reshape(shape)).reshape(layers, p)
+        return kept if isinstance(phy2log, np.ndarray) else to_torch(kept)
+
+    @classmethod
     def plan(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old=None) -> np.ndarray:
         """The numpy core of :meth:`rebalance_experts`: ``phy2log [L, P]`` int64."""
         w = np.asarray(weight)
@@ -91,19 +114,22 @@ class Policy:
                 f"num_replicas = {num_replicas} is not a multiple of num_ranks = {num_ranks}"
             )
         if cls.policy_name == "deepseek":
-            return _api.rebalance_experts(w, num_replicas, num_groups, num_nodes, num_ranks)[0]
-        slots = num_replicas // num_ranks
-        policy = cls._cache.get(
-            cls.policy_name,
-            cls.policy_params,
-            layers=layers,
-            experts=experts,
-            ranks=num_ranks,
-            redundant=num_replicas - experts,
-        )
-        current = _common.repair_current(old, layers, experts, num_ranks, slots)
-        r = policy.rebalance(w, current)
-        return r.placement.reshape(layers, num_replicas)
+            phy2log = _api.rebalance_experts(w, num_replicas, num_groups, num_nodes, num_ranks)[0]
+        else:
+            slots = num_replicas // num_ranks
+            policy = cls._cache.get(
+                cls.policy_name,
+                cls.policy_params,
+                layers=layers,
+                experts=experts,
+                ranks=num_ranks,
+                redundant=num_replicas - experts,
+            )
+            current = _common.repair_current(old, layers, experts, num_ranks, slots)
+            phy2log = policy.rebalance(w, current).placement.reshape(layers, num_replicas)
+        if old is not None:
+            phy2log = cls.preserve_intragpu_slots(phy2log, num_ranks, np.asarray(old))
+        return phy2log
 
 
 def configure(policy: str, params: dict = None) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from typing import Optional
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from .._native import EplbError
 from .._tensor import like, to_numpy
 from . import _common
+from ._common import keep_slots  # noqa: F401 - part of this module's API
 
 logger = logging.getLogger("vllm.eplb_rs")
 
@@ -30,38 +30,6 @@ FLASHLB_MODULE = "vllm_ascend.eplb.core.policy.policy_flashlb"
 CONFIG_KEY = "eplb_rs"
 _MARK = "__eplb_rs__"
 _lock = threading.Lock()
-
-
-def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
-    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same multiset per
-    row: an expert the old row holds twice keeps one old slot per copy the new row has, so no
-    expert of ``new`` is lost."""
-    out = new.copy()
-    layers, ranks, slots = new.shape
-    for l in range(layers):
-        o_l, n_l = old[l], new[l]
-        same = (o_l == n_l).all(axis=1)
-        for r in np.flatnonzero(~same):
-            o, n = o_l[r].tolist(), n_l[r].tolist()
-            left = Counter(n)  # copies of the new row not yet placed
-            row = []
-            for e in o:
-                if left[e] > 0:
-                    left[e] -= 1
-                    row.append(e)
-                else:
-                    row.append(None)
-            rest = iter([e for e in n if _take(left, e)])
-            out[l, r] = [e if e is not None else next(rest) for e in row]
-    return out
-
-
-def _take(left: Counter, e) -> bool:
-    if left[e] > 0:
-        left[e] -= 1
-        return True
-    return False
 
 
 def guard(table: np.ndarray, experts: int) -> Optional[str]:
