@@ -318,3 +318,19 @@ def test_preserve_intragpu_slots_as_vllms_class_offers_it(ranks, old, new):
     assert _intra_gpu_moves(old, post, ranks) == 0
     # Another size: unchanged.
     assert adapter.Policy.preserve_intragpu_slots(new, ranks + 5, old) is new
+
+
+@pytest.mark.parametrize("policy", ["default", "swift", "incremental", "flashlb"])
+def test_a_plan_without_a_current_placement_replicates_by_heat(vllm_registry, monkeypatch, policy):
+    """vLLM's first rearrangement (and its tests) pass no current placement. The id-order
+    layout gives the redundant copies to the lowest ids; a plan from it must still give the
+    hottest expert of a rising layer its copies, and balance as well as DeepSeek's within 3%."""
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    weight = np.array([[210, 140, 90, 60, 30, 10], [10, 30, 60, 90, 140, 210]])
+    p = rearrange(vllm_registry, FakeTensor(weight), 10, 3, 1, 2)
+    for layer in range(2):
+        assert (p[layer] == weight[layer].argmax()).sum() >= 2, (layer, p[layer])
+    ours = even_par(p.reshape(2, 2, 5), weight.astype(float)).mean()
+    ds = eplb.rebalance_experts(weight, 10, 3, 1, 2)[0]
+    assert ours <= even_par(ds.reshape(2, 2, 5), weight.astype(float)).mean() * 1.03
