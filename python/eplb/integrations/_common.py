@@ -189,3 +189,17 @@ def _take(left: Counter, e) -> bool:
         left[e] -= 1
         return True
     return False
+
+
+def one_shot(cache: "PolicyCache", name: str, params: dict, loads: np.ndarray, **shape):
+    """``(policy, start)`` for a plan with no usable current placement (an engine's first call,
+    another rank count). The incremental policies would polish the id-order layout, whose replica
+    counts ignore the heat: incremental rebuilds every layer (``cold_start = 1`` unless set, as
+    ``eplb plan`` does from the default layout) and swift starts from the default policy's
+    placement; the others plan from the layout as they always do (``start`` None)."""
+    if name == "incremental" and "cold_start" not in params:
+        return cache.get(name, dict(params, cold_start=1), **shape), None
+    policy = cache.get(name, params, **shape)
+    if name == "swift":
+        return policy, cache.get("default", {}, **shape).rebalance(loads).placement
+    return policy, None

@@ -80,22 +80,6 @@ class Policy:
             return old_global_expert_indices
 
     @classmethod
-    def _one_shot(cls, policy, weight, layers, experts, ranks, replicas):
-        """The policy and starting placement of a plan with no usable current placement (vLLM
-        passes none on its first rearrangement, its tests never do). The incremental policies
-        would polish the id-order layout, whose replica counts ignore the heat: incremental
-        rebuilds every layer (``cold_start = 1``, unless set, as ``eplb plan`` does from the
-        default layout), swift starts from the default policy's placement."""
-        shape = dict(layers=layers, experts=experts, ranks=ranks, redundant=replicas - experts)
-        if cls.policy_name == "incremental" and "cold_start" not in cls.policy_params:
-            params = dict(cls.policy_params, cold_start=1)
-            return cls._cache.get("incremental", params, **shape), None
-        if cls.policy_name == "swift":
-            start = cls._cache.get("default", {}, **shape).rebalance(weight).placement
-            return policy, start
-        return policy, None
-
-    @classmethod
     def preserve_intragpu_slots(cls, phy2log, num_ranks, old_phy2log):
         """vLLM's post-processing, for every policy: per rank and layer, an expert the rank
         keeps stays in its old slot (one old slot per copy it keeps), the incoming experts take
@@ -143,7 +127,11 @@ class Policy:
             )
             current = _common.repair_current(old, layers, experts, num_ranks, slots)
             if current is None:
-                policy, current = cls._one_shot(policy, w, layers, experts, num_ranks, num_replicas)
+                policy, current = _common.one_shot(
+                    cls._cache, cls.policy_name, cls.policy_params, w,
+                    layers=layers, experts=experts, ranks=num_ranks,
+                    redundant=num_replicas - experts,
+                )
             phy2log = policy.rebalance(w, current).placement.reshape(layers, num_replicas)
         if old is not None:
             phy2log = cls.preserve_intragpu_slots(phy2log, num_ranks, np.asarray(old))

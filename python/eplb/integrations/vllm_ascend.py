@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._check import integer
 from .._native import EplbError
 from .._tensor import like, to_numpy
 from . import _common
@@ -71,13 +72,33 @@ class Policy:
         self.policy = _common.canonical(policy)
         self.params = _common.check_params(self.policy, params or {})
         self.policy_type = int(policy_type)
+        self.new_ep_size: Optional[int] = None
         self._cache = None
 
     def __getstate__(self):
-        return {"policy": self.policy, "params": self.params, "policy_type": self.policy_type}
+        return {
+            "policy": self.policy,
+            "params": self.params,
+            "policy_type": self.policy_type,
+            "new_ep_size": self.new_ep_size,
+        }
 
     def __setstate__(self, state):
         self.__init__(state["policy"], state["params"], state["policy_type"])
+        self.new_ep_size = state.get("new_ep_size")
+
+    def set_new_ep_size(self, new_ep_size) -> None:
+        """Plans the next tables for ``new_ep_size`` ranks (elastic EP, as vLLM-Ascend's
+        policies offer it): same slots per rank, every expert on the new ranks; ``None`` goes
+        back to the current table's rank count. A size that is not a positive integer is
+        logged and ignored (nothing raises into the engine)."""
+        if new_ep_size is None:
+            self.new_ep_size = None
+            return
+        try:
+            self.new_ep_size = integer(new_ep_size, "new_ep_size", lo=1)
+        except EplbError as e:
+            logger.error("eplb: %s; the EP size stays %s", e, self.new_ep_size or "the table's")
 
     def rebalance_experts(self, current_expert_table, expert_workload):
         """Never raises: an exception would end vLLM-Ascend's planner loop and leave the worker
@@ -86,7 +107,10 @@ class Policy:
         try:
             table = np.asarray(to_numpy(current_expert_table))
             new = self.plan(table, np.asarray(to_numpy(expert_workload)))
-            changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
+            if new.shape != table.shape:  # another EP size: every layer is new
+                changed_layers = np.ones(new.shape[0], dtype=bool)
+            else:
+                changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
             priority = np.flatnonzero(changed_layers)
             return int(changed_layers.any()), priority, like(new, current_expert_table)
         except Exception as e:  # noqa: BLE001 - the engine's loop must go on
@@ -130,16 +154,22 @@ class Policy:
         else:
             samples = None
             loads = fold(table, workload, experts)
-        policy = self._cache.get(
-            self.policy,
-            self.params,
-            layers=layers,
-            experts=experts,
-            ranks=ranks,
-            redundant=ranks * slots - experts,
-        )
-        r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
-        new = keep_slots(current, r.placement)
+        shape = dict(layers=layers, experts=experts, ranks=ranks, redundant=ranks * slots - experts)
+        target = self.new_ep_size if self.new_ep_size is not None else ranks
+        if target != ranks:
+            # Another rank count: nothing of the current placement can be kept in place.
+            if target * slots < experts:
+                raise EplbError(
+                    f"new_ep_size = {target} ranks x {slots} slots cannot hold {experts} experts"
+                )
+            shape.update(ranks=target, redundant=target * slots - experts)
+            policy, start = _common.one_shot(self._cache, self.policy, self.params, loads, **shape)
+            r = policy.rebalance(loads, start, samples if self.policy == "flashlb" else None)
+            new = r.placement
+        else:
+            policy = self._cache.get(self.policy, self.params, **shape)
+            r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
+            new = keep_slots(current, r.placement)
         why = guard(new, experts)
         if why is not None:
             raise EplbError(f"the new table would be rejected: {why}")
