@@ -120,6 +120,24 @@ impl Replay {
     }
 }
 
+impl Replay {
+    /// A warning when the trace is too short for one cycle to show: the first new placement
+    /// serves window `H + A` (counting from 0), so a trace of at most `H + A` windows has no
+    /// window after an activation, and the figures "from first activation" (and the time
+    /// model's estimate and net saving, which are taken over the same windows) do not exist:
+    /// they are `NaN` in a [`crate::SimResult`], `null` in the JSON.
+    pub fn short_trace_warning(&self, heat_interval: u32, algo_interval: u32) -> Option<String> {
+        let (h, a) = (heat_interval as usize, algo_interval as usize);
+        let first = h.saturating_add(a);
+        (self.trace.windows <= first).then(|| {
+            format!(
+                "the trace has {} windows, fewer than one cycle needs (heat interval {h} + algorithm interval {a} = {first} windows, then at least one window served by the new placement): no placement is activated, so the figures from first activation, the time estimate and the net saving are not available (null in the JSON); use a shorter heat interval or a longer trace",
+                self.trace.windows
+            )
+        })
+    }
+}
+
 impl Run {
     /// Whether the run's numbers are the policy's: an error when every plan failed (they are
     /// the initial placement's), else a warning line when some did (the placement stayed as

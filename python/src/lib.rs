@@ -651,16 +651,24 @@ fn hotness<'py>(
     Ok((PyArray1::from_vec(py, per), h.mean, h.max))
 }
 
-fn read_file(path: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{path}: {e}"))
+/// Reads an input as the CLI does: a regular file of at most `limit` bytes (a FIFO or a device
+/// is refused before it is opened, a larger file before it is read).
+fn read_file(path: &str, limit: u64) -> Result<Vec<u8>, String> {
+    eplb_runtime::fsio::read_bounded(std::path::Path::new(path), limit)
+        .map_err(|e| format!("{path}: {e}"))
 }
 
 /// Reads a vLLM-Ascend expert-map JSON (co-located copies accepted) into `[L,R,S]` int64.
 #[pyfunction]
-fn read_map<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyArray3<i64>>> {
+#[pyo3(signature = (path, max_input_bytes = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT))]
+fn read_map<'py>(
+    py: Python<'py>,
+    path: &str,
+    max_input_bytes: u64,
+) -> PyResult<Bound<'py, PyArray3<i64>>> {
     let path = path.to_owned();
     let (shape, ids) = guarded(py, move || {
-        let bytes = read_file(&path)?;
+        let bytes = read_file(&path, max_input_bytes)?;
         let m =
             read_map_json(&bytes, &ReadOptions::lenient()).map_err(|e| format!("{path}: {e}"))?;
         let ids: Vec<i64> = m
@@ -683,12 +691,13 @@ fn read_map<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyArray3<i6
 
 /// Every problem of an expert-map JSON (strict: co-located copies are problems); empty = valid.
 #[pyfunction]
-#[pyo3(signature = (path, experts=None, ranks=None))]
+#[pyo3(signature = (path, experts=None, ranks=None, max_input_bytes=eplb_runtime::fsio::DEFAULT_INPUT_LIMIT))]
 fn validate_map(
     py: Python<'_>,
     path: &str,
     experts: Option<usize>,
     ranks: Option<usize>,
+    max_input_bytes: u64,
 ) -> PyResult<Vec<String>> {
     let mut opts = ReadOptions::strict();
     if let Some(n) = experts {
@@ -699,7 +708,7 @@ fn validate_map(
     }
     let path = path.to_owned();
     guarded(py, move || {
-        let bytes = read_file(&path)?;
+        let bytes = read_file(&path, max_input_bytes)?;
         let report = check_map_json(&bytes, &opts);
         let mut out: Vec<String> = report.errors.iter().map(|e| e.to_string()).collect();
         if report.truncated {
@@ -719,9 +728,24 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     })
 }
 
+/// Writes the expert-map JSON of `placement` to `path` as `eplb plan --out` does
+/// (`eplb_runtime::fsio::write_atomic`): a regular file is replaced atomically keeping its
+/// permissions, a symbolic link is followed to its file, a FIFO or a character device is written
+/// through, anything else is refused.
+#[pyfunction]
+fn write_map(py: Python<'_>, path: PathBuf, placement: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (shape, v) = placement_arg(placement, None)?;
+    guarded(py, move || {
+        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+        eplb_runtime::fsio::write_atomic(&path, to_json(&p).as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    })
+}
+
 /// `eplb simulate --json` in this process with typed settings (GIL released): the JSON text
 /// of the object the command prints (the very bytes, so no float is re-rounded). Unset cost
 /// settings take the command's defaults (the trace's model, else DeepSeek-V3 W8A8; 10 Gbit/s).
+/// Also the warnings the command prints on standard error (without `warning: `).
 #[pyfunction]
 #[pyo3(signature = (
     trace, ranks, redundant, policy, heat_interval, algo_interval, *,
@@ -758,8 +782,9 @@ fn simulate(
     role: Option<String>,
     tokens_per_rank: Option<f64>,
     payoff_gate: bool,
-) -> PyResult<String> {
-    guarded(py, move || -> Result<String, String> {
+) -> PyResult<(String, Vec<String>)> {
+    guarded(py, move || -> Result<(String, Vec<String>), String> {
+        let mut warnings = Vec::new();
         if ranks == 0 {
             return Err("ranks must be at least 1".to_owned());
         }
@@ -804,7 +829,10 @@ fn simulate(
             .map_err(|e| format!("{source}: {e}"))?;
         let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
         for w in &replay.warnings {
-            log::warn!("eplb: {source}: {w}");
+            warnings.push(format!("{source}: {w}"));
+        }
+        if let Some(w) = replay.short_trace_warning(heat_interval, algo_interval) {
+            warnings.push(format!("{source}: {w}"));
         }
         let cfg = SimConfig {
             ranks,
@@ -840,13 +868,16 @@ fn simulate(
             .map_err(|e| e.to_string())?;
         }
         if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
-            log::warn!("eplb: {warning}");
+            warnings.push(warning);
         }
         let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
             .map_err(|e| e.to_string())?;
         let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);
         figures.add_json(&mut v, &basis);
-        Ok(v.to_string())
+        for w in &warnings {
+            log::warn!("eplb: {w}");
+        }
+        Ok((v.to_string(), warnings))
     })
 }
 
@@ -877,6 +908,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_map, m)?)?;
     m.add_function(wrap_pyfunction!(validate_map, m)?)?;
     m.add_function(wrap_pyfunction!(map_json, m)?)?;
+    m.add_function(wrap_pyfunction!(write_map, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(policy_params, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
