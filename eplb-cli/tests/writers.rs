@@ -111,6 +111,9 @@ fn a_fifo_is_written_through() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A writer: its output's file name, its arguments for an output path, what the output holds.
+type WriterCase<'a> = (&'a str, Box<dyn Fn(&str) -> Vec<String> + 'a>, &'a str);
+
 #[test]
 fn every_writer_follows_a_symlink_to_its_file_and_keeps_the_link() {
     let dir = tmp("links");
@@ -144,7 +147,7 @@ fn every_writer_follows_a_symlink_to_its_file_and_keeps_the_link() {
         v
     };
     let (l, m) = (loads.to_str().unwrap(), map.to_str().unwrap());
-    let cases: Vec<(&str, Box<dyn Fn(&str) -> Vec<String>>, &str)> = vec![
+    let cases: Vec<WriterCase<'_>> = vec![
         (
             "plan.json",
             Box::new(|out: &str| plan_to(&loads, out)),
@@ -218,7 +221,15 @@ fn hotness_svg_refuses_its_own_inputs_and_links_to_them() {
     symlink(&loads, &loads_link).unwrap();
     let (l, m) = (loads.to_str().unwrap(), map.to_str().unwrap());
     for out in [&map, &loads, &map_link, &loads_link] {
-        let o = eplb(&["hotness", "--map", m, "--loads", l, "--svg", out.to_str().unwrap()]);
+        let o = eplb(&[
+            "hotness",
+            "--map",
+            m,
+            "--loads",
+            l,
+            "--svg",
+            out.to_str().unwrap(),
+        ]);
         fails_with(&o, 1, "the output is the input file");
         assert!(stderr(&o).starts_with("error: "), "{}", stderr(&o));
     }
@@ -303,7 +314,11 @@ fn an_oversized_input_is_refused_before_it_is_read() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let cfg = dir.join("cfg.json");
-    std::fs::write(&cfg, format!("{{\"eplb_config\": {{}}}} {}", " ".repeat(4000))).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("{{\"eplb_config\": {{}}}} {}", " ".repeat(4000)),
+    )
+    .unwrap();
     let cfg_size = std::fs::metadata(&cfg).unwrap().len();
     let sim = |cmd: &str| -> Vec<String> {
         let mut v: Vec<String> = [
@@ -337,7 +352,16 @@ fn an_oversized_input_is_refused_before_it_is_read() {
         v
     };
     let cases = vec![
-        (with_limit(&plan_to(&big, "/dev/null").iter().map(String::as_str).collect::<Vec<_>>()), b.to_string(), size),
+        (
+            with_limit(
+                &plan_to(&big, "/dev/null")
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            ),
+            b.to_string(),
+            size,
+        ),
         (simulate, b.to_string(), size),
         (report, b.to_string(), size),
         (

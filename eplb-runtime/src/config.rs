@@ -326,8 +326,8 @@ impl EplbConfig {
         map_validator: Option<&MapValidator<'_>>,
         overrides: &Deployment,
     ) -> Result<Self, ConfigErrors> {
-        let text = crate::fsio::read_bounded_to_string(path, limit)
-            .map_err(|e| ConfigError::Io {
+        let text =
+            crate::fsio::read_bounded_to_string(path, limit).map_err(|e| ConfigError::Io {
                 path: path.to_owned(),
                 message: e.to_string(),
             })?;

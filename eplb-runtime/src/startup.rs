@@ -314,7 +314,11 @@ pub fn controller_config(
 
 /// The record-mode sink of rank 0: each plan is written to `path` as vLLM-Ascend's expert-map
 /// JSON with [`crate::fsio::write_atomic`] (a temporary file in the same directory, fsynced and
-/// renamed over the old one), so a reader never sees half a map.
+/// renamed over the old one, keeping its permissions), so a reader never sees half a map. A
+/// symbolic link is followed to the file it names; a FIFO or a character device is written
+/// through, never replaced; a directory or another kind of file is an error. An engine that
+/// handles SIGINT or SIGTERM itself can call [`crate::fsio::remove_pending_temporaries`]
+/// before it exits, so that no temporary file of an interrupted write stays behind.
 pub fn record_sink(path: PathBuf) -> RecordSink {
     Box::new(move |shape: &Shape, placement: &[u16]| {
         let p = Placement::new(*shape, placement)

@@ -4,14 +4,14 @@
 //! the trace ([`Replay::load`]), then [`Replay::run`] a policy with its parameters. The
 //! trace's own model (its `model` object) sizes an expert when the cost settings name none.
 
-use eplb_map::heat::load_heat;
-use eplb_policies::PolicyKind;
-use eplb_runtime::policies::{Param, policy_with};
 use crate::SimError;
 use crate::cost::{CostBasis, CostSpec, ModelPreset, MoveCost, sequence_cost};
 use crate::simulate::{
     Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with,
 };
+use eplb_map::heat::load_heat;
+use eplb_policies::PolicyKind;
+use eplb_runtime::policies::{Param, policy_with};
 
 /// A trace in memory with what its header says and the cost basis of its replays.
 #[derive(Debug, Clone)]
@@ -248,7 +248,7 @@ mod head {
     use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
     use serde_json::Value;
 
-        /// A trace's top level: its `model` (the last one, as `serde_json::Value` keeps it).
+    /// A trace's top level: its `model` (the last one, as `serde_json::Value` keeps it).
     pub(super) struct Head {
         pub(super) model: Option<Model>,
     }
