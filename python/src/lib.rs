@@ -731,14 +731,27 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
 /// Writes the expert-map JSON of `placement` to `path` as `eplb plan --out` does
 /// (`eplb_runtime::fsio::write_atomic`): a regular file is replaced atomically keeping its
 /// permissions, a symbolic link is followed to its file, a FIFO or a character device is written
-/// through, anything else is refused.
+/// through, anything else is refused (`EplbError`); an I/O failure is the `OSError` subclass
+/// of its kind (`FileNotFoundError` for a missing directory, `PermissionError`, ...).
 #[pyfunction]
 fn write_map(py: Python<'_>, path: PathBuf, placement: &Bound<'_, PyAny>) -> PyResult<()> {
     let (shape, v) = placement_arg(placement, None)?;
-    guarded(py, move || {
+    let shown = path.display().to_string();
+    let written = guarded(py, move || {
         let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
-        eplb_runtime::fsio::write_atomic(&path, to_json(&p).as_bytes())
-            .map_err(|e| format!("{}: {e}", path.display()))
+        Ok(eplb_runtime::fsio::write_atomic(
+            &path,
+            to_json(&p).as_bytes(),
+        ))
+    })?;
+    written.map_err(|e| {
+        let refused = e
+            .get_ref()
+            .and_then(|r| r.downcast_ref::<eplb_runtime::fsio::WriteRefused>());
+        match refused {
+            Some(r) => err(format!("{shown}: {r}")),
+            None => PyErr::from(std::io::Error::new(e.kind(), format!("{shown}: {e}"))),
+        }
     })
 }
 

@@ -62,6 +62,9 @@ def test_write_map_refuses_a_directory(tmp_path):
     with pytest.raises(eplb.EplbError, match="a directory"):
         eplb.write_map(tmp_path, PLACEMENT)
     assert tmp_path.is_dir()
+    # An I/O failure stays an OSError of its kind, as before.
+    with pytest.raises(FileNotFoundError, match="missing"):
+        eplb.write_map(tmp_path / "missing" / "map.json", PLACEMENT)
 
 
 def test_readers_are_bounded(tmp_path):
