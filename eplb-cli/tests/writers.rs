@@ -478,6 +478,8 @@ fn a_trace_shorter_than_one_cycle_is_said_so() {
     let o = eplb(&a);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("9 windows"), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("NaN"), "the page prints NaN");
     // A trace of one cycle and more: no warning.
     let o = eplb(&[
         "simulate",
