@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -261,40 +261,31 @@ def hotness(placement, loads, routing: str = "even") -> Hotness:
     return Hotness(par, mean, mx)
 
 
-def read_map(path) -> np.ndarray:
-    """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted)."""
-    return _native.read_map(os.fspath(path))
+def read_map(path, max_input_bytes: int = 1 << 30) -> np.ndarray:
+    """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted). As the
+    CLI, it reads only a regular file of at most ``max_input_bytes`` (default 1 GiB)."""
+    return _native.read_map(os.fspath(path), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1))
 
 
-def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None) -> list:
+def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None,
+                 max_input_bytes: int = 1 << 30) -> list:
     """Every problem of an expert-map JSON as ``eplb validate`` lists them (co-located copies are
-    problems); an empty list means valid."""
+    problems); an empty list means valid. Reads only a regular file of at most
+    ``max_input_bytes`` (default 1 GiB)."""
     experts = optional_integer(experts, "experts", lo=1)
     ranks = optional_integer(ranks, "ranks", lo=1)
-    return _native.validate_map(os.fspath(path), experts, ranks)
+    limit = integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
+    return _native.validate_map(os.fspath(path), experts, ranks, limit)
 
 
 def write_map(path, placement) -> None:
     """Writes ``placement`` (``[L, R, S]``) as an expert-map JSON, byte-identical to
-    vLLM-Ascend's recorder. Atomic: a temporary file in the same directory, fsync, rename."""
-    text = _native.map_json(_array(placement, "placement"))
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".eplb-map-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
+    vLLM-Ascend's recorder, as ``eplb plan --out`` writes it: a regular file is replaced
+    atomically (a temporary file in the same directory, fsync, rename; the file keeps its
+    permissions), a symbolic link is followed to the file it names (the link stays), a FIFO or a
+    character device such as ``/dev/null`` is written through, never replaced; anything else
+    raises :class:`EplbError`."""
+    _native.write_map(os.fspath(path), _array(placement, "placement"))
 
 
 _SIMULATE_OPTIONS = frozenset({
@@ -315,7 +306,9 @@ def simulate(trace, **options) -> dict:
     ``hardware``, ``role``, ``tokens_per_rank``, ``payoff_gate`` (the time model's; the result carries its
     ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
-    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message.
+    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message; what
+    the CLI prints as ``warning: ...`` (a trace shorter than one cycle, failed plans) is a
+    :class:`RuntimeWarning`.
     """
     unknown = sorted(set(options) - _SIMULATE_OPTIONS)
     if unknown:
@@ -344,9 +337,11 @@ def simulate(trace, **options) -> dict:
     kw = {k: v for k, v in kw.items() if v is not None}
     args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        text = _native.simulate(os.fspath(trace), *args, **kw)
+        text, warned = _native.simulate(os.fspath(trace), *args, **kw)
     except EplbError as e:
         raise EplbError(f"simulate: {e}") from None
     except (TypeError, OverflowError) as e:
         raise EplbError(f"simulate: {e}") from None
+    for w in warned:
+        warnings.warn(f"eplb.simulate: {w}", RuntimeWarning, stacklevel=2)
     return json.loads(text)

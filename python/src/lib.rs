@@ -652,13 +652,12 @@ fn hotness<'py>(
 }
 
 /// Reads `path` through the CLI's bounded reader with the GIL released: a regular file of at
-/// most the default input limit (a FIFO or a device is refused without being opened, so
+/// most `limit` bytes (a FIFO or a device is refused without being opened, so
 /// `/dev/zero` cannot grow without bound and a FIFO cannot block). I/O errors raise Python's own
 /// `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...) naming the path; the rest
 /// raise `EplbError`.
-fn read_file(py: Python<'_>, path: &str) -> PyResult<Vec<u8>> {
+fn read_file(py: Python<'_>, path: &str, limit: u64) -> PyResult<Vec<u8>> {
     let p = std::path::PathBuf::from(path);
-    let limit = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT;
     match py.detach(|| eplb_runtime::fsio::read_bounded(&p, limit)) {
         Ok(bytes) => Ok(bytes),
         Err(eplb_runtime::fsio::ReadError::Io(e)) => Err(os_error(&e, path)),
@@ -687,8 +686,13 @@ fn os_error(e: &std::io::Error, path: &str) -> PyErr {
 
 /// Reads a vLLM-Ascend expert-map JSON (co-located copies accepted) into `[L,R,S]` int64.
 #[pyfunction]
-fn read_map<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyArray3<i64>>> {
-    let bytes = read_file(py, path)?;
+#[pyo3(signature = (path, max_input_bytes = eplb_runtime::fsio::DEFAULT_INPUT_LIMIT))]
+fn read_map<'py>(
+    py: Python<'py>,
+    path: &str,
+    max_input_bytes: u64,
+) -> PyResult<Bound<'py, PyArray3<i64>>> {
+    let bytes = read_file(py, path, max_input_bytes)?;
     let path = path.to_owned();
     let (shape, ids) = guarded(py, move || {
         let m =
@@ -713,12 +717,13 @@ fn read_map<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyArray3<i6
 
 /// Every problem of an expert-map JSON (strict: co-located copies are problems); empty = valid.
 #[pyfunction]
-#[pyo3(signature = (path, experts=None, ranks=None))]
+#[pyo3(signature = (path, experts=None, ranks=None, max_input_bytes=eplb_runtime::fsio::DEFAULT_INPUT_LIMIT))]
 fn validate_map(
     py: Python<'_>,
     path: &str,
     experts: Option<usize>,
     ranks: Option<usize>,
+    max_input_bytes: u64,
 ) -> PyResult<Vec<String>> {
     let mut opts = ReadOptions::strict();
     if let Some(n) = experts {
@@ -727,7 +732,7 @@ fn validate_map(
     if let Some(r) = ranks {
         opts = opts.ranks(dim_u16("ranks", r)?);
     }
-    let bytes = read_file(py, path)?;
+    let bytes = read_file(py, path, max_input_bytes)?;
     guarded(py, move || {
         let report = check_map_json(&bytes, &opts);
         let mut out: Vec<String> = report.errors.iter().map(|e| e.to_string()).collect();
@@ -748,9 +753,37 @@ fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     })
 }
 
+/// Writes the expert-map JSON of `placement` to `path` as `eplb plan --out` does
+/// (`eplb_runtime::fsio::write_atomic`): a regular file is replaced atomically keeping its
+/// permissions, a symbolic link is followed to its file, a FIFO or a character device is written
+/// through, anything else is refused (`EplbError`); an I/O failure is the `OSError` subclass
+/// of its kind (`FileNotFoundError` for a missing directory, `PermissionError`, ...).
+#[pyfunction]
+fn write_map(py: Python<'_>, path: PathBuf, placement: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (shape, v) = placement_arg(placement, None)?;
+    let shown = path.display().to_string();
+    let written = guarded(py, move || {
+        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+        Ok(eplb_runtime::fsio::write_atomic(
+            &path,
+            to_json(&p).as_bytes(),
+        ))
+    })?;
+    written.map_err(|e| {
+        let refused = e
+            .get_ref()
+            .and_then(|r| r.downcast_ref::<eplb_runtime::fsio::WriteRefused>());
+        match refused {
+            Some(r) => err(format!("{shown}: {r}")),
+            None => PyErr::from(std::io::Error::new(e.kind(), format!("{shown}: {e}"))),
+        }
+    })
+}
+
 /// `eplb simulate --json` in this process with typed settings (GIL released): the JSON text
 /// of the object the command prints (the very bytes, so no float is re-rounded). Unset cost
 /// settings take the command's defaults (the trace's model, else DeepSeek-V3 W8A8; 10 Gbit/s).
+/// Also the warnings the command prints on standard error (without `warning: `).
 #[pyfunction]
 #[pyo3(signature = (
     trace, ranks, redundant, policy, heat_interval, algo_interval, *,
@@ -787,8 +820,9 @@ fn simulate(
     role: Option<String>,
     tokens_per_rank: Option<f64>,
     payoff_gate: bool,
-) -> PyResult<String> {
-    guarded(py, move || -> Result<String, String> {
+) -> PyResult<(String, Vec<String>)> {
+    guarded(py, move || -> Result<(String, Vec<String>), String> {
+        let mut warnings = Vec::new();
         if ranks == 0 {
             return Err("ranks must be at least 1".to_owned());
         }
@@ -833,7 +867,10 @@ fn simulate(
             .map_err(|e| format!("{source}: {e}"))?;
         let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
         for w in &replay.warnings {
-            log::warn!("eplb: {source}: {w}");
+            warnings.push(format!("{source}: {w}"));
+        }
+        if let Some(w) = replay.short_trace_warning(heat_interval, algo_interval) {
+            warnings.push(format!("{source}: {w}"));
         }
         let cfg = SimConfig {
             ranks,
@@ -869,13 +906,16 @@ fn simulate(
             .map_err(|e| e.to_string())?;
         }
         if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
-            log::warn!("eplb: {warning}");
+            warnings.push(warning);
         }
         let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
             .map_err(|e| e.to_string())?;
         let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);
         figures.add_json(&mut v, &basis);
-        Ok(v.to_string())
+        for w in &warnings {
+            log::warn!("eplb: {w}");
+        }
+        Ok((v.to_string(), warnings))
     })
 }
 
@@ -906,6 +946,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_map, m)?)?;
     m.add_function(wrap_pyfunction!(validate_map, m)?)?;
     m.add_function(wrap_pyfunction!(map_json, m)?)?;
+    m.add_function(wrap_pyfunction!(write_map, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(policy_params, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
