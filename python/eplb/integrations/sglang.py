@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 from .. import _api
+from .. import _native
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
 from . import _common
@@ -80,16 +81,8 @@ def deepseek_hierarchical(mode: str, num_groups, num_nodes: int) -> bool:
 
 def derive_maps(phy2log: np.ndarray, experts: int):
     """``(log2phy [L, N, P-N+1] -1 padded, logcnt [L, N])`` from ``phy2log [L, P]``: each expert's
-    physical ids in ascending order, as SGLang derives them from a mapping."""
-    layers, p = phy2log.shape
-    width = p - experts + 1
-    log2phy = np.full((layers, experts, width), -1, dtype=np.int64)
-    logcnt = np.zeros((layers, experts), dtype=np.int64)
-    for l in range(layers):
-        for slot, e in enumerate(phy2log[l].tolist()):
-            log2phy[l, e, logcnt[l, e]] = slot
-            logcnt[l, e] += 1
-    return log2phy, logcnt
+    physical ids in ascending order, as SGLang derives them from a mapping (native)."""
+    return _native.derive_maps(np.asarray(phy2log), experts)
 
 
 def _current_phy2log():

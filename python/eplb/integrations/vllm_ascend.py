@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 
 from .._check import integer
+from .. import _native
 from .._native import EplbError
 from .._tensor import like, to_numpy
 from . import _common
@@ -52,15 +53,11 @@ def guard(table: np.ndarray, experts: int) -> Optional[str]:
 
 
 def fold(table: np.ndarray, slot_loads: np.ndarray, experts: int) -> np.ndarray:
-    """Logical loads ``[..., L, N]`` from slot loads ``[..., L, R, S]`` through ``table``."""
-    lead = slot_loads.shape[:-3]
-    layers = table.shape[0]
-    flat_t = table.reshape(layers, -1)
-    sl = slot_loads.reshape(lead + (layers, -1)).astype(np.float64)
-    out = np.zeros(lead + (layers, experts), dtype=np.float64)
-    for l in range(layers):
-        np.add.at(out[..., l, :], (Ellipsis, flat_t[l]), sl[..., l, :])
-    return out
+    """Logical loads ``[..., L, N]`` from slot loads ``[..., L, R, S]`` through ``table`` (native)."""
+    loads = np.asarray(slot_loads)
+    if loads.dtype not in (np.int32, np.int64, np.float32, np.float64):
+        loads = loads.astype(np.float64)
+    return _native.fold_slot_loads(np.asarray(table), loads, experts)
 
 
 class Policy:
