@@ -132,6 +132,9 @@ pub(crate) fn fold_slot_loads<'py>(
         .map(|a| a.into_pyarray(py))
 }
 
+/// `(log2phy, logcnt)`.
+type LogicalMaps<'py> = (Bound<'py, PyArray3<i64>>, Bound<'py, PyArray2<i64>>);
+
 /// `(log2phy [L, N, P-N+1] padded with -1, logcnt [L, N])` from `phy2log [L, P]`: each
 /// expert's physical ids in ascending order; an entry of -1 (an empty slot) is skipped.
 #[pyfunction]
@@ -139,7 +142,7 @@ pub(crate) fn derive_maps<'py>(
     py: Python<'py>,
     phy2log: &Bound<'py, PyAny>,
     experts: usize,
-) -> PyResult<(Bound<'py, PyArray3<i64>>, Bound<'py, PyArray2<i64>>)> {
+) -> PyResult<LogicalMaps<'py>> {
     let (dims, v) = read_ids(phy2log, "phy2log", &[2])?;
     let (layers, p) = (dims[0], dims[1]);
     if experts == 0 || p < experts {
