@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules, tensor_device, tensor_dtype
 from eplb.integrations import sglang as adapter
 
 ALGOS = adapter.ALGORITHMS
@@ -94,7 +94,7 @@ def init_by_eplb(algos, tokens, num_physical, num_local, num_groups, num_nodes, 
         tokens, num_physical, num_local, num_groups, num_nodes, algorithm
     )
     for t in (phy2log, log2phy, logcnt):
-        assert isinstance(t, FakeTensor) and t.device == "cpu" and t.dtype == np.int64
+        assert isinstance(t, FakeTensor) and tensor_device(t) == "cpu" and tensor_dtype(t) == np.int64
     p, l2p, cnt = phy2log.numpy(), log2phy.numpy(), logcnt.numpy()
     layers, experts = tokens.shape[1], tokens.shape[2]
     assert p.shape == (layers, num_physical)

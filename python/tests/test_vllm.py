@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules, tensor_device, tensor_dtype
 from eplb.integrations import vllm as adapter
 
 
@@ -49,7 +49,7 @@ def rearrange(registry, weight, num_replicas, num_groups, num_nodes, num_ranks, 
     policy = registry["default"]
     phy2log = policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, old)
     assert isinstance(phy2log, FakeTensor), type(phy2log)
-    assert phy2log.device == "cpu" and phy2log.dtype == np.int64
+    assert tensor_device(phy2log) == "cpu" and tensor_dtype(phy2log) == np.int64
     p = phy2log.numpy()
     layers, experts = weight.shape
     assert p.shape == (layers, num_replicas)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from conftest import DSV3_CASES, FakeTensor, bf16_tensor, even_par, golden, install_modules
 from eplb.integrations import vllm_ascend as adapter
 
 
@@ -265,14 +265,6 @@ def test_out_of_range_params_fail_at_selection(ascend, caplog):
     assert "`movers` = 0 is out of range" in caplog.text
 
 
-class _Bf16(FakeTensor):
-    def cpu(self):
-        return self
-
-    def numpy(self):
-        raise TypeError("Got unsupported ScalarType BFloat16")
-
-
 def _bad_inputs(c):
     table = c.current
     sl = slot_loads(c)
@@ -283,7 +275,7 @@ def _bad_inputs(c):
         "workload [R, S]": (table, sl[0]),
         "float table": (table.astype(np.float64), sl),
         "negative id": (np.where(table == 0, -1, table), sl),
-        "bfloat16 workload": (table, _Bf16(sl)),
+        "bfloat16 workload": (table, bf16_tensor(sl)),
         "string workload": (table, sl.astype(str)),
         "NaN workload": (table, np.where(sl == sl.max(), np.nan, sl.astype(np.float64))),
     }

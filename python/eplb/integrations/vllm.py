@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 import numpy as np
 
@@ -47,6 +48,8 @@ class Policy:
     policy_name = "deepseek"
     policy_params: dict = {}
     _cache = _common.PolicyCache()
+    #: The engine's own policy class this one replaced (set by :func:`register`).
+    upstream: Optional[type] = None
 
     @classmethod
     def rebalance_experts(
@@ -138,7 +141,7 @@ class Policy:
         return phy2log
 
 
-def configure(policy: str, params: dict = None) -> None:
+def configure(policy: str, params: Optional[dict] = None) -> None:
     """Selects the policy :class:`Policy` runs (validated; raises EplbError)."""
     name = _common.canonical(policy)
     params = _common.check_params(name, params or {})

@@ -65,12 +65,12 @@ class Policy:
     expert_workload)`` returns ``(changed, priority, new_table)``. One native policy per shape;
     picklable (the planner may run under ``forkserver``) and fork-safe."""
 
-    def __init__(self, policy: str, params: dict = None, policy_type: int = 1):
+    def __init__(self, policy: str, params: Optional[dict] = None, policy_type: int = 1):
         self.policy = _common.canonical(policy)
         self.params = _common.check_params(self.policy, params or {})
         self.policy_type = int(policy_type)
         self.new_ep_size: Optional[int] = None
-        self._cache = None
+        self._cache: Optional[_common.PolicyCache] = None
 
     def __getstate__(self):
         return {
@@ -120,8 +120,9 @@ class Policy:
     def plan(self, table: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard, or
         an EplbError saying why there is none."""
-        if self._cache is None:
-            self._cache = _common.PolicyCache()
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = _common.PolicyCache()
         if table.ndim != 3:
             raise EplbError(f"current_expert_table: expected [L, R, S], got shape {table.shape}")
         if table.dtype.kind not in "iu":
@@ -160,11 +161,11 @@ class Policy:
                     f"new_ep_size = {target} ranks x {slots} slots cannot hold {experts} experts"
                 )
             shape.update(ranks=target, redundant=target * slots - experts)
-            policy, start = _common.one_shot(self._cache, self.policy, self.params, loads, **shape)
+            policy, start = _common.one_shot(cache, self.policy, self.params, loads, **shape)
             r = policy.rebalance(loads, start, samples if self.policy == "flashlb" else None)
             new = r.placement
         else:
-            policy = self._cache.get(self.policy, self.params, **shape)
+            policy = cache.get(self.policy, self.params, **shape)
             r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
             new = keep_slots(current, r.placement)
         why = guard(new, experts)
@@ -257,7 +258,7 @@ def register() -> bool:
 
         generate_policy.__eplb_rs__ = True  # type: ignore[attr-defined]
         generate_policy.__wrapped__ = original  # type: ignore[attr-defined]
-        factory.generate_policy = staticmethod(generate_policy)
+        factory.generate_policy = staticmethod(generate_policy)  # type: ignore[union-attr]
         logger.info("eplb: vLLM-Ascend's PolicyFactory.generate_policy wrapped")
         return True
 
@@ -271,4 +272,4 @@ def _disable_flashlb_warm_up() -> None:
         logger.debug("eplb: %s not importable (%s); no warm-up to skip", FLASHLB_MODULE, e)
         return
     if callable(getattr(mod, "warm_up", None)) and not getattr(mod.warm_up, _MARK, False):
-        mod.warm_up = _skip_warm_up
+        mod.warm_up = _skip_warm_up  # type: ignore[attr-defined]
