@@ -20,7 +20,7 @@ from .. import _api
 from .. import _native
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
-from . import _common
+from . import _common, _record
 
 logger = logging.getLogger("sglang.eplb_rs")
 
@@ -127,6 +127,7 @@ def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current
         t = t[None]
     if t.ndim != 3:
         raise EplbError(f"tokens_per_expert: expected [T, L, E], got shape {t.shape}")
+    _record.record("sglang", t)
     if num_local < 1 or num_physical % num_local != 0:
         raise EplbError(
             f"num_physical_experts = {num_physical} is not a multiple of "

@@ -18,7 +18,7 @@ import numpy as np
 from .. import _api
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
-from . import _common
+from . import _common, _record
 
 logger = logging.getLogger("vllm.eplb_rs")
 
@@ -62,8 +62,10 @@ class Policy:
         old_global_expert_indices=None,
     ):
         try:
+            w = to_numpy(weight)
+            _record.record("vllm", w)
             phy2log = cls.plan(
-                to_numpy(weight),
+                w,
                 int(num_replicas),
                 int(num_groups),
                 int(num_nodes),

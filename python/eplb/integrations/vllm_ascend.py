@@ -22,7 +22,7 @@ from .._check import integer
 from .. import _native
 from .._native import EplbError
 from .._tensor import like, to_numpy
-from . import _common
+from . import _common, _record
 from ._common import keep_slots  # noqa: F401 - part of this module's API
 
 logger = logging.getLogger("vllm.eplb_rs")
@@ -152,6 +152,7 @@ class Policy:
         else:
             samples = None
             loads = fold(table, workload, experts)
+        _record.record("vllm-ascend", samples if samples is not None else loads)
         shape = dict(layers=layers, experts=experts, ranks=ranks, redundant=ranks * slots - experts)
         target = self.new_ep_size if self.new_ep_size is not None else ranks
         if target != ranks:
