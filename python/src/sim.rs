@@ -1,6 +1,8 @@
 //! `eplb simulate` in this process: `eplb-sim` called with typed arguments.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use eplb_core::metrics::Routing;
 use eplb_runtime::config::deployment::QuantType;
@@ -12,6 +14,12 @@ use eplb_sim::{Initial, Replay, SimConfig, SimError};
 use pyo3::prelude::*;
 
 use crate::errors::guarded;
+
+/// How often a replay checks for a pending signal (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// The unwind payload of a replay stopped by a signal.
+struct Interrupted;
 
 /// `eplb simulate --json` in this process with typed settings (GIL released): the JSON text
 /// of the object the command prints (the very bytes, so no float is re-rounded). Unset cost
@@ -54,7 +62,10 @@ pub(crate) fn simulate(
     tokens_per_rank: Option<f64>,
     payoff_gate: bool,
 ) -> PyResult<(String, Vec<String>)> {
-    guarded(py, move || -> Result<(String, Vec<String>), String> {
+    // Ctrl-C: the replay checks for signals (with the GIL, at most every 100 ms, between
+    // windows) and unwinds with `Interrupted`; the pending KeyboardInterrupt is then raised.
+    let interrupted: Mutex<Option<PyErr>> = Mutex::new(None);
+    let result = guarded(py, || -> Result<(String, Vec<String>), String> {
         let mut warnings = Vec::new();
         if ranks == 0 {
             return Err("ranks must be at least 1".to_owned());
@@ -126,8 +137,21 @@ pub(crate) fn simulate(
             payoff_gate: payoff_gate.then(|| basis.gate(&cfg)),
             ..cfg
         };
+        let mut last = Instant::now();
+        let mut check = |_: usize, _: usize| {
+            if last.elapsed() < SIGNAL_CHECK {
+                return;
+            }
+            last = Instant::now();
+            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                if let Ok(mut slot) = interrupted.lock() {
+                    *slot = Some(e);
+                }
+                std::panic::resume_unwind(Box::new(Interrupted));
+            }
+        };
         let run = replay
-            .run(&cfg, &params, &mut |_, _| {})
+            .run(&cfg, &params, &mut check)
             .map_err(|e| e.to_string())?;
         if let Some(path) = &placements_log {
             sim_json::write_placements_log(
@@ -149,5 +173,9 @@ pub(crate) fn simulate(
             log::warn!("eplb: {w}");
         }
         Ok((v.to_string(), warnings))
-    })
+    });
+    if let Some(e) = interrupted.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    result
 }
