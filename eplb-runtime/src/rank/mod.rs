@@ -67,11 +67,11 @@ use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step
 use action::gather_what;
 pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
 use agree::{Agree, Awaiting, Task};
-pub use agree::{FAILED_PLAN, placement_hash};
+pub use agree::{AGREE_WORDS, FAILED_PLAN, agree_tag, placement_hash, seal, tag_gather};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
-pub use local::{DriveError, Entered, LocalCollective};
+pub use local::{DriveError, Entered, LocalCollective, LocalFault};
 pub use walk::outcome;
 use walk::{LayerStep, Walk};
 
@@ -142,6 +142,11 @@ pub struct MachineStats {
     pub collective_failures: u64,
     /// Collectives asked for (gathers and agreements).
     pub collectives: u64,
+    /// Agreements that came back out of step (another step's or cycle's tag): each dropped the
+    /// cycle on every rank that read it and led to a placement check.
+    pub resyncs: u64,
+    /// Layer installs that failed on this rank (each retried; see [`RankMachine::handle_committed`]).
+    pub commit_failures: u64,
 }
 
 /// What happened since the last [`RankMachine::take_events`] (one forward, for a driver that
@@ -273,7 +278,7 @@ impl RankMachine {
     /// The most words this rank sends in one all-gather (its whole heat ring, `W * L * S`, and
     /// at least the two of an agreement): a driver sizes its receive buffer to `ranks` times it.
     pub fn max_gather_words(&self) -> usize {
-        self.heat.capacity().max(self.agree.sent.len())
+        self.heat.capacity().max(AGREE_WORDS)
     }
     /// What happened since the last call.
     pub fn take_events(&mut self) -> Events {
@@ -318,7 +323,7 @@ impl RankMachine {
             Step::PlanDue => self.agree.task = Task::AgreeReady,
             Step::CycleDone => {
                 if core::mem::take(&mut self.walk.walking) {
-                    self.agree.task = Task::CheckPlacement;
+                    self.agree.check = true;
                 }
                 self.end_cycle();
             }
@@ -329,11 +334,17 @@ impl RankMachine {
     /// The collective asked for last finished: its reply, or `None` when it failed on this rank.
     ///
     /// A reply of another kind or length than the one asked for is an error; the machine then
-    /// books the collective as failed. A failed collective abandons the cycle, except a layer
-    /// vote and the placement check, which a rank resolves with its peers: a rank that voted yes
-    /// on a layer and saw the vote fail keeps the exchange, votes no on the next layer without
-    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or from the
-    /// placement check at the end of the walk).
+    /// books the collective as failed.
+    ///
+    /// A collective that fails here (or an agreement word that fails its check) never moves this
+    /// rank off the step its peers are at, since they may have read every word: a failed heat
+    /// gather leaves this rank without a plan (every rank then drops the cycle at the digest); a
+    /// failed readiness flag or digest is read as the rank's own word says (the next tags
+    /// tell); a rank that voted yes on a layer and saw the vote fail keeps the exchange, votes no
+    /// on the next layer without exchanging it, and learns the outcome from its peers' word `b`
+    /// of that vote or from the placement check. An agreement whose tags differ (out of step)
+    /// drops the cycle on every rank that read it, and they check their placements at once
+    /// (`Gather::Placement`).
     pub fn handle_collective(&mut self, reply: Option<Reply<'_>>) -> Result<(), MachineError> {
         let got = match reply {
             None => "a failure",
@@ -341,21 +352,6 @@ impl RankMachine {
             Some(Reply::Words(_)) => "words",
         };
         match self.agree.awaiting {
-            Awaiting::Ready => {
-                self.agree.awaiting = Awaiting::Nothing;
-                let flag = match reply {
-                    Some(Reply::Flag(all)) => Some(all),
-                    _ => None,
-                };
-                self.on_ready(flag);
-                match reply {
-                    Some(Reply::Words(_)) => Err(MachineError::Reply {
-                        expected: "a flag (the plan-ready AND)",
-                        got,
-                    }),
-                    _ => Ok(()),
-                }
-            }
             Awaiting::Gather(of) => {
                 self.agree.awaiting = Awaiting::Nothing;
                 let words = match reply {
@@ -375,6 +371,10 @@ impl RankMachine {
                 };
                 let folded = match of {
                     Gather::Heat => self.on_heat(words),
+                    Gather::Ready => {
+                        self.on_ready(words);
+                        Ok(())
+                    }
                     Gather::Digest => {
                         self.on_digests(words);
                         Ok(())
@@ -397,15 +397,20 @@ impl RankMachine {
         }
     }
 
-    /// The engine resumes balancing after a suspension (on every rank at the same iteration):
-    /// the ranks first check that they hold the same placement, then a fresh cycle starts.
+    /// The engine resumes balancing (on every rank at the same iteration, whatever each rank's
+    /// health, mid-walk too): every rank drops the cycle under way (a launched layer is aborted, a
+    /// submitted plan settled as not taken), the ranks check their placements at once (adopting
+    /// the highest cycle, repairing a kept layer), then a fresh cycle starts on every rank.
     pub fn handle_resume(&mut self) {
-        if self.health != Health::Running {
-            log::info!("eplb rank {}: balancing resumed", self.rank);
-            self.health = Health::Running;
-            self.consecutive_failures = 0;
-            self.agree.task = Task::CheckPlacement;
-        }
+        log::info!(
+            "eplb rank {}: balancing resumed ({:?}); the ranks resynchronize",
+            self.rank,
+            self.health
+        );
+        self.health = Health::Running;
+        self.consecutive_failures = 0;
+        self.abandon_cycle();
+        self.agree.check = true;
     }
 
     /// The next action, or `None` when there is nothing to do or an answer is outstanding.
@@ -414,8 +419,8 @@ impl RankMachine {
             return None;
         }
         match self.next_layer_step() {
-            Some(LayerStep::Vote { layer, words }) => {
-                Some(self.gather_words(Gather::Vote { layer }, words))
+            Some(LayerStep::Vote { layer, words: [a, b] }) => {
+                Some(self.gather_words(Gather::Vote { layer }, a, b, 0))
             }
             Some(LayerStep::Do(a)) => Some(Action::Layer(a)),
             None => self.poll_task(),
@@ -432,7 +437,7 @@ impl RankMachine {
         self.stats.collective_failures += 1;
         self.consecutive_failures += 1;
         log::error!(
-            "eplb rank {}: {what} failed ({} in a row); the cycle is abandoned",
+            "eplb rank {}: {what} failed here ({} in a row)",
             self.rank,
             self.consecutive_failures
         );

@@ -1,8 +1,12 @@
 //! The layer walk of a taken plan: the layer due, the one launched, its vote, and a layer whose
 //! vote this rank could not learn until its peers tell.
 
-use super::agree::Awaiting;
-use super::{LayerAction, RankMachine};
+use super::agree::{AGREE_WORDS, Awaiting, Heard};
+use super::{Gather, Health, LayerAction, RankMachine};
+
+/// Installs of one layer this rank tries at once before it keeps the exchange for the placement
+/// check; one more try there, and a rank that still cannot install it stops balancing.
+const COMMIT_TRIES: u32 = 2;
 
 /// Word 1 of a layer vote: this rank's outcome of the previous vote of the walk.
 pub mod outcome {
@@ -40,6 +44,8 @@ pub(super) struct Walk {
     resolved: Option<(u16, bool)>,
     /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
     last_outcome: u64,
+    /// Failed installs of the layer in hand.
+    commit_tries: u32,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
     pub(super) walking: bool,
@@ -54,6 +60,7 @@ impl Walk {
             unsure: None,
             resolved: None,
             last_outcome: outcome::UNKNOWN,
+            commit_tries: 0,
             walking: false,
         }
     }
@@ -109,18 +116,56 @@ impl RankMachine {
     }
 
     /// The commit of `layer` finished (`ok`: the slots hold the new experts).
+    ///
+    /// Every rank voted yes, so the peers hold the new layer: a failed install is repaired, not
+    /// dropped. The driver keeps the exchange (its received data) after a failed install; the
+    /// machine asks for the commit again at once, then keeps the layer as one whose outcome is
+    /// open (sends only, votes no, receives nothing until it is settled) and commits it at the
+    /// placement check if that gives the agreed placement. A third failure stops balancing on
+    /// this rank ([`Health::Diverged`]), with a log line naming the layer.
     pub fn handle_committed(&mut self, layer: u16, ok: bool) {
         if self.agree.awaiting != Awaiting::Committed(layer) {
             return;
         }
         self.agree.awaiting = Awaiting::Nothing;
+        let launched = self.walk.launched;
         self.walk.release();
         if !ok {
-            log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
-            self.stats.layers_failed += 1;
-            self.events.failed = Some(layer);
+            self.stats.commit_failures += 1;
+            self.walk.commit_tries += 1;
+            let tries = self.walk.commit_tries;
+            if tries < COMMIT_TRIES {
+                log::warn!(
+                    "eplb rank {}: layer {layer}: install failed (try {tries}); trying again",
+                    self.rank
+                );
+                self.walk.launched = launched;
+                self.walk.job = LayerJob::Commit(layer);
+            } else if tries == COMMIT_TRIES && self.walk.unsure.is_none() {
+                log::error!(
+                    "eplb rank {}: layer {layer}: install failed {tries} times; the exchange is \
+                     kept and the placement check repairs the layer",
+                    self.rank
+                );
+                self.walk.launched = launched;
+                self.walk.unsure = Some(layer);
+            } else {
+                log::error!(
+                    "eplb rank {}: layer {layer}: install failed {tries} times; this rank holds \
+                     another placement than its peers and stops balancing until the engine \
+                     resumes it",
+                    self.rank
+                );
+                self.walk.commit_tries = 0;
+                self.stats.layers_failed += 1;
+                self.events.failed = Some(layer);
+                self.walk.job = LayerJob::Abort(layer);
+                self.health = Health::Diverged;
+                self.abandon_cycle();
+            }
             return;
         }
+        self.walk.commit_tries = 0;
         let per = self.shape.slots_per_layer();
         let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
         if let (Some(dst), Some(src)) =
@@ -132,42 +177,55 @@ impl RankMachine {
         self.events.committed = Some(layer);
     }
 
-    /// The layer vote answered with every rank's two words, or failed here.
+    /// The layer vote answered with every rank's words, or failed here.
     ///
-    /// A rank that voted yes and saw the collective fail cannot know whether its peers committed:
-    /// it keeps the exchange (no commit, no abort), votes no on the next layer without
-    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or, at the end
-    /// of the walk, from the placement check).
+    /// A rank that voted yes and cannot read the vote (it failed here on a transport whose
+    /// collectives are not atomic, or a word failed its check) cannot know whether its peers
+    /// committed: it keeps the exchange (no commit, no abort), votes no on the next layer without
+    /// exchanging it, and learns the outcome from its peers' word `b` of that vote (or, at the end
+    /// of the walk, from the placement check). A vote out of step commits nothing anywhere.
     pub(super) fn on_votes(&mut self, l: u16, all: Option<&[u64]>) {
         let mine = matches!(self.walk.job, LayerJob::Exchanged(_, true));
-        let ok = self.collective_done(all.is_some(), "layer vote", false);
+        let all = match self.hear(all, Gather::Vote { layer: l }) {
+            Heard::InStep(all) => {
+                self.collective_done(true, "layer vote", false);
+                all
+            }
+            Heard::OutOfStep => {
+                self.walk.last_outcome = outcome::ABORTED;
+                self.walk.job = self.abort_or_drop(l);
+                return self.out_of_step(Gather::Vote { layer: l });
+            }
+            Heard::Unknown { corrupt } => {
+                self.collective_done(false, "layer vote", false);
+                let w = &mut self.walk;
+                if mine && w.unsure.is_none() && (corrupt || !self.cfg.atomic_collectives) {
+                    log::error!(
+                        "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
+                         exchange is kept until the peers tell",
+                        self.rank
+                    );
+                    w.unsure = Some(l);
+                    w.last_outcome = outcome::UNKNOWN;
+                    w.job = LayerJob::Idle;
+                } else {
+                    w.last_outcome = outcome::ABORTED;
+                    self.walk.job = self.abort_or_drop(l);
+                }
+                return;
+            }
+        };
         let w = &mut self.walk;
-        if let (Some(u), Some(all)) = (w.unsure, all) {
-            // Word 1 of the peers is their outcome of the vote on `u`: anyone who committed it
+        if let Some(u) = w.unsure {
+            // Word `b` of the peers is their outcome of the vote on `u`: anyone who committed it
             // saw every rank say yes.
             let committed = all
-                .chunks_exact(2)
-                .any(|x| x.get(1) == Some(&outcome::COMMITTED));
+                .chunks_exact(AGREE_WORDS)
+                .any(|x| x.get(2) == Some(&outcome::COMMITTED));
             w.unsure = None;
             w.resolved = Some((u, committed));
         }
-        let Some(all) = all else {
-            if mine && w.unsure.is_none() && !self.cfg.atomic_collectives {
-                log::error!(
-                    "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
-                     exchange is kept until the peers tell",
-                    self.rank
-                );
-                w.unsure = Some(l);
-                w.last_outcome = outcome::UNKNOWN;
-                w.job = LayerJob::Idle;
-            } else {
-                w.last_outcome = outcome::ABORTED;
-                self.walk.job = self.abort_or_drop(l);
-            }
-            return;
-        };
-        let yes = ok && all.chunks_exact(2).all(|x| x.first() == Some(&1));
+        let yes = all.chunks_exact(AGREE_WORDS).all(|x| x.get(1) == Some(&1));
         w.last_outcome = if yes {
             outcome::COMMITTED
         } else {
