@@ -141,15 +141,11 @@ pub fn placement_hash(placement: &[u16]) -> u64 {
     if h == FAILED_PLAN { 1 } else { h }
 }
 
-/// [`placement_hash`] of `placement` with layer `layer` taken from `plan`.
-fn placement_hash_with_layer(placement: &[u16], plan: &[u16], shape: &Shape, layer: u16) -> u64 {
+/// [`placement_hash`] of `placement` with layer `layer`'s rows replaced by `new`.
+fn placement_hash_with_layer(placement: &[u16], new: &[u16], shape: &Shape, layer: u16) -> u64 {
     let per = shape.slots_per_layer();
     let mut h = eplb_core::Fnv1a::new();
-    for (l, (old, new)) in placement
-        .chunks_exact(per)
-        .zip(plan.chunks_exact(per))
-        .enumerate()
-    {
+    for (l, old) in placement.chunks_exact(per).enumerate() {
         let rows = if l == usize::from(layer) { new } else { old };
         h.words(rows.iter().map(|&v| u64::from(v)));
     }
@@ -421,7 +417,7 @@ impl RankMachine {
         let mine = placement_hash(&self.placement);
         let repair = match self.walk.unsure {
             Some(l)
-                if placement_hash_with_layer(&self.placement, &self.plan, &self.shape, l)
+                if placement_hash_with_layer(&self.placement, &self.kept, &self.shape, l)
                     == agreed =>
             {
                 Some((l, true))

@@ -180,6 +180,8 @@ pub struct RankMachine {
     heat: SlotHeat,
     placement: Vec<u16>,
     plan: Vec<u16>,
+    /// The new rows `[R][S]` of a layer held open ([`walk`]'s `kept`).
+    kept: Vec<u16>,
     changed: Vec<bool>,
     cycle_no: u64,
     agree: Agree,
@@ -218,6 +220,7 @@ impl RankMachine {
             heat: SlotHeat::new(&shape, cfg.heat_interval)?,
             placement: placement.to_vec(),
             plan: placement.to_vec(),
+            kept: vec![0; shape.slots_per_layer()],
             changed: vec![false; shape.layers()],
             cycle_no: 0,
             agree: Agree::new(),

@@ -40,6 +40,9 @@ pub(super) struct Walk {
     launched: Option<u16>,
     /// A layer whose vote this rank could not learn (its exchange data is kept).
     pub(super) unsure: Option<u16>,
+    /// The layer whose new rows are in the machine's `kept` (an open layer, until it is
+    /// installed or dropped: the plan may be another cycle's by then).
+    pub(super) kept: Option<u16>,
     /// The unsure layer once its outcome is known: `(layer, committed)`.
     resolved: Option<(u16, bool)>,
     /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
@@ -58,6 +61,7 @@ impl Walk {
             due: None,
             launched: None,
             unsure: None,
+            kept: None,
             resolved: None,
             last_outcome: outcome::UNKNOWN,
             commit_tries: 0,
@@ -148,7 +152,7 @@ impl RankMachine {
                     self.rank
                 );
                 self.walk.launched = launched;
-                self.walk.unsure = Some(layer);
+                self.keep_layer(layer);
             } else {
                 log::error!(
                     "eplb rank {}: layer {layer}: install failed {tries} times; this rank holds \
@@ -168,9 +172,13 @@ impl RankMachine {
         self.walk.commit_tries = 0;
         let per = self.shape.slots_per_layer();
         let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        if let (Some(dst), Some(src)) =
-            (self.placement.get_mut(range.clone()), self.plan.get(range))
-        {
+        let src = if self.walk.kept == Some(layer) {
+            self.walk.kept = None;
+            Some(self.kept.as_slice())
+        } else {
+            self.plan.get(range.clone())
+        };
+        if let (Some(dst), Some(src)) = (self.placement.get_mut(range), src) {
             dst.copy_from_slice(src);
         }
         self.stats.layers_committed += 1;
@@ -205,9 +213,9 @@ impl RankMachine {
                          exchange is kept until the peers tell",
                         self.rank
                     );
-                    w.unsure = Some(l);
                     w.last_outcome = outcome::UNKNOWN;
                     w.job = LayerJob::Idle;
+                    self.keep_layer(l);
                 } else {
                     w.last_outcome = outcome::ABORTED;
                     self.walk.job = self.abort_or_drop(l);
@@ -236,6 +244,17 @@ impl RankMachine {
         } else {
             self.abort_or_drop(l)
         };
+    }
+
+    /// Holds `layer` open: its exchange stays in the driver, its new rows in `kept`.
+    pub(super) fn keep_layer(&mut self, layer: u16) {
+        self.walk.unsure = Some(layer);
+        self.walk.kept = Some(layer);
+        let per = self.shape.slots_per_layer();
+        let l = usize::from(layer);
+        if let Some(rows) = self.plan.get(l * per..(l + 1) * per) {
+            self.kept.copy_from_slice(rows);
+        }
     }
 
     /// The job that ends a failed layer: an abort if this rank launched it, else a drop.
@@ -285,6 +304,9 @@ impl RankMachine {
                 Some(LayerStep::Do(LayerAction::Commit { layer }))
             }
             LayerJob::Abort(layer) => {
+                if self.walk.kept == Some(layer) {
+                    self.walk.kept = None;
+                }
                 self.walk.release();
                 self.stats.layers_failed += 1;
                 self.events.failed = Some(layer);
