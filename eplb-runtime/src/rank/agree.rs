@@ -203,9 +203,7 @@ impl RankMachine {
             }
             in_step &= match of {
                 // Any cycle: the check is where the ranks adopt one.
-                Gather::Placement => {
-                    tag_gather(tag).map(|(g, _)| g) == Some(Gather::Placement)
-                }
+                Gather::Placement => tag_gather(tag).map(|(g, _)| g) == Some(Gather::Placement),
                 Gather::Ready => tag == my_tag && live == my_live,
                 Gather::Heat | Gather::Digest | Gather::Vote { .. } => tag == my_tag,
             };
@@ -404,30 +402,26 @@ impl RankMachine {
             );
             self.cycle_no = top;
         }
-        let live = |w: &[u64]| w.get(3).copied().unwrap_or_default();
-        let count = |h: u64| chunks().filter(|w| live(w) == h).count();
-        let (agreed, holders) = chunks().map(live).fold((0, 0), |(best, n), h| {
-            let c = count(h);
-            if c > n || (c == n && h < best) {
-                (h, c)
+        // Each rank's placement once it settled its open layer, as every rank computes it: a
+        // rank commits its open layer if some rank holds the placement with it (then every rank
+        // voted yes on it), else drops it.
+        for (post, w) in self.post.iter_mut().zip(chunks()) {
+            let (open, live) = (open_word(w), live_word(w));
+            *post = if open != 0 && chunks().any(|x| live_word(x) == open) {
+                open
             } else {
-                (best, n)
+                live
+            };
+        }
+        let (agreed, holders) = majority_of(&self.post);
+        let mut mine = placement_hash(&self.placement);
+        if let Some(l) = self.walk.unsure {
+            let open = self.agree.sent.get(1).copied().unwrap_or_default();
+            let committed = chunks().any(|x| live_word(x) == open);
+            if committed {
+                mine = open;
             }
-        });
-        let mine = placement_hash(&self.placement);
-        let repair = match self.walk.unsure {
-            Some(l)
-                if placement_hash_with_layer(&self.placement, &self.kept, &self.shape, l)
-                    == agreed =>
-            {
-                Some((l, true))
-            }
-            Some(l) if mine == agreed => Some((l, false)),
-            _ => None,
-        };
-        if let Some((l, committed)) = repair {
             self.walk.settle_unsure(l, committed);
-            return;
         }
         if mine == agreed {
             if holders < self.shape.ranks() {
@@ -450,6 +444,28 @@ impl RankMachine {
         );
         self.health = Health::Diverged;
         self.abandon_cycle();
+    }
+
+    /// The hash of the placement with the open layer `l` installed.
+    pub(super) fn open_hash(&self, l: u16) -> u64 {
+        placement_hash_with_layer(&self.placement, &self.kept, &self.shape, l)
+    }
+
+    /// What a vote's words (rank-major) say of the open layer `l`: committed (`true`) if some
+    /// rank holds the placement with it installed (then every rank voted yes on it), dropped
+    /// (`false`) if most ranks hold this rank's placement without it, `None` if neither.
+    pub(super) fn open_layer_verdict(&self, l: u16, words: &[u64]) -> Option<bool> {
+        let open = self.open_hash(l);
+        if words
+            .chunks_exact(AGREE_WORDS)
+            .any(|w| live_word(w) == open)
+        {
+            Some(true)
+        } else if majority(words).0 == placement_hash(&self.placement) {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     /// This rank's plan hash ([`FAILED_PLAN`] without a plan).
@@ -482,7 +498,8 @@ impl RankMachine {
                     return None;
                 }
                 let live = placement_hash(&self.placement);
-                Some(self.gather_words(Gather::Placement, 0, 0, live))
+                let open = self.walk.unsure.map_or(0, |l| self.open_hash(l));
+                Some(self.gather_words(Gather::Placement, open, 0, live))
             }
             Task::Gather => {
                 self.agree.awaiting = Awaiting::Gather(Gather::Heat);
@@ -528,6 +545,42 @@ impl RankMachine {
             }),
         }
     }
+}
+
+/// Word `live` of one rank's agreement words.
+fn live_word(w: &[u64]) -> u64 {
+    w.get(3).copied().unwrap_or_default()
+}
+
+/// Word `a` of one rank's placement-check words: the hash with its open layer installed (0:
+/// none open).
+fn open_word(w: &[u64]) -> u64 {
+    w.get(1).copied().unwrap_or_default()
+}
+
+/// The live placement hash most ranks sent in `words` (agreement words, rank-major; ties: the
+/// lowest hash), and how many sent it.
+pub(super) fn majority(words: &[u64]) -> (u64, usize) {
+    let chunks = || words.chunks_exact(AGREE_WORDS);
+    let count = |h: u64| chunks().filter(|w| live_word(w) == h).count();
+    best_count(chunks().map(live_word), count)
+}
+
+/// The hash most of `hashes` are (ties: the lowest), and how many.
+fn majority_of(hashes: &[u64]) -> (u64, usize) {
+    let count = |h: u64| hashes.iter().filter(|&&x| x == h).count();
+    best_count(hashes.iter().copied(), count)
+}
+
+fn best_count(hashes: impl Iterator<Item = u64>, count: impl Fn(u64) -> usize) -> (u64, usize) {
+    hashes.fold((0, 0), |(best, n), h| {
+        let c = count(h);
+        if c > n || (c == n && h < best) {
+            (h, c)
+        } else {
+            (best, n)
+        }
+    })
 }
 
 /// What the digests decide.

@@ -244,7 +244,6 @@ impl LocalCollective {
         }
         Ok(true)
     }
-
 }
 
 /// Ranks in a gather of `len` words, `words` each.

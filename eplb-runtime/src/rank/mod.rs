@@ -66,8 +66,8 @@ use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step
 
 use action::gather_what;
 pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
-use agree::{Agree, Awaiting, Task};
 pub use agree::{AGREE_WORDS, FAILED_PLAN, agree_tag, placement_hash, seal, tag_gather};
+use agree::{Agree, Awaiting, Task};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
@@ -182,6 +182,8 @@ pub struct RankMachine {
     plan: Vec<u16>,
     /// The new rows `[R][S]` of a layer held open ([`walk`]'s `kept`).
     kept: Vec<u16>,
+    /// Each rank's placement hash once its open layer is settled (the placement check), `[R]`.
+    post: Vec<u64>,
     changed: Vec<bool>,
     cycle_no: u64,
     agree: Agree,
@@ -221,6 +223,7 @@ impl RankMachine {
             placement: placement.to_vec(),
             plan: placement.to_vec(),
             kept: vec![0; shape.slots_per_layer()],
+            post: vec![0; shape.ranks()],
             changed: vec![false; shape.layers()],
             cycle_no: 0,
             agree: Agree::new(),
@@ -412,6 +415,7 @@ impl RankMachine {
         );
         self.health = Health::Running;
         self.consecutive_failures = 0;
+        self.walk.commit_tries = 0;
         self.abandon_cycle();
         self.agree.check = true;
     }
@@ -422,8 +426,12 @@ impl RankMachine {
             return None;
         }
         match self.next_layer_step() {
-            Some(LayerStep::Vote { layer, words: [a, b] }) => {
-                Some(self.gather_words(Gather::Vote { layer }, a, b, 0))
+            Some(LayerStep::Vote {
+                layer,
+                words: [a, b],
+            }) => {
+                let live = placement_hash(&self.placement);
+                Some(self.gather_words(Gather::Vote { layer }, a, b, live))
             }
             Some(LayerStep::Do(a)) => Some(Action::Layer(a)),
             None => self.poll_task(),

@@ -48,7 +48,7 @@ pub(super) struct Walk {
     /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
     last_outcome: u64,
     /// Failed installs of the layer in hand.
-    commit_tries: u32,
+    pub(super) commit_tries: u32,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
     pub(super) walking: bool,
@@ -154,16 +154,16 @@ impl RankMachine {
                 self.walk.launched = launched;
                 self.keep_layer(layer);
             } else {
+                // Still open (the driver keeps the exchange): the placement check after the
+                // engine's resume tries once more.
                 log::error!(
                     "eplb rank {}: layer {layer}: install failed {tries} times; this rank holds \
                      another placement than its peers and stops balancing until the engine \
                      resumes it",
                     self.rank
                 );
-                self.walk.commit_tries = 0;
-                self.stats.layers_failed += 1;
-                self.events.failed = Some(layer);
-                self.walk.job = LayerJob::Abort(layer);
+                self.walk.launched = launched;
+                self.keep_layer(layer);
                 self.health = Health::Diverged;
                 self.abandon_cycle();
             }
@@ -223,16 +223,16 @@ impl RankMachine {
                 return;
             }
         };
-        let w = &mut self.walk;
-        if let Some(u) = w.unsure {
-            // Word `b` of the peers is their outcome of the vote on `u`: anyone who committed it
-            // saw every rank say yes.
-            let committed = all
-                .chunks_exact(AGREE_WORDS)
-                .any(|x| x.get(2) == Some(&outcome::COMMITTED));
-            w.unsure = None;
-            w.resolved = Some((u, committed));
+        if let Some(u) = self.walk.unsure
+            && let Some(committed) = self.open_layer_verdict(u, all)
+        {
+            // The placement most ranks hold tells what they did with the open layer (their
+            // words `b`, the outcome of their previous vote, may be about a vote this rank
+            // missed).
+            self.walk.unsure = None;
+            self.walk.resolved = Some((u, committed));
         }
+        let w = &mut self.walk;
         let yes = all.chunks_exact(AGREE_WORDS).all(|x| x.get(1) == Some(&1));
         w.last_outcome = if yes {
             outcome::COMMITTED
