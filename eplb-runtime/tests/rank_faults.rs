@@ -432,6 +432,42 @@ fn resume_mid_walk_on_every_rank_resynchronizes_and_balances_again() {
     assert!(w.committed().iter().zip(&at).all(|(n, t)| n > t));
 }
 
+#[test]
+fn a_rank_suspended_mid_walk_and_resume_on_every_rank_resynchronize() {
+    // Rank K's votes fail three times in a row (one side only): it holds the first layer open,
+    // votes no on the next ones, and suspends mid-walk while its peers are still walking. The
+    // engine resumes every rank right then: every rank drops the walk, they check their
+    // placements, K installs the layer it kept, and they balance on.
+    let mut w = World::new(PolicyKind::Random, false);
+    w.run(2 * CYCLE);
+    w.run_until_quiet(CYCLE);
+    w.armed = vec![(K, Target::Vote, LocalFault::Fail); 3];
+    for _ in 0..4 * CYCLE {
+        if w.machines[K].health() != Health::Running {
+            break;
+        }
+        w.run(1);
+    }
+    assert_eq!(w.machines[K].health(), Health::Suspended { failures: 3 });
+    assert!(w.armed.is_empty());
+    assert!(
+        w.machines.iter().any(|m| m.placement() != w.machines[K].placement()),
+        "rank K should hold a layer open"
+    );
+    assert!(
+        w.machines
+            .iter()
+            .all(|m| m.rank() == K || (m.health() == Health::Running && m.is_updating())),
+        "the peers should be mid-walk"
+    );
+    w.resume_all();
+    let at = w.committed();
+    w.run(4 * CYCLE);
+    w.run_until_quiet(CYCLE);
+    w.assert_in_step("suspended mid-walk, resumed");
+    assert!(w.committed().iter().zip(&at).all(|(n, t)| n > t));
+}
+
 /// splitmix64.
 struct Rng(u64);
 
