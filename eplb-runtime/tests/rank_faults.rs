@@ -451,7 +451,9 @@ fn a_rank_suspended_mid_walk_and_resume_on_every_rank_resynchronize() {
     assert_eq!(w.machines[K].health(), Health::Suspended { failures: 3 });
     assert!(w.armed.is_empty());
     assert!(
-        w.machines.iter().any(|m| m.placement() != w.machines[K].placement()),
+        w.machines
+            .iter()
+            .any(|m| m.placement() != w.machines[K].placement()),
         "rank K should hold a layer open"
     );
     assert!(

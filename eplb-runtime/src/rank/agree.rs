@@ -216,7 +216,9 @@ impl RankMachine {
     }
 
     /// The ranks read another step's words in `of`: this rank drops the cycle (so does every
-    /// rank that read the same words) and checks its placement at once.
+    /// rank that read the same words) and checks its placement at once. Only a placement check
+    /// out of step counts as a failed collective (towards the suspension): the check it leads
+    /// to is the resynchronization, and a check that cannot realign the ranks must end.
     pub(super) fn out_of_step(&mut self, of: Gather) {
         self.stats.resyncs += 1;
         log::warn!(
@@ -225,7 +227,11 @@ impl RankMachine {
             self.rank,
             self.cycle_no
         );
-        self.collective_done(false, "an agreement out of step", true);
+        if of == Gather::Placement {
+            self.collective_done(false, "placement check (out of step)", true);
+        } else {
+            self.abandon_cycle();
+        }
         if self.health == Health::Running {
             self.agree.check = true;
         }
