@@ -520,7 +520,7 @@ fn random_fault_schedules_never_leave_ranks_on_different_placements() {
                     };
                     w.armed.push((rng.below(8), target, fault));
                 }
-                let (target, fault) = (w.armed.clone(), ());
+                let armed = w.armed.clone();
                 for _ in 0..2 * CYCLE {
                     if w.armed.is_empty() {
                         break;
@@ -538,7 +538,7 @@ fn random_fault_schedules_never_leave_ranks_on_different_placements() {
                 if running < w.machines.len() {
                     assert_eq!(
                         running, 0,
-                        "{what} ({target:?}): some ranks balance, some are suspended"
+                        "{what} ({armed:?}): some ranks balance, some are suspended"
                     );
                     suspensions += 1;
                     w.resume_all();
@@ -563,8 +563,7 @@ fn random_fault_schedules_never_leave_ranks_on_different_placements() {
                         "{what}: no plan taken after resume"
                     );
                 }
-                w.assert_in_step(&format!("{what} ({target:?})"));
-                let _ = fault;
+                w.assert_in_step(&format!("{what} ({armed:?})"));
             }
             faults += w.hits;
             schedules += 1;

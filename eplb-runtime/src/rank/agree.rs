@@ -54,7 +54,7 @@ pub fn tag_gather(tag: u64) -> Option<(Gather, u64)> {
 
 /// The check word of an agreement's first four words (FNV-1a, keyed).
 pub fn seal(words: [u64; 4]) -> u64 {
-    eplb_core::fnv1a(words.into_iter()) ^ SEAL_KEY
+    eplb_core::fnv1a(words) ^ SEAL_KEY
 }
 
 /// An agreement reply as this rank reads it.
