@@ -23,7 +23,7 @@
 //! | action | the driver | answer |
 //! | --- | --- | --- |
 //! | [`Collective::AllGather`] `{ of, send }` | all-gather `send` from every rank into a rank-major buffer of `ranks * send.len()` words | [`RankMachine::handle_collective`] with [`Reply::Words`], or `None` when it failed |
-//! | [`Collective::AllAnd`] `{ flag }` | all-reduce `flag` with a logical AND | [`RankMachine::handle_collective`] with [`Reply::Flag`], or `None` when it failed |
+//! | [`Collective::AllAnd`] `{ flag }` | all-reduce `flag` with a logical AND (the machine asks for none; drivers still serve it) | [`RankMachine::handle_collective`] with [`Reply::Flag`], or `None` when it failed |
 //! | [`PlannerAction::Submit`] | ask the planner with the [`PlanInput`] (the machine folded the gathered heat) | [`RankMachine::handle_plan`] when the plan is ready or failed (any time later) |
 //! | [`PlannerAction::Settle`] | tell the planner whether every rank took the cycle (the policy state advances or rolls back) | none |
 //! | [`Action::Record`] | hand [`RankMachine::plan`] to the record sink | none |
@@ -36,6 +36,15 @@
 //! every rank, because every rank runs the same machine on the same agreed inputs. The machine
 //! knows which reply it waits for: a reply of another kind or length is a [`MachineError`] (and
 //! counts as a failed collective).
+//!
+//! Every agreement (readiness, digest, vote, placement check) is an all-gather of
+//! [`AGREE_WORDS`] words per rank, `[tag, a, b, live, check]` ([`Gather`]): the tag names the
+//! cycle, step and layer, `check` seals the words. A collective that fails on one rank only, or a
+//! word corrupted on one rank only, never moves that rank off its peers' step; words of another
+//! step (out of step) make every rank that reads them drop the cycle and check placements at
+//! once, where the ranks adopt the highest cycle and a rank on another placement than the
+//! majority's repairs it (installs or drops the layer it holds open) or stops
+//! ([`Health::Diverged`]). [`RankMachine::handle_resume`] resynchronizes every rank.
 //!
 //! The files: `action` (what the machine asks, what a collective answers), `heat` (the slot heat
 //! ring and the fold), `agree` (the next task, the reply awaited, the plan slot, the plan and
@@ -51,6 +60,11 @@
 //! **Invariant:** after [`MachineConfig::max_collective_failures`] consecutive collective
 //! failures the machine suspends balancing: no more actions until
 //! [`RankMachine::handle_resume`].
+//!
+//! **Invariant:** a layer commits only after a vote in which every rank's words were at that
+//! vote's step and said yes; a rank that cannot read a vote or install a layer holds the layer
+//! open and settles it from its peers' placement hashes, never serving on a placement its peers
+//! do not hold without saying so ([`Health::Diverged`]).
 //!
 //! **Invariant:** no panic on any input (the crate's panic-free lint wall covers this module);
 //! allocation only in [`RankMachine::new`].
@@ -118,8 +132,9 @@ pub enum Health {
         /// Consecutive failures that led here.
         failures: u32,
     },
-    /// The placement check found ranks holding different placements that this rank cannot
-    /// reconcile; no collectives until resumed.
+    /// This rank holds another placement than the majority of the ranks and cannot repair it
+    /// (the placement check, or a layer it failed to install three times); no collectives until
+    /// resumed, when the placement check tries the repair again.
     Diverged,
 }
 
@@ -347,8 +362,8 @@ impl RankMachine {
     /// gather leaves this rank without a plan (every rank then drops the cycle at the digest); a
     /// failed readiness flag or digest is read as the rank's own word says (the next tags
     /// tell); a rank that voted yes on a layer and saw the vote fail keeps the exchange, votes no
-    /// on the next layer without exchanging it, and learns the outcome from its peers' word `b`
-    /// of that vote or from the placement check. An agreement whose tags differ (out of step)
+    /// on the next layer without exchanging it, and settles the layer from its peers' placement
+    /// hashes at that vote or at the placement check. An agreement whose tags differ (out of step)
     /// drops the cycle on every rank that read it, and they check their placements at once
     /// (`Gather::Placement`).
     pub fn handle_collective(&mut self, reply: Option<Reply<'_>>) -> Result<(), MachineError> {

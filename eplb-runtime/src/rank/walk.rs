@@ -8,7 +8,9 @@ use super::{Gather, Health, LayerAction, RankMachine};
 /// check; one more try there, and a rank that still cannot install it stops balancing.
 const COMMIT_TRIES: u32 = 2;
 
-/// Word 1 of a layer vote: this rank's outcome of the previous vote of the walk.
+/// Word `b` of a layer vote: this rank's outcome of the previous vote of the walk (for the logs and
+/// tests; a rank holding a layer open settles it from the placement hashes instead, since the
+/// previous vote may be one it missed).
 pub mod outcome {
     /// The previous layer was aborted here.
     pub const ABORTED: u64 = 0;
@@ -123,10 +125,11 @@ impl RankMachine {
     ///
     /// Every rank voted yes, so the peers hold the new layer: a failed install is repaired, not
     /// dropped. The driver keeps the exchange (its received data) after a failed install; the
-    /// machine asks for the commit again at once, then keeps the layer as one whose outcome is
-    /// open (sends only, votes no, receives nothing until it is settled) and commits it at the
-    /// placement check if that gives the agreed placement. A third failure stops balancing on
-    /// this rank ([`Health::Diverged`]), with a log line naming the layer.
+    /// machine asks for the commit again at once, then holds the layer open (sends only, votes
+    /// no, receives nothing until it is settled) and installs it at the next vote or placement
+    /// check that shows a peer holding the placement with it. A third failure stops balancing on
+    /// this rank ([`Health::Diverged`]), with a log line naming the layer; the layer stays open,
+    /// and the placement check after the engine's resume tries it once more.
     pub fn handle_committed(&mut self, layer: u16, ok: bool) {
         if self.agree.awaiting != Awaiting::Committed(layer) {
             return;
@@ -190,8 +193,10 @@ impl RankMachine {
     /// A rank that voted yes and cannot read the vote (it failed here on a transport whose
     /// collectives are not atomic, or a word failed its check) cannot know whether its peers
     /// committed: it keeps the exchange (no commit, no abort), votes no on the next layer without
-    /// exchanging it, and learns the outcome from its peers' word `b` of that vote (or, at the end
-    /// of the walk, from the placement check). A vote out of step commits nothing anywhere.
+    /// exchanging it, and settles it from the placement hashes of the next vote or placement
+    /// check: installs it if some rank holds the placement with it (then every rank voted yes),
+    /// drops it if most hold the placement without it. A vote out of step commits nothing
+    /// anywhere.
     pub(super) fn on_votes(&mut self, l: u16, all: Option<&[u64]>) {
         let mine = matches!(self.walk.job, LayerJob::Exchanged(_, true));
         let all = match self.hear(all, Gather::Vote { layer: l }) {
