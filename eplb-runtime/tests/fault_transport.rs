@@ -29,8 +29,8 @@ const BYTES: usize = 32;
 const K: usize = 3;
 /// The host world's collective timeout, and how late a late rank is: after its peers gave up
 /// on the collective, before they give up on the next one.
-const TIMEOUT: Duration = Duration::from_millis(300);
-const LATE: Duration = Duration::from_millis(420);
+const TIMEOUT: Duration = Duration::from_millis(400);
+const LATE: Duration = Duration::from_millis(560);
 
 /// Where the fault hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +85,10 @@ struct Plan {
     target: Target,
     mode: Mode,
     after: usize,
+    /// How late a late rank is.
+    late: Duration,
+    /// Collectives in a row the fault hits (the first of the target's kind, then any).
+    times: usize,
     hit: AtomicUsize,
 }
 
@@ -98,12 +102,12 @@ struct Faulty<T> {
 impl<T: Transport> Faulty<T> {
     fn arm(&mut self, target: Target) -> Option<Mode> {
         let p = &self.plan;
+        let hit = p.hit.load(Ordering::SeqCst);
         let due = self.inner.rank() == K
-            && p.target == target
-            && self.collectives >= p.after
-            && p.hit.load(Ordering::SeqCst) == 0;
+            && hit < p.times
+            && (hit > 0 || (p.target == target && self.collectives >= p.after));
         if due {
-            p.hit.store(1, Ordering::SeqCst);
+            p.hit.store(hit + 1, Ordering::SeqCst);
             Some(p.mode)
         } else {
             None
@@ -131,7 +135,7 @@ impl<T: Transport> Transport for Faulty<T> {
             None => self.inner.all_gather(local, out),
             Some(Mode::Skip) => Err(self.timeout(Op::AllGather)),
             Some(Mode::Late) => {
-                std::thread::sleep(LATE);
+                std::thread::sleep(self.plan.late);
                 self.inner.all_gather(local, out)
             }
             Some(Mode::Fail) => {
@@ -236,22 +240,33 @@ struct Outcome {
     placement: Vec<u16>,
     health: Health,
     cycle: u64,
-    /// Layers committed in the last third of the run.
+    /// Layers committed after the fault (and the resume, if any).
     late_commits: u64,
     collective_failures: u64,
 }
 
-/// Runs `iters` iterations of 8 controllers over `transports` (rank order) with `plan`; with
-/// `resume_at`, the engine calls `resume()` on every rank before that iteration.
+/// When the engine calls `resume()` on every rank.
+#[derive(Debug, Clone, Copy)]
+enum Resume {
+    Never,
+    /// In the first layer walk from this iteration on.
+    MidWalk(usize),
+    /// Before this iteration.
+    At(usize),
+}
+
+/// Runs `iters` iterations of 8 controllers over `transports` (rank order) with `plan`.
 fn run<T: Slots>(
     transports: Vec<T>,
     plan: &Arc<Plan>,
     iters: usize,
-    resume_at: Option<usize>,
+    resume: Resume,
 ) -> Vec<Outcome> {
     let shape = common::small_shape();
     let initial = common::default_layout(&shape);
     let mid_walk = Arc::new(Mutex::new(Vec::new()));
+    // A forward needs every rank (the MoE all-to-all): the ranks run iterations in step.
+    let forward = Arc::new(std::sync::Barrier::new(R));
     let threads: Vec<_> = transports
         .into_iter()
         .map(|t| {
@@ -264,20 +279,30 @@ fn run<T: Slots>(
             };
             let mut c = Controller::new(shape, initial.clone(), cfg(), t, planner).unwrap();
             let mid_walk = Arc::clone(&mid_walk);
+            let forward = Arc::clone(&forward);
+            let plan = Arc::clone(plan);
             std::thread::spawn(move || {
                 let (mut late_commits, mut resumed) = (0, false);
                 for it in 0..iters {
                     // The first walk from `resume_at` on: every rank is in it at the same
                     // iteration (they agree on the walk).
-                    if resume_at.is_some_and(|at| it >= at) && c.is_updating() && !resumed {
+                    let now = match resume {
+                        Resume::Never => false,
+                        Resume::MidWalk(at) => it >= at && c.is_updating(),
+                        Resume::At(at) => it == at,
+                    };
+                    if now && !resumed {
                         resumed = true;
                         mid_walk.lock().unwrap().push(it);
                         c.resume();
                     }
                     c.before_forward();
+                    forward.wait();
                     let counts = common::slot_counts(&shape, c.placement(), rank, it, 40, it / 9);
                     let rep = c.after_forward(&counts, 64).unwrap();
-                    if rep.committed.is_some() && it >= 2 * iters / 3 {
+                    let after = plan.hit.load(Ordering::SeqCst) >= plan.times
+                        && (resumed || matches!(resume, Resume::Never));
+                    if rep.committed.is_some() && after {
                         late_commits += 1;
                     }
                     check_weights(&c);
@@ -305,7 +330,7 @@ fn run<T: Slots>(
         })
         .collect();
     let out: Vec<Outcome> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    if resume_at.is_some() {
+    if let Resume::MidWalk(_) = resume {
         let at = mid_walk.lock().unwrap();
         assert!(
             at.len() == R && at.iter().all(|&i| i == at[0]),
@@ -344,6 +369,8 @@ fn plan(target: Target, mode: Mode) -> Arc<Plan> {
         target,
         mode,
         after: 12,
+        late: LATE,
+        times: 1,
         hit: AtomicUsize::new(0),
     })
 }
@@ -352,13 +379,20 @@ fn plan(target: Target, mode: Mode) -> Arc<Plan> {
 fn every_one_sided_fault_on_the_host_transport_recovers() {
     let mut cases: Vec<(Target, Mode)> = COLLECTIVES
         .iter()
-        .flat_map(|&t| [(t, Mode::Fail), (t, Mode::Late), (t, Mode::Corrupt)])
+        .flat_map(|&t| {
+            [
+                (t, Mode::Fail),
+                (t, Mode::Late),
+                (t, Mode::Skip),
+                (t, Mode::Corrupt),
+            ]
+        })
         .collect();
     cases.push((Target::Commit, Mode::Fail));
     for (target, mode) in cases {
         let what = format!("host {target:?} {mode:?}");
         let p = plan(target, mode);
-        let out = run(host_world(TIMEOUT), &p, 90, None);
+        let out = run(host_world(TIMEOUT), &p, 90, Resume::Never);
         assert_eq!(
             p.hit.load(Ordering::SeqCst),
             1,
@@ -378,7 +412,7 @@ fn a_readiness_flag_never_entered_by_one_rank_realigns_the_host_rounds() {
     // Was: 7 of 8 ranks Suspended after resume, for good. Rank K skips its readiness flag; its
     // peers time out there; the rounds realign at once, and every rank balances on.
     let p = plan(Target::Ready, Mode::Skip);
-    let out = run(host_world(TIMEOUT), &p, 90, None);
+    let out = run(host_world(TIMEOUT), &p, 90, Resume::Never);
     assert_recovered(&out, "ready skip");
     // The peers saw it as a timeout, as words out of step, or (when rank K's own plan was late,
     // so that it asked again at the next iteration, as they did) not at all.
@@ -386,11 +420,33 @@ fn a_readiness_flag_never_entered_by_one_rank_realigns_the_host_rounds() {
 }
 
 #[test]
+fn a_rank_late_three_times_suspends_every_rank_and_resume_realigns_the_host_rounds() {
+    // Rank K is late for three collectives in a row (its readiness flag and the two after it):
+    // its peers give up on each, it finds each closed, and every rank suspends (each knows).
+    // Then resume() on every rank: the host rounds and the machines realign, and every rank
+    // balances again.
+    let p = Arc::new(Plan {
+        target: Target::Ready,
+        mode: Mode::Late,
+        after: 12,
+        late: LATE,
+        times: 3,
+        hit: AtomicUsize::new(0),
+    });
+    let out = run(host_world(TIMEOUT), &p, 90, Resume::At(45));
+    assert_eq!(p.hit.load(Ordering::SeqCst), 3);
+    assert_recovered(&out, "late thrice, resumed");
+    for o in &out {
+        assert!(o.collective_failures >= 3, "{}", o.collective_failures);
+    }
+}
+
+#[test]
 fn resume_mid_walk_through_the_controllers_balances_again() {
     let p = plan(Target::Commit, Mode::Fail);
     // No fault; resume() on every rank in the middle of the walk of the third cycle.
     p.hit.store(1, Ordering::SeqCst);
-    let out = run(host_world(TIMEOUT), &p, 90, Some(25));
+    let out = run(host_world(TIMEOUT), &p, 90, Resume::MidWalk(25));
     assert_recovered(&out, "resume mid-walk");
 }
 
@@ -444,7 +500,7 @@ mod hccl {
         for (i, (target, mode)) in cases.into_iter().enumerate() {
             let what = format!("hccl {target:?} {mode:?}");
             let p = plan(target, mode);
-            let out = run(endpoints(&rt, 1000 + 10 * i as i32), &p, 70, None);
+            let out = run(endpoints(&rt, 1000 + 10 * i as i32), &p, 70, Resume::Never);
             assert_eq!(
                 p.hit.load(Ordering::SeqCst),
                 1,
@@ -455,7 +511,7 @@ mod hccl {
         // resume() mid-walk on every rank.
         let p = plan(Target::Commit, Mode::Fail);
         p.hit.store(1, Ordering::SeqCst);
-        let out = run(endpoints(&rt, 1200), &p, 70, Some(25));
+        let out = run(endpoints(&rt, 1200), &p, 70, Resume::MidWalk(25));
         assert_recovered(&out, "hccl resume mid-walk");
     }
 }

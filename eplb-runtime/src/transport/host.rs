@@ -2,10 +2,10 @@
 //! slots and `S` spare receive buffers.
 //!
 //! Used by the simulator and the tests. Collectives meet in a shared [`HostWorld`] in numbered
-//! rounds; a rank that gives up on a round closes it (and every earlier one) for every rank: a
-//! rank that arrives late for a closed round times out at once, as its peers did, and its next
-//! collective joins the first open round, so the rounds realign after a one-sided timeout;
-//! point-to-point
+//! rounds; a rank that gives up on a round closes it (and every earlier one) for every rank, and
+//! a rank that missed a closed round (it came late, or never entered it) joins the first open
+//! one, so the rounds realign after a one-sided timeout (the rank machines' tagged words tell
+//! whether the ranks that meet there are at one step); point-to-point
 //! messages go through per-pair mailboxes in posting order (each message carries its layer and
 //! expert, which the receiver checks). Faults can be injected per (layer, rank): the exchange
 //! fails, or its receives time out.
@@ -235,17 +235,10 @@ impl HostTransport {
     fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
         let world = Arc::clone(&self.world);
         let mut st = world.lock();
-        // A round some rank gave up on is closed: a rank that arrives late for it times out at
-        // once (as its peers did), and its next collective joins the first open round.
-        if self.seq < st.floor {
-            let at = Site::new(op, self.rank).seq(self.seq);
-            self.seq = st.floor;
-            return Err(TransportError::Timeout {
-                at,
-                detail: "a peer gave up on this round".into(),
-            });
-        }
-        let seq = self.seq;
+        // A round some rank gave up on is closed: a rank that missed it (it was late, or never
+        // entered it) joins the first open round, where its peers meet it (their words tell
+        // the rank machines whether they are at one step).
+        let seq = self.seq.max(st.floor);
         let at = Site::new(op, self.rank).seq(seq);
         self.seq = seq + 1;
         st.rounds
