@@ -378,11 +378,13 @@ impl RankMachine {
     ///
     /// The ranks compare placement hashes, never cycle numbers: each adopts the highest cycle
     /// among the tags (a stale cycle's plan is gone already: the check follows a dropped or ended
-    /// cycle). The placement most ranks hold (ties: the lowest hash) is the agreed one. A rank on
-    /// another one repairs it: the layer whose vote or commit it could not finish (its exchange
-    /// is kept) is committed if that gives the agreed placement, dropped if dropping does;
-    /// otherwise it cannot repair, says so and stops balancing ([`Health::Diverged`]). Unknown
-    /// here: nothing changes (the next readiness flag compares the placements again).
+    /// cycle). Every rank computes each rank's placement once it settled its open layer (the one
+    /// whose vote or install it could not finish, its exchange kept; word `a` is the hash with it
+    /// installed): installed if some rank holds that placement (then every rank voted yes on
+    /// it), dropped otherwise. The placement most ranks then hold (ties: the lowest hash) is the
+    /// agreed one. A rank that does not hold it after settling its open layer cannot repair it:
+    /// it says so and stops balancing ([`Health::Diverged`]). Unknown here: nothing changes (the
+    /// next readiness flag compares the placements again).
     pub(super) fn on_placements(&mut self, all: Option<&[u64]>) {
         let words = match self.hear(all, Gather::Placement) {
             Heard::OutOfStep => return self.out_of_step(Gather::Placement),
