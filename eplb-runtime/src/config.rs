@@ -316,8 +316,28 @@ impl EplbConfig {
         map_validator: Option<&MapValidator<'_>>,
         overrides: &Deployment,
     ) -> Result<Self, ConfigErrors> {
-        let text = crate::fsio::read_bounded_to_string(path, crate::fsio::DEFAULT_INPUT_LIMIT)
-            .map_err(|e| ConfigError::Io {
+        Self::from_file_with_limit(
+            path,
+            crate::fsio::DEFAULT_INPUT_LIMIT,
+            env,
+            map_validator,
+            overrides,
+        )
+    }
+
+    /// [`EplbConfig::from_file_with_deployment`] with an input size limit other than
+    /// [`crate::fsio::DEFAULT_INPUT_LIMIT`] for the config file (`eplb check-config
+    /// --max-input-bytes`): a larger file, or one that is not a regular file, is refused before
+    /// it is read.
+    pub fn from_file_with_limit(
+        path: &Path,
+        limit: u64,
+        env: &dyn Env,
+        map_validator: Option<&MapValidator<'_>>,
+        overrides: &Deployment,
+    ) -> Result<Self, ConfigErrors> {
+        let text =
+            crate::fsio::read_bounded_to_string(path, limit).map_err(|e| ConfigError::Io {
                 path: path.to_owned(),
                 message: e.to_string(),
             })?;

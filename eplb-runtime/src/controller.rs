@@ -446,15 +446,20 @@ impl<T: Transport> Controller<T> {
                         match self.transport.commit(&f.plan) {
                             Ok(()) => true,
                             Err(e) => {
-                                // Every rank agreed the bytes arrived; a local install failure
-                                // is a bug in the backend. Keep the map pointing at what the
-                                // slots hold.
+                                // Every rank agreed the bytes arrived and the peers install
+                                // them: keep the exchange (its received data) so that the
+                                // machine can try the install again, and the map pointing at
+                                // what the slots hold.
                                 log::error!("eplb rank {rank}: layer {layer} commit: {e}");
+                                self.in_flight = Some(f);
                                 false
                             }
                         }
                     }
-                    _ => false,
+                    other => {
+                        self.in_flight = other;
+                        false
+                    }
                 };
                 self.machine.handle_committed(layer, committed);
                 if committed {

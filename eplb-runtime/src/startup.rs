@@ -353,7 +353,11 @@ pub fn controller_config(
 
 /// The record-mode sink of rank 0: each plan is written to `path` as vLLM-Ascend's expert-map
 /// JSON with [`crate::fsio::write_atomic`] (a temporary file in the same directory, fsynced and
-/// renamed over the old one), so a reader never sees half a map.
+/// renamed over the old one, keeping its permissions), so a reader never sees half a map. A
+/// symbolic link is followed to the file it names; a FIFO or a character device is written
+/// through, never replaced; a directory or another kind of file is an error. An engine that
+/// handles SIGINT or SIGTERM itself can call [`crate::fsio::remove_pending_temporaries`]
+/// before it exits, so that no temporary file of an interrupted write stays behind.
 pub fn record_sink(path: PathBuf) -> RecordSink {
     Box::new(move |shape: &Shape, placement: &[u16]| {
         let p = Placement::new(*shape, placement)
@@ -439,6 +443,38 @@ mod tests {
         let mut other = model();
         other.experts = 9;
         assert!(startup(&cfg, &other).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_record_sink_follows_a_link_and_never_replaces_a_device() {
+        use std::os::unix::fs::{FileTypeExt, symlink};
+        let dir = tmp("record-targets");
+        let shape = Shape::new(2, 8, 2, 5).unwrap();
+        let placement: Vec<u16> = vec![7, 2, 0, 3, 5, 6, 1, 4, 7, 2, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1];
+        let real = dir.join("real.json");
+        std::fs::write(&real, "old").unwrap();
+        let link = dir.join("record.json");
+        symlink("real.json", &link).unwrap();
+        record_sink(link.clone())(&shape, &placement).unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(
+            std::fs::read_to_string(&real)
+                .unwrap()
+                .contains("layer_list")
+        );
+        record_sink(PathBuf::from("/dev/null"))(&shape, &placement).unwrap();
+        let ft = std::fs::symlink_metadata("/dev/null").unwrap().file_type();
+        assert!(ft.is_char_device());
+        // A directory is an error naming the path, and stays.
+        let e = record_sink(dir.clone())(&shape, &placement).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        assert!(dir.is_dir());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

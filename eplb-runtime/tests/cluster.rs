@@ -628,7 +628,7 @@ fn one_call_builds_each_ranks_controller_from_the_config() {
 }
 
 /// A host endpoint whose collectives are not atomic: with `fail`, this rank's first layer vote
-/// (the first two-word gather after a launch) succeeds for its peers but reports a timeout here.
+/// (the first agreement gather after a launch) succeeds for its peers but reports a timeout here.
 struct OneSided {
     inner: HostTransport,
     fail: bool,
@@ -649,7 +649,7 @@ impl eplb_runtime::transport::Transport for OneSided {
         out: &mut [u64],
     ) -> Result<(), eplb_runtime::transport::TransportError> {
         let r = self.inner.all_gather(local, out);
-        if self.fail && self.armed && !self.done && local.len() == 2 {
+        if self.fail && self.armed && !self.done && local.len() == eplb_runtime::rank::AGREE_WORDS {
             self.done = true;
             return Err(eplb_runtime::transport::TransportError::Timeout {
                 at: Site::new(Op::AllGather, self.inner.rank()),

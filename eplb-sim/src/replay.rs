@@ -4,16 +4,14 @@
 //! the trace ([`Replay::load`]), then [`Replay::run`] a policy with its parameters. The
 //! trace's own model (its `model` object) sizes an expert when the cost settings name none.
 
-use eplb_map::heat::load_heat;
-use eplb_policies::PolicyKind;
-use eplb_runtime::policies::{Param, policy_with};
-use serde_json::Value;
-
 use crate::SimError;
 use crate::cost::{CostBasis, CostSpec, ModelPreset, MoveCost, sequence_cost};
 use crate::simulate::{
     Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with,
 };
+use eplb_map::heat::load_heat;
+use eplb_policies::PolicyKind;
+use eplb_runtime::policies::{Param, policy_with};
 
 /// A trace in memory with what its header says and the cost basis of its replays.
 #[derive(Debug, Clone)]
@@ -51,13 +49,15 @@ impl Replay {
             why,
         };
         cost.resolve().map_err(setting)?;
-        let (preset, model) = trace_model(bytes);
-        let basis = cost.resolve_for_trace(preset).map_err(setting)?;
         let trace_err = |why: String| SimError::Trace {
             source: source.to_owned(),
             why,
         };
+        // The bounded scan and the compact parse first: a document the scanner refuses costs
+        // no memory, and the model is read after it without building the counts again.
         let heat = load_heat(bytes, None).map_err(|e| trace_err(e.to_string()))?;
+        let (preset, model) = trace_model(bytes);
+        let basis = cost.resolve_for_trace(preset).map_err(setting)?;
         let counts = heat
             .counts_u64()
             .ok_or_else(|| trace_err("counts must be whole token counts".to_owned()))?;
@@ -117,6 +117,24 @@ impl Replay {
             self.basis.payload.total_bytes(),
         )?;
         Ok(Run { result, costs })
+    }
+}
+
+impl Replay {
+    /// A warning when the trace is too short for one cycle to show: the first new placement
+    /// serves window `H + A` (counting from 0), so a trace of at most `H + A` windows has no
+    /// window after an activation, and the figures "from first activation" (and the time
+    /// model's estimate and net saving, which are taken over the same windows) do not exist:
+    /// they are `NaN` in a [`crate::SimResult`], `null` in the JSON.
+    pub fn short_trace_warning(&self, heat_interval: u32, algo_interval: u32) -> Option<String> {
+        let (h, a) = (heat_interval as usize, algo_interval as usize);
+        let first = h.saturating_add(a);
+        (self.trace.windows <= first).then(|| {
+            format!(
+                "the trace has {} windows, fewer than one cycle needs (heat interval {h} + algorithm interval {a} = {first} windows, then at least one window served by the new placement): no placement is activated, so the figures from first activation, the time estimate and the net saving are not available (null in the JSON); use a shorter heat interval or a longer trace",
+                self.trace.windows
+            )
+        })
     }
 }
 
@@ -200,23 +218,267 @@ impl core::str::FromStr for Initial {
 }
 
 /// The model preset a trace names in its `model` object, and that object's `name`.
+///
+/// It reads the document without building it: only the `model` object's `arch`, `name` and
+/// `num_experts` are kept, everything else (the counts) is skipped as it is scanned
+/// ([`serde::de::IgnoredAny`]), so it takes no memory for the counts. A document that is not
+/// an object, or not JSON, names no model.
 pub fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
+    use serde::Deserialize as _;
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let parse = |b: &[u8]| {
+        let mut de = serde_json::Deserializer::from_slice(b);
+        match head::Head::deserialize(&mut de) {
+            Ok(h) if de.end().is_ok() => Some(h),
+            _ => None,
+        }
+    };
     // A one-object trace, or the header line of the line layout (a runtime recording).
     let first_line = || {
         let end = bytes.iter().position(|&b| b == b'\n')?;
-        serde_json::from_slice::<Value>(bytes.get(..end)?).ok()
+        parse(bytes.get(..end)?)
     };
-    let Some(v) = serde_json::from_slice::<Value>(bytes)
-        .ok()
-        .or_else(first_line)
-    else {
+    let Some(head) = parse(bytes).or_else(first_line) else {
         return (None, None);
     };
-    let Some(m) = v.get("model") else {
+    let Some(m) = head.model else {
         return (None, None);
     };
-    (
-        ModelPreset::from_trace_model(m),
-        m.get("name").and_then(Value::as_str).map(str::to_owned),
-    )
+    let name = match &m.name {
+        head::Field::Str(s) => Some(s.clone()),
+        _ => None,
+    };
+    (ModelPreset::from_trace_model(&m.to_value()), name)
+}
+
+/// The typed read of [`trace_model`].
+mod head {
+    use core::fmt;
+
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::Value;
+
+    /// A trace's top level: its `model` (the last one, as `serde_json::Value` keeps it).
+    pub(super) struct Head {
+        pub(super) model: Option<Model>,
+    }
+
+    /// The fields of a `model` object that name a preset.
+    #[derive(Default)]
+    pub(super) struct Model {
+        pub(super) arch: Field,
+        pub(super) name: Field,
+        pub(super) num_experts: Field,
+    }
+
+    impl Model {
+        /// As the `Value` that `ModelPreset::from_trace_model` reads.
+        pub(super) fn to_value(&self) -> Value {
+            let mut m = serde_json::Map::new();
+            for (k, f) in [
+                ("arch", &self.arch),
+                ("name", &self.name),
+                ("num_experts", &self.num_experts),
+            ] {
+                match f {
+                    Field::Str(s) => m.insert(k.to_owned(), Value::from(s.as_str())),
+                    Field::U64(u) => m.insert(k.to_owned(), Value::from(*u)),
+                    Field::Absent | Field::Other => None,
+                };
+            }
+            Value::Object(m)
+        }
+    }
+
+    /// A field's value, kept only when it is a string or a non-negative integer.
+    #[derive(Default)]
+    pub(super) enum Field {
+        #[default]
+        Absent,
+        Str(String),
+        U64(u64),
+        Other,
+    }
+
+    impl<'de> Deserialize<'de> for Head {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_map(HeadVisitor)
+        }
+    }
+
+    struct HeadVisitor;
+
+    impl<'de> Visitor<'de> for HeadVisitor {
+        type Value = Head;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a trace object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
+            let mut model = None;
+            while let Some(key) = map.next_key::<Key>()? {
+                match key {
+                    Key::Model => model = Some(map.next_value::<Model>()?),
+                    Key::Other => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Head { model })
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Model {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(ModelVisitor)
+        }
+    }
+
+    /// Any value; an object's preset fields are kept, anything else is an empty model.
+    struct ModelVisitor;
+
+    impl<'de> Visitor<'de> for ModelVisitor {
+        type Value = Model;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_unit<E>(self) -> Result<Model, E> {
+            Ok(Model::default())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Model, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Model::default())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Model, A::Error> {
+            let mut m = Model::default();
+            while let Some(key) = map.next_key::<String>()? {
+                let slot = match key.as_str() {
+                    "arch" => &mut m.arch,
+                    "name" => &mut m.name,
+                    "num_experts" => &mut m.num_experts,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                };
+                *slot = map.next_value::<Field>()?;
+            }
+            Ok(m)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Field {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(FieldVisitor)
+        }
+    }
+
+    struct FieldVisitor;
+
+    impl<'de> Visitor<'de> for FieldVisitor {
+        type Value = Field;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Field, E> {
+            Ok(Field::Other)
+        }
+        fn visit_i64<E>(self, i: i64) -> Result<Field, E> {
+            Ok(u64::try_from(i).map_or(Field::Other, Field::U64))
+        }
+        fn visit_u64<E>(self, u: u64) -> Result<Field, E> {
+            Ok(Field::U64(u))
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Field, E> {
+            Ok(Field::Other)
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Field, E> {
+            Ok(Field::Str(s.to_owned()))
+        }
+        fn visit_unit<E>(self) -> Result<Field, E> {
+            Ok(Field::Other)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Field, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Field::Other)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Field::Other)
+        }
+    }
+
+    /// A top-level key: `model` or another (not kept).
+    enum Key {
+        Model,
+        Other,
+    }
+
+    impl<'de> Deserialize<'de> for Key {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_str(KeyVisitor)
+        }
+    }
+
+    struct KeyVisitor;
+
+    impl Visitor<'_> for KeyVisitor {
+        type Value = Key;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Key, E> {
+            Ok(if s == "model" { Key::Model } else { Key::Other })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trace_model_is_read_without_building_the_counts() {
+        let t = br#"{"format": "eplb-trace/v1", "counts": [[[1, 2]]],
+            "model": {"name": "Mixtral-8x7B", "arch": "mixtral", "num_experts": 8, "x": [1, {"a": 2}]}}"#;
+        assert_eq!(
+            trace_model(t),
+            (
+                Some(ModelPreset::Mixtral8x7B),
+                Some("Mixtral-8x7B".to_owned())
+            )
+        );
+        // The last `model` counts; fields of another type are absent.
+        let t = br#"{"model": {"arch": "kimi_k2"}, "model": {"arch": "deepseek_v2", "name": 3, "num_experts": 64}}"#;
+        assert_eq!(trace_model(t), (Some(ModelPreset::DeepSeekV2Lite), None));
+        let t = br#"{"model": {"arch": "deepseek_v2", "num_experts": -64, "name": "x"}}"#;
+        assert_eq!(trace_model(t), (None, Some("x".to_owned())));
+        // Not an object, not JSON, no model, a model that is no object.
+        for t in [
+            &b"[[1, 2], [3, 4]]"[..],
+            b"{\"model\": {\"arch\": \"mixtral\"}",
+            b"{\"counts\": []}",
+            b"{\"model\": [1, 2]}",
+            b"{\"model\": {\"arch\": \"mixtral\"}} x",
+        ] {
+            assert_eq!(trace_model(t).0, None, "{}", String::from_utf8_lossy(t));
+        }
+        // A byte order mark is skipped, as the trace reader does.
+        let t = b"\xEF\xBB\xBF{\"model\": {\"arch\": \"mixtral\"}}";
+        assert_eq!(trace_model(t).0, Some(ModelPreset::Mixtral8x7B));
+    }
 }

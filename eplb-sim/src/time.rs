@@ -417,17 +417,17 @@ impl TimeFigures {
     pub fn describe(&self, basis: &TimeBasis) -> String {
         let tm = &basis.model;
         format!(
-            "time ({} {} on {}, {}, {} tokens per rank): {:.3} ms MoE per iteration from first activation (static {:.3} ms); stalls {:.2} ms in total, at most {:.2} ms per cycle; net saving {:.2}% against static",
+            "time ({} {} on {}, {}, {} tokens per rank): {} ms MoE per iteration from first activation (static {} ms); stalls {} ms in total, at most {} ms per cycle; net saving {}% against static",
             tm.model.name,
             tm.model.dtype.name(),
             tm.hardware.name,
             basis.role.name(),
             tm.tokens_per_rank,
-            self.mean_ms(),
-            self.static_mean_ms(),
-            self.stall_total_ms(),
-            self.stall_max_ms(),
-            self.net_saving_pct()
+            fixed(self.mean_ms(), 3),
+            fixed(self.static_mean_ms(), 3),
+            fixed(self.stall_total_ms(), 2),
+            fixed(self.stall_max_ms(), 2),
+            fixed(self.net_saving_pct(), 2)
         )
     }
 }
@@ -598,6 +598,16 @@ pub fn estimate_log(
         stalls,
         first_window,
     })
+}
+
+/// `x` with `precision` decimals, or `n/a` when it is not a number (a figure a run cannot
+/// show, such as one taken over no window; the JSON has `null` there).
+pub fn fixed(x: f64, precision: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.precision$}")
+    } else {
+        "n/a".to_owned()
+    }
 }
 
 #[cfg(test)]

@@ -26,10 +26,12 @@ from ._api import (
     validate_map,
     write_map,
 )
+from ._check import PreconditionError
 
 __all__ = [
     "EplbError",
     "POLICIES",
+    "PreconditionError",
     "Hotness",
     "Policy",
     "Rebalance",

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from . import _native
+from ._check import MAX_SEED, PreconditionError, integer, optional_integer
 from ._native import EplbError
+from ._tensor import like, to_numpy
 
 #: Canonical policy names (numbers 0..4 select random, default, swift, flashlb, incremental).
 POLICIES = ("random", "default", "swift", "flashlb", "incremental", "deepseek")
@@ -29,17 +31,58 @@ def _array(x, what: str) -> np.ndarray:
     raise EplbError(f"{what}: expected a numpy array, got {type(x).__name__}")
 
 
-def rebalance_experts(weight, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int):
-    """DeepSeek's ``eplb.rebalance_experts`` contract on numpy (our ``deepseek`` policy).
+#: The load dtypes the native layer reads as they are; any other numeric dtype becomes float32
+#: first, as DeepSeek's ``weight.float()`` does.
+_NATIVE_LOAD_DTYPES = (np.int32, np.int64, np.float32, np.float64)
 
-    ``weight`` is ``[L, N]`` (int32, int64, float32 or float64). Returns ``(phy2log [L, P],
-    log2phy [L, N, P-N+1] padded with -1, logcnt [L, N])``, all int64. Hierarchical when
-    ``num_groups % num_nodes == 0``, else global, as DeepSeek's. ``log2phy`` lists each expert's
-    replicas in ascending physical id.
+
+def _deepseek_weight(weight) -> np.ndarray:
+    """``weight`` as a numpy array the native layer reads: a torch tensor of any dtype and device
+    goes through ``.float()`` (bfloat16 has no numpy dtype), a numpy array of another numeric
+    dtype (float16, int16, uint8, bool, ...) becomes float32."""
+    if hasattr(weight, "dim") and not isinstance(weight, np.ndarray):
+        if hasattr(weight, "detach"):
+            weight = weight.detach()
+        if hasattr(weight, "float"):
+            weight = weight.float()
+        w = to_numpy(weight)
+    else:
+        w = np.asarray(weight)
+    if w.dtype.type in _NATIVE_LOAD_DTYPES:
+        return w
+    if w.dtype.kind not in "biuf":
+        raise PreconditionError(f"weight: dtype {w.dtype} is not a number type")
+    return w.astype(np.float32)
+
+
+def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    """DeepSeek's ``eplb.rebalance_experts``, as a drop-in (our ``deepseek`` policy).
+
+    ``weight`` is ``[L, N]``: a torch tensor (any dtype, any device) or a numpy array (any
+    numeric dtype) or nested lists. Returns ``(phy2log [L, P], log2phy [L, N, M] padded with -1,
+    logcnt [L, N])``, int64, of the input's kind (torch in, CPU torch out; else numpy), ``M``
+    the largest copy count, as DeepSeek's. Hierarchical when ``num_groups % num_nodes == 0``,
+    else global, as DeepSeek's. ``log2phy`` lists each expert's replicas in ascending physical
+    id (DeepSeek's in the order they were created: the same set). A failed precondition raises
+    :class:`PreconditionError`, both an :class:`EplbError` and an ``AssertionError``.
     """
-    return _native.rebalance_experts(
-        _array(weight, "weight"), int(num_replicas), int(num_groups), int(num_nodes), int(num_gpus)
-    )
+    counts = [
+        integer(v, what, lo=1, error=PreconditionError)
+        for v, what in (
+            (num_replicas, "num_replicas"),
+            (num_groups, "num_groups"),
+            (num_nodes, "num_nodes"),
+            (num_gpus, "num_gpus"),
+        )
+    ]
+    w = _deepseek_weight(weight)
+    try:
+        phy2log, log2phy, logcnt = _native.rebalance_experts(w, *counts)
+    except EplbError as e:
+        raise PreconditionError(str(e)) from None
+    width = max(1, int(logcnt.max())) if logcnt.size else 1
+    log2phy = np.ascontiguousarray(log2phy[:, :, :width])
+    return tuple(like(a, weight) for a in (phy2log, log2phy, logcnt))
 
 
 class Rebalance:
@@ -118,13 +161,13 @@ class Policy:
     ):
         self._settings = dict(
             name=str(name),
-            layers=int(layers),
-            experts=int(experts),
-            ranks=int(ranks),
-            redundant=int(redundant),
-            ranks_per_node=None if ranks_per_node is None else int(ranks_per_node),
-            groups=None if groups is None else int(groups),
-            seed=int(seed),
+            layers=integer(layers, "layers"),
+            experts=integer(experts, "experts"),
+            ranks=integer(ranks, "ranks"),
+            redundant=integer(redundant, "redundant"),
+            ranks_per_node=optional_integer(ranks_per_node, "ranks_per_node", lo=1),
+            groups=optional_integer(groups, "groups", lo=1),
+            seed=integer(seed, "seed", hi=MAX_SEED),
             params=dict(params),
         )
         self._native = self._build()
@@ -132,12 +175,6 @@ class Policy:
 
     def _build(self):
         s = self._settings
-        for k in ("layers", "experts", "ranks", "redundant", "seed"):
-            if s[k] < 0:
-                raise EplbError(f"{k} = {s[k]} must not be negative")
-        for k in ("ranks_per_node", "groups"):
-            if s[k] is not None and s[k] < 1:
-                raise EplbError(f"{k} = {s[k]} must be at least 1")
         return _native.NativePolicy(
             s["name"],
             s["layers"],
@@ -224,38 +261,31 @@ def hotness(placement, loads, routing: str = "even") -> Hotness:
     return Hotness(par, mean, mx)
 
 
-def read_map(path) -> np.ndarray:
-    """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted)."""
-    return _native.read_map(os.fspath(path))
+def read_map(path, max_input_bytes: int = 1 << 30) -> np.ndarray:
+    """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted). As the
+    CLI, it reads only a regular file of at most ``max_input_bytes`` (default 1 GiB)."""
+    return _native.read_map(os.fspath(path), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1))
 
 
-def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None) -> list:
+def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None,
+                 max_input_bytes: int = 1 << 30) -> list:
     """Every problem of an expert-map JSON as ``eplb validate`` lists them (co-located copies are
-    problems); an empty list means valid."""
-    return _native.validate_map(os.fspath(path), experts, ranks)
+    problems); an empty list means valid. Reads only a regular file of at most
+    ``max_input_bytes`` (default 1 GiB)."""
+    experts = optional_integer(experts, "experts", lo=1)
+    ranks = optional_integer(ranks, "ranks", lo=1)
+    limit = integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
+    return _native.validate_map(os.fspath(path), experts, ranks, limit)
 
 
 def write_map(path, placement) -> None:
     """Writes ``placement`` (``[L, R, S]``) as an expert-map JSON, byte-identical to
-    vLLM-Ascend's recorder. Atomic: a temporary file in the same directory, fsync, rename."""
-    text = _native.map_json(_array(placement, "placement"))
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".eplb-map-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
+    vLLM-Ascend's recorder, as ``eplb plan --out`` writes it: a regular file is replaced
+    atomically (a temporary file in the same directory, fsync, rename; the file keeps its
+    permissions), a symbolic link is followed to the file it names (the link stays), a FIFO or a
+    character device such as ``/dev/null`` is written through, never replaced; anything else
+    raises :class:`EplbError`."""
+    _native.write_map(os.fspath(path), _array(placement, "placement"))
 
 
 _SIMULATE_OPTIONS = frozenset({
@@ -276,7 +306,9 @@ def simulate(trace, **options) -> dict:
     ``hardware``, ``role``, ``tokens_per_rank``, ``payoff_gate`` (the time model's; the result carries its
     ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
-    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message.
+    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message; what
+    the CLI prints as ``warning: ...`` (a trace shorter than one cycle, failed plans) is a
+    :class:`RuntimeWarning`.
     """
     unknown = sorted(set(options) - _SIMULATE_OPTIONS)
     if unknown:
@@ -305,9 +337,11 @@ def simulate(trace, **options) -> dict:
     kw = {k: v for k, v in kw.items() if v is not None}
     args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        text = _native.simulate(os.fspath(trace), *args, **kw)
+        text, warned = _native.simulate(os.fspath(trace), *args, **kw)
     except EplbError as e:
         raise EplbError(f"simulate: {e}") from None
     except (TypeError, OverflowError) as e:
         raise EplbError(f"simulate: {e}") from None
+    for w in warned:
+        warnings.warn(f"eplb.simulate: {w}", RuntimeWarning, stacklevel=2)
     return json.loads(text)

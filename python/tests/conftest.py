@@ -117,10 +117,15 @@ def even_par(placement, loads) -> np.ndarray:
     return out
 
 
-# --- a tiny torch stand-in --------------------------------------------------------------------
+# --- a tiny torch stand-in, or real torch --------------------------------------------------------
+
+#: ``EPLB_TEST_TORCH=real`` (set by ``cargo xtask python`` in the torch venv that ``.ci/run``
+#: installs): the adapter tests run against real torch tensors (on the CPU) instead of the
+#: stand-in below.
+REAL_TORCH = os.environ.get("EPLB_TEST_TORCH") == "real"
 
 
-class FakeTensor:
+class _StandInTensor:
     """What the adapters use of a torch tensor: .cpu(), .numpy(), .detach(), .dim(), .shape,
     .dtype, .device, .permute(); .numpy() refuses a tensor that is not on the CPU, as torch does."""
 
@@ -129,10 +134,10 @@ class FakeTensor:
         self.device = device
 
     def cpu(self):
-        return FakeTensor(self._a, "cpu")
+        return _StandInTensor(self._a, "cpu")
 
     def to(self, device):
-        return FakeTensor(self._a, device)
+        return _StandInTensor(self._a, device)
 
     def numpy(self):
         if self.device != "cpu":
@@ -146,7 +151,7 @@ class FakeTensor:
         return self._a.ndim
 
     def permute(self, *dims):
-        return FakeTensor(self._a.transpose(dims), self.device)
+        return _StandInTensor(self._a.transpose(dims), self.device)
 
     def is_contiguous(self):
         return self._a.flags["C_CONTIGUOUS"]
@@ -163,21 +168,73 @@ class FakeTensor:
         return self._a.tolist()
 
 
+class _Bf16StandIn(_StandInTensor):
+    """A tensor whose dtype numpy has not (bfloat16): ``.numpy()`` fails until ``.float()``."""
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    def float(self):
+        return _StandInTensor(self._a.astype(np.float32), self.device)
+
+
 def _fake_torch_module():
     m = types.ModuleType("torch")
-    m.Tensor = FakeTensor
-    m.from_numpy = lambda a: FakeTensor(a)
-    m.tensor = lambda data, dtype=None: FakeTensor(np.asarray(data, dtype=dtype))
+    m.Tensor = _StandInTensor
+    m.from_numpy = lambda a: _StandInTensor(a)
+    m.tensor = lambda data, dtype=None: _StandInTensor(np.asarray(data, dtype=dtype))
     m.int64, m.int32, m.float32 = np.int64, np.int32, np.float32
     m.__eplb_fake__ = True
     return m
 
 
-@pytest.fixture
-def fake_torch(monkeypatch):
-    mod = _fake_torch_module()
-    monkeypatch.setitem(sys.modules, "torch", mod)
-    return mod
+if REAL_TORCH:
+    import torch as _torch
+
+    class _IsTensor(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, _torch.Tensor)
+
+    class FakeTensor(metaclass=_IsTensor):
+        """Real mode: a real torch tensor on the CPU (the only device here: a test's device
+        name is not used)."""
+
+        def __new__(cls, arr, device="cpu"):
+            return _torch.from_numpy(np.ascontiguousarray(np.asarray(arr)))
+
+    def bf16_tensor(arr):
+        """A real bfloat16 tensor."""
+        return _torch.from_numpy(np.asarray(arr, dtype=np.float32)).to(_torch.bfloat16)
+
+    @pytest.fixture
+    def fake_torch():
+        return _torch
+
+else:
+    FakeTensor = _StandInTensor
+
+    def bf16_tensor(arr):
+        """A tensor of a dtype numpy lacks (the stand-in's bfloat16)."""
+        return _Bf16StandIn(arr)
+
+    @pytest.fixture
+    def fake_torch(monkeypatch):
+        mod = _fake_torch_module()
+        monkeypatch.setitem(sys.modules, "torch", mod)
+        return mod
+
+
+def tensor_dtype(t) -> np.dtype:
+    """The numpy dtype of a tensor (stand-in or real)."""
+    return np.dtype(t.numpy().dtype)
+
+
+def tensor_device(t) -> str:
+    """The device of a tensor as a string (``"cpu"``)."""
+    return str(t.device)
 
 
 def install_modules(monkeypatch, modules: dict):

@@ -42,7 +42,7 @@ def test_deepseek_hierarchical_golden(name):
     )
     assert phy2log.dtype == log2phy.dtype == logcnt.dtype == np.int64
     assert phy2log.shape == (c.layers, c.replicas)
-    assert log2phy.shape == (c.layers, c.experts, c.redundant + 1)
+    assert log2phy.shape == (c.layers, c.experts, logcnt.max())  # DeepSeek: the largest count
     want = c.exact("deepseek_hier")
     if want is not None:
         np.testing.assert_array_equal(phy2log, want)
@@ -439,7 +439,7 @@ def test_map_round_trip_and_validate(tmp_path):
     assert eplb.validate_map(tmp_path / "bad.json")
     with pytest.raises(eplb.EplbError):
         eplb.read_map(tmp_path / "bad.json")
-    with pytest.raises(eplb.EplbError, match="No such file"):
+    with pytest.raises(FileNotFoundError, match="No such file"):
         eplb.read_map(tmp_path / "missing.json")
 
 
@@ -566,3 +566,59 @@ def test_simulate_errors():
     with pytest.raises(eplb.EplbError, match="no-such-option|unexpected argument"):
         eplb.simulate(trace, ranks=8, redundant=8, policy="static", heat_interval=1,
                       algo_interval=1, no_such_option=1)
+
+
+# --- Python errors like Python (issue 28, item 6) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(layers=2**70), "layers = .* is out of range"),
+        (dict(layers=1.5), r"layers = 1\.5 is not an integer"),
+        (dict(layers=True), "layers = True is not an integer"),
+        (dict(experts="8"), "experts = '8' is not an integer"),
+        (dict(redundant=-1), r"redundant = -1 is out of range \(0\.\.="),
+        (dict(seed=2**64), "seed = 18446744073709551616 is out of range"),
+        (dict(seed=-1), "seed = -1 is out of range"),
+        (dict(groups=0), "groups = 0 is out of range"),
+        (dict(ranks_per_node=2**40), "ranks_per_node = .* is out of range"),
+    ],
+)
+def test_out_of_range_settings_raise_eplb_error(kw, match):
+    settings = dict(layers=2, experts=8, ranks=4, redundant=4)
+    settings.update(kw)
+    with pytest.raises(eplb.EplbError, match=match):
+        eplb.Policy("default", **settings)
+
+
+def test_numpy_integers_and_the_largest_seed_are_accepted():
+    p = eplb.Policy("random", layers=np.int64(2), experts=np.uint16(8), ranks=4, redundant=4,
+                    seed=2**64 - 1)
+    assert p.settings["layers"] == 2 and type(p.settings["experts"]) is int
+
+
+def test_validate_map_refuses_bad_counts_and_missing_files(tmp_path):
+    c = golden("dsv3_decode_ep32")
+    path = tmp_path / "map.json"
+    eplb.write_map(path, c.current)
+    for bad, match in [(0, "experts = 0 is out of range"), (-1, "experts = -1 is out of range"),
+                       (2**70, "experts = .* is out of range"), (1.5, "is not an integer")]:
+        with pytest.raises(eplb.EplbError, match=match):
+            eplb.validate_map(path, experts=bad)
+    assert eplb.validate_map(path, experts=c.experts) == []
+    missing = tmp_path / "nope.json"
+    for call in (eplb.read_map, eplb.validate_map):
+        with pytest.raises(FileNotFoundError) as e:
+            call(missing)
+        assert e.value.filename == str(missing)
+
+
+def test_map_readers_refuse_devices_and_fifos_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for call in (eplb.read_map, eplb.validate_map):
+        with pytest.raises(eplb.EplbError, match="not a regular file \\(a FIFO\\)"):
+            call(fifo)
+        with pytest.raises(eplb.EplbError, match="not a regular file \\(a character device\\)"):
+            call("/dev/zero")

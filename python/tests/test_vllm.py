@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules, tensor_device, tensor_dtype
 from eplb.integrations import vllm as adapter
 
 
@@ -49,7 +49,7 @@ def rearrange(registry, weight, num_replicas, num_groups, num_nodes, num_ranks, 
     policy = registry["default"]
     phy2log = policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, old)
     assert isinstance(phy2log, FakeTensor), type(phy2log)
-    assert phy2log.device == "cpu" and phy2log.dtype == np.int64
+    assert tensor_device(phy2log) == "cpu" and tensor_dtype(phy2log) == np.int64
     p = phy2log.numpy()
     layers, experts = weight.shape
     assert p.shape == (layers, num_replicas)
@@ -247,3 +247,90 @@ def test_importing_the_adapters_does_not_import_torch():
             "eplb.integrations.sglang, eplb.deepseek; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_failing_plan_keeps_the_engines_placement(vllm_registry, monkeypatch, caplog):
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    adapter.register()
+    c = golden("esft_law_ep8")
+    bad = c.loads.copy()
+    bad[0, 3] = np.nan
+    old = FakeTensor(c.current.reshape(c.layers, -1))
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        out = vllm_registry["default"].rebalance_experts(
+            FakeTensor(bad), c.replicas, 1, 1, c.ranks, old
+        )
+    assert out is old
+    assert "the placement is kept this rearrangement" in caplog.text
+    # Without a current placement there is nothing to keep: the error reaches the caller.
+    with pytest.raises(eplb.EplbError):
+        vllm_registry["default"].rebalance_experts(FakeTensor(bad), c.replicas, 1, 1, c.ranks)
+
+
+def _intra_gpu_moves(old: np.ndarray, new: np.ndarray, ranks: int) -> int:
+    """Copies within a GPU for nothing: an expert the GPU holds before and after, but not in its
+    first old slot."""
+    moves = 0
+    for o_l, n_l in zip(old.reshape(old.shape[0], ranks, -1), new.reshape(new.shape[0], ranks, -1)):
+        for o, n in zip(o_l.tolist(), n_l.tolist()):
+            for e in set(o) & set(n):
+                if n[o.index(e)] != e:
+                    moves += 1
+    return moves
+
+
+@pytest.mark.parametrize("policy", ["deepseek", "default", "swift", "incremental", "flashlb"])
+def test_every_policy_keeps_the_engines_slots(vllm_registry, monkeypatch, policy):
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    rng = np.random.default_rng(3)
+    weight = rng.integers(1, 200, size=(4, 12))
+    old = np.stack([rng.permutation(np.arange(16) % 12) for _ in range(4)])
+    p = rearrange(vllm_registry, FakeTensor(weight), 16, 4, 2, 8, FakeTensor(old))
+    assert _intra_gpu_moves(old, p, 8) == 0
+    # The same plan without the old placement: only the slot order within GPUs differs.
+    monkeypatch.setattr(adapter.Policy, "_cache", adapter._common.PolicyCache())
+    free = rearrange(vllm_registry, FakeTensor(weight), 16, 4, 2, 8, None if policy == "deepseek" else FakeTensor(old))
+    if policy == "deepseek":
+        for a, b in zip(p.reshape(4, 8, 2), free.reshape(4, 8, 2)):
+            assert sorted(map(sorted, a.tolist())) == sorted(map(sorted, b.tolist()))
+
+
+@pytest.mark.parametrize(
+    "ranks, old, new",
+    [
+        (2, [[0, 1, 2, 3, 4, 5, 6, 7]], [[1, 5, 0, 4, 6, 2, 7, 3]]),
+        (2, [[0, 1, 0, 2, 3, 4, 5, 6, 1, 2]], [[0, 5, 4, 0, 1, 6, 2, 3, 2, 1]]),
+        (3, [[0, 1, 2, 3] * 3], [[0] * 8 + [1, 2, 3, 0]]),
+        (2, [[0, -1, 2, 3, 1, -1]], [[2, 0, 4, 1, 3, 5]]),  # empty old slots
+    ],
+)
+def test_preserve_intragpu_slots_as_vllms_class_offers_it(ranks, old, new):
+    old, new = np.array(old), np.array(new)
+    post = adapter.Policy.preserve_intragpu_slots(new, ranks, old)
+    assert isinstance(post, np.ndarray) and post.shape == new.shape
+    slots = new.shape[1] // ranks
+    for g in range(ranks):
+        o, n, q = (a[0, g * slots:(g + 1) * slots].tolist() for a in (old, new, post))
+        assert sorted(q) == sorted(n)  # nothing lost, nothing added
+        for e in set(o) & set(n):
+            assert q[o.index(e)] == e  # a kept expert stays in its first old slot
+    assert _intra_gpu_moves(old, post, ranks) == 0
+    # Another size: unchanged.
+    assert adapter.Policy.preserve_intragpu_slots(new, ranks + 5, old) is new
+
+
+@pytest.mark.parametrize("policy", ["default", "swift", "incremental", "flashlb"])
+def test_a_plan_without_a_current_placement_replicates_by_heat(vllm_registry, monkeypatch, policy):
+    """vLLM's first rearrangement (and its tests) pass no current placement. The id-order
+    layout gives the redundant copies to the lowest ids; a plan from it must still give the
+    hottest expert of a rising layer its copies, and balance as well as DeepSeek's within 3%."""
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    weight = np.array([[210, 140, 90, 60, 30, 10], [10, 30, 60, 90, 140, 210]])
+    p = rearrange(vllm_registry, FakeTensor(weight), 10, 3, 1, 2)
+    for layer in range(2):
+        assert (p[layer] == weight[layer].argmax()).sum() >= 2, (layer, p[layer])
+    ours = even_par(p.reshape(2, 2, 5), weight.astype(float)).mean()
+    ds = eplb.rebalance_experts(weight, 10, 3, 1, 2)[0]
+    assert ours <= even_par(ds.reshape(2, 2, 5), weight.astype(float)).mean() * 1.03

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules
+from conftest import DSV3_CASES, FakeTensor, bf16_tensor, even_par, golden, install_modules
 from eplb.integrations import vllm_ascend as adapter
 
 
@@ -263,3 +263,52 @@ def test_out_of_range_params_fail_at_selection(ascend, caplog):
         p = ascend.factory.generate_policy(2)
     assert isinstance(p, StandInUpstreamPolicy)
     assert "`movers` = 0 is out of range" in caplog.text
+
+
+def _bad_inputs(c):
+    table = c.current
+    sl = slot_loads(c)
+    layers, ranks, slots = table.shape
+    return {
+        "workload [L, R, S-1]": (table, sl[:, :, :-1]),
+        "workload [H, L+1, R, S]": (table, np.zeros((2, layers + 1, ranks, slots), np.int32)),
+        "workload [R, S]": (table, sl[0]),
+        "float table": (table.astype(np.float64), sl),
+        "negative id": (np.where(table == 0, -1, table), sl),
+        "bfloat16 workload": (table, bf16_tensor(sl)),
+        "string workload": (table, sl.astype(str)),
+        "NaN workload": (table, np.where(sl == sl.max(), np.nan, sl.astype(np.float64))),
+    }
+
+
+@pytest.mark.parametrize("policy", ["default", "swift", "incremental", "flashlb"])
+def test_no_input_raises_into_the_engines_loop(ascend, policy, caplog):
+    c = golden("esft_law_ep8")
+    p = adapter.Policy(policy)
+    for what, (table, workload) in _bad_inputs(c).items():
+        t = FakeTensor(table)
+        with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+            changed, priority, new = p.rebalance_experts(t, workload)
+        assert changed == 0 and len(priority) == 0, what
+        assert new is t, what  # the engine's own table, untouched
+        assert "the placement is kept this cycle" in caplog.text, what
+        caplog.clear()
+
+
+def test_colocated_input_loses_no_expert_and_passes_the_guard(ascend):
+    # Rank 0 holds expert 0 twice; experts 0..3 all have a copy.
+    table = np.array([[[0, 0, 1], [2, 1, 3]]], dtype=np.int64)
+    workload = np.array([[[50, 50, 10], [5, 10, 1]]], dtype=np.int64)
+    for policy in ("default", "swift", "incremental", "flashlb"):
+        changed, _, new = do_update(adapter.Policy(policy), table, workload)
+        assert adapter.guard(new, 4) is None, (policy, new)
+        assert guard(table, new) == [], (policy, new)
+        assert changed == 1  # the co-located copy is replaced
+
+
+def test_keep_slots_keeps_every_copy_of_the_new_row():
+    old = np.array([[[0, 0, 1], [2, 1, 0]]])
+    new = np.array([[[0, 3, 1], [2, 1, 0]]])
+    out = adapter.keep_slots(old, new)
+    np.testing.assert_array_equal(out, new)
+    assert sorted(out[0, 0].tolist()) == [0, 1, 3]

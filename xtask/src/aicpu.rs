@@ -6,9 +6,10 @@
 //! 2. converts golden DeepSeek-V3 cases (`../shared/data/golden`) into the C test's binary
 //!    `.case` files under `target/aicpu/golden` (a missing golden file is an error);
 //! 3. builds the staticlib (release, `target/aicpu`), runs `eplb-aicpu-reference` (the Rust
-//!    API) to write the expected results, compiles `tests/c/test_aicpu.c` with `cc` against the
-//!    header and the `.a`, and runs it: byte-for-byte comparison for every policy, bad-argument
-//!    status codes, timings and buffer sizes.
+//!    API; with the pay-off gate on, the runtime's `PolicyHost`) to write the expected results,
+//!    compiles `tests/c/test_aicpu.c` with `cc` against the header and the `.a`, and runs it:
+//!    byte-for-byte comparison for every policy (ABI version 1, version 2 with the gate off and
+//!    on), bad-argument status codes, timings and buffer sizes.
 //!
 //! The aarch64 part ([`aarch64_check`], also run by `cargo xtask test`): when the target
 //! `aarch64-unknown-linux-gnu`, `aarch64-linux-gnu-gcc` (with the aarch64 C library) and
@@ -57,10 +58,12 @@ const ARM_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 const ARM_PACKAGES: &str = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user";
 
 /// Functions the archive must export.
-const EXPORTS: [&str; 4] = [
+const EXPORTS: [&str; 6] = [
     "eplb_aicpu_rebalance",
     "eplb_aicpu_scratch_len",
     "eplb_aicpu_state_len",
+    "eplb_aicpu_scratch_len_v2",
+    "eplb_aicpu_state_len_v2",
     "eplb_aicpu_abi_version",
 ];
 
@@ -169,7 +172,8 @@ pub fn aarch64_check(golden: &Golden) -> Result<(), String> {
     crate::run(
         &format!(
             "aicpu: aarch64 C test under {QEMU} (the {ARM_TARGET} C ABI vs the {host} Rust \
-             API's bytes, {} cases x 6 policies x 2 calls; bad arguments)",
+             API's bytes, {} cases x 6 policies x 2 calls, ABI v1, v2 and v2 with the pay-off \
+             gate; bad arguments)",
             golden.names.len()
         ),
         Command::new(QEMU)
@@ -181,7 +185,8 @@ pub fn aarch64_check(golden: &Golden) -> Result<(), String> {
     )
     .map_err(|e| format!("{e}; the FAIL lines above say what differs from {host}"))?;
     eprintln!(
-        "==> aicpu: aarch64 == {host}, bit for bit: {} golden cases x 6 policies x 2 calls",
+        "==> aicpu: aarch64 == {host}, bit for bit: {} golden cases x 6 policies x 2 calls \
+         (v1, v2, v2 gated)",
         golden.names.len()
     );
     Ok(())
@@ -409,12 +414,16 @@ fn constants(text: &str, rust: bool) -> BTreeMap<String, u64> {
 }
 
 /// `struct.field -> offset`, `struct.size`, `struct.align` from the layout asserts. The Rust
-/// structs are named `EplbAicpuArgs` / `EplbAicpuResult`, the C ones `eplb_aicpu_args` /
-/// `eplb_aicpu_result`; both map to `args` / `result`.
+/// structs are named `EplbAicpuArgs` / `EplbAicpuResult` / `EplbAicpuGate` /
+/// `EplbAicpuGateResult`, the C ones `eplb_aicpu_args` / `eplb_aicpu_result` /
+/// `eplb_aicpu_gate` / `eplb_aicpu_gate_result`; both map to `args` / `result` / `gate` /
+/// `gate_result`.
 fn layout(text: &str, rust: bool) -> BTreeMap<String, u64> {
     let short = |s: &str| match s.trim() {
         "EplbAicpuArgs" | "eplb_aicpu_args" => Some("args"),
         "EplbAicpuResult" | "eplb_aicpu_result" => Some("result"),
+        "EplbAicpuGate" | "eplb_aicpu_gate" => Some("gate"),
+        "EplbAicpuGateResult" | "eplb_aicpu_gate_result" => Some("gate_result"),
         _ => None,
     };
     let mut out = BTreeMap::new();
@@ -538,6 +547,16 @@ fn check_header() -> Result<(), String> {
             "result",
             "pub struct EplbAicpuResult {",
             "typedef struct eplb_aicpu_result {",
+        ),
+        (
+            "gate",
+            "pub struct EplbAicpuGate {",
+            "typedef struct eplb_aicpu_gate {",
+        ),
+        (
+            "gate_result",
+            "pub struct EplbAicpuGateResult {",
+            "typedef struct eplb_aicpu_gate_result {",
         ),
     ] {
         let (rf, cf) = (fields(&rs, rust_open, true), fields(&h, c_open, false));

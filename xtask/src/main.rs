@@ -146,10 +146,13 @@ fn test(args: &[String]) -> Result<(), String> {
 
 /// The tools' dependencies stay out of the libraries an engine links: neither `eplb-runtime`
 /// (the serving library) nor `eplb-sim` (the offline library) has clap or plotters in its
-/// normal dependency tree (`cargo tree -i`, as rust-analyzer guards its boundaries). The
-/// check proves itself on `eplb-cli`, which must have both.
+/// normal dependency tree, nor signal-hook (the binary's SIGINT/SIGTERM handler) (`cargo tree
+/// -i`, as rust-analyzer guards its boundaries). The check proves itself on `eplb-cli`, which
+/// must have all three.
 fn crate_boundaries() -> Result<(), String> {
-    eprintln!("==> crate boundaries: no clap or plotters under eplb-runtime or eplb-sim");
+    eprintln!(
+        "==> crate boundaries: no clap, plotters or signal-hook under eplb-runtime or eplb-sim"
+    );
     let depends = |krate: &str, dep: &str| -> Result<bool, String> {
         let out = cargo()
             .args([
@@ -171,7 +174,7 @@ fn crate_boundaries() -> Result<(), String> {
         }
         Ok(!out.stdout.is_empty())
     };
-    for dep in ["clap", "plotters"] {
+    for dep in ["clap", "plotters", "signal-hook"] {
         if !depends("eplb-cli", dep)? {
             return Err(format!(
                 "the boundary check is broken: eplb-cli should depend on {dep}"

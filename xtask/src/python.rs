@@ -7,7 +7,10 @@
 //! 3. a fresh venv `target/python-test-venv` gets only numpy and pytest (from PyPI) and the wheel;
 //! 4. pytest runs `python/tests` in it, with `EPLB_BIN` set to the CLI so that the tests compare
 //!    `eplb.simulate` and `eplb.write_map` with it. Any non-zero pytest status fails the gate,
-//!    including 5 (no test collected).
+//!    including 5 (no test collected);
+//! 5. mypy checks the package and `mypy.stubtest` its native stubs against the built module;
+//! 6. with `$EPLB_TORCH_PYTHON` (a venv with torch, which `.ci/run` prepares), the adapter tests
+//!    run again against real torch tensors (`EPLB_TEST_TORCH=real`); without it, a warning.
 //!
 //! The interpreter is `$EPLB_PYTHON`, else `python3`.
 
@@ -154,11 +157,20 @@ pub fn test() -> Result<(), String> {
     pip_install(&venv, "the eplb wheel", &["--no-deps", w])?;
     let tests = root().join("python").join("tests");
     eprintln!("==> python: pytest python/tests (fresh venv)");
-    let status = Command::new(venv_bin(&venv, "python"))
-        .current_dir(&tests)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
+    pytest(&venv_bin(&venv, "python"), &tests, &["."], &[])?;
+    type_check(&venv)?;
+    real_torch(w, &tests)
+}
+
+/// Runs pytest on `args` in `tests` with the interpreter `python`.
+fn pytest(python: &Path, tests: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let status = Command::new(python)
+        .current_dir(tests)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(args)
         .env("EPLB_BIN", root().join("target").join("debug").join("eplb"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("python: cannot start pytest: {e}"))?;
     match status.code() {
@@ -166,4 +178,76 @@ pub fn test() -> Result<(), String> {
         Some(5) => Err("python: pytest collected no test (exit 5)".into()),
         _ => Err(format!("python: pytest failed ({status})")),
     }
+}
+
+/// mypy over the package (with the native module's stubs) and `mypy.stubtest`, which checks
+/// those stubs against the module the wheel installed.
+fn type_check(venv: &Path) -> Result<(), String> {
+    pip_install(venv, "mypy (after the tests)", &["mypy"])?;
+    let py = venv_bin(venv, "python");
+    run(
+        "python: mypy (the package, python/pyproject.toml's [tool.mypy])",
+        Command::new(&py)
+            .current_dir(root().join("python"))
+            .args(["-m", "mypy", "--no-incremental"]),
+    )?;
+    // From the tests' folder, so that the installed package, not the source tree, is checked.
+    run(
+        "python: mypy.stubtest eplb._native (the stubs against the built module)",
+        Command::new(&py)
+            .current_dir(root().join("python").join("tests"))
+            .args(["-m", "mypy.stubtest", "eplb._native"]),
+    )
+}
+
+/// The adapter tests against real torch, in the venv `.ci/run` prepares (`$EPLB_TORCH_PYTHON`,
+/// torch from PyPI on the CPU). Skipped with a warning when it is not set or cannot import
+/// torch.
+fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
+    let Some(py) = std::env::var_os("EPLB_TORCH_PYTHON").map(PathBuf::from) else {
+        eprintln!(
+            "warning: python: EPLB_TORCH_PYTHON is not set; the adapter tests against real torch \
+             are skipped (.ci/run sets it)"
+        );
+        return Ok(());
+    };
+    let has_torch = Command::new(&py)
+        .args(["-c", "import torch, numpy, pytest"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_torch {
+        eprintln!(
+            "warning: python: {} cannot import torch, numpy and pytest; the adapter tests \
+             against real torch are skipped",
+            py.display()
+        );
+        return Ok(());
+    }
+    run(
+        "python: the eplb wheel into the torch venv",
+        Command::new(&py).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--force-reinstall",
+            wheel,
+        ]),
+    )?;
+    eprintln!("==> python: the adapter tests against real torch ({})", py.display());
+    pytest(
+        &py,
+        tests,
+        &[
+            "test_vllm.py",
+            "test_vllm_ascend.py",
+            "test_sglang.py",
+            "test_deepseek.py",
+            "test_adapt.py",
+        ],
+        &[("EPLB_TEST_TORCH", "real")],
+    )
 }

@@ -83,8 +83,9 @@ pub(super) fn run(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> 
         Ok(())
     };
     let overrides = a.deployment.facts();
-    let cfg = match EplbConfig::from_file_with_deployment(
+    let cfg = match EplbConfig::from_file_with_limit(
         &a.file,
+        io.limit,
         &ProcessEnv,
         Some(&validator),
         &overrides,

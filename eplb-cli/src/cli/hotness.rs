@@ -24,6 +24,10 @@ pub(super) struct HotnessArgs {
 }
 
 pub(super) fn run(a: &HotnessArgs, io: &mut Io) -> Result<ExitCode, String> {
+    if let Some(out) = &a.svg {
+        eplb_runtime::fsio::refuse_overwrite_input(out, &[a.map.as_path(), a.loads.as_path()])
+            .map_err(|e| e.to_string())?;
+    }
     let map = read_map_json(&io.read(&a.map)?, &ReadOptions::lenient())
         .map_err(|e| format!("{}: {e}", a.map.display()))?;
     for w in map.warnings() {

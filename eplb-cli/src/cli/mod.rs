@@ -317,6 +317,9 @@ impl ReplayArgs {
             }
         }
         let replay = replay?;
+        if let Some(w) = replay.short_trace_warning(self.heat_interval, self.algo_interval) {
+            errln!("warning: {source}: {w}");
+        }
         let cfg = SimConfig {
             ranks: self.ranks,
             redundant: self.redundant,

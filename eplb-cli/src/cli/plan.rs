@@ -66,10 +66,8 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     }
     a.cost.resolve()?;
     let bytes = io.read(&a.loads)?;
-    let basis = a
-        .cost
-        .resolve_for_trace(eplb_sim::replay::trace_model(&bytes).0)?;
-    // One parse: per-slot loads are the one format that needs a placement.
+    // One parse, after the bounded scan: per-slot loads are the one format that needs a
+    // placement. The trace's model is read after it, without building the counts.
     let heat = load_heat(&bytes, None).map_err(|e| match e {
         eplb_map::Error::NeedsPlacement => format!(
             "{}: per-slot loads need a placement; use `eplb hotness` or convert to [L][N]",
@@ -77,6 +75,10 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         ),
         e => format!("{}: {e}", a.loads.display()),
     })?;
+    let basis = a
+        .cost
+        .resolve_for_trace(eplb_sim::replay::trace_model(&bytes).0)?;
+    drop(bytes);
     warn_heat(&heat, &a.loads);
     let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
     let mut default = vec![0u16; shape.placement_len()];

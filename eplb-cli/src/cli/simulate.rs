@@ -138,12 +138,12 @@ fn print_sim(io: &mut Io, r: &SimResult, policy: &str, routing: Routing) {
     );
     outln!(
         io,
-        "PAR: mean {:.4}  p99 {:.4}  max {:.3}  | from first activation: mean {:.4}  p99 {:.4}",
-        r.mean_par,
-        r.p99_par,
-        r.max_par,
-        r.mean_par_from_first_activation,
-        r.p99_par_from_first_activation
+        "PAR: mean {}  p99 {}  max {}  | from first activation: mean {}  p99 {}",
+        eplb_sim::time::fixed(r.mean_par, 4),
+        eplb_sim::time::fixed(r.p99_par, 4),
+        eplb_sim::time::fixed(r.max_par, 3),
+        eplb_sim::time::fixed(r.mean_par_from_first_activation, 4),
+        eplb_sim::time::fixed(r.p99_par_from_first_activation, 4)
     );
     outln!(
         io,

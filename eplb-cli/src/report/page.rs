@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use eplb_sim::time::fixed;
 use serde_json::Value;
 
 use super::charts::{self, FetchSeries, HeatAxes, HeatPanel, ParSeries, TimeSeries};
@@ -178,16 +179,26 @@ pub fn render(rep: &Report) -> Result<String, String> {
         .iter()
         .enumerate()
         .map(|(i, r)| TimeSeries {
+            // `n/a` where the trace has no window after the first activation.
             label: if i == 0 {
-                format!("{}: {:.3} ms", r.policy.name(), r.time.static_mean_ms())
-            } else {
                 format!(
-                    "{}: {:.3} ms, stalls {:.1} ms in all (at most {:.1} ms per cycle), net saving {:+.1}%",
+                    "{}: {} ms",
                     r.policy.name(),
-                    r.time.mean_ms(),
-                    r.time.stall_total_ms(),
-                    r.time.stall_max_ms(),
-                    r.time.net_saving_pct()
+                    fixed(r.time.static_mean_ms(), 3)
+                )
+            } else {
+                let pct = r.time.net_saving_pct();
+                format!(
+                    "{}: {} ms, stalls {} ms in all (at most {} ms per cycle), net saving {}%",
+                    r.policy.name(),
+                    fixed(r.time.mean_ms(), 3),
+                    fixed(r.time.stall_total_ms(), 1),
+                    fixed(r.time.stall_max_ms(), 1),
+                    if pct.is_finite() {
+                        format!("{pct:+.1}")
+                    } else {
+                        "n/a".to_owned()
+                    }
                 )
             },
             color: colors[i],

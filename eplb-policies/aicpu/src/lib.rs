@@ -7,11 +7,19 @@
 //! [`eplb_aicpu_scratch_len`] and [`eplb_aicpu_state_len`]. The call is `eplb_policies::rebalance`
 //! on the same inputs, so its output is byte for byte the Rust API's.
 //!
+//! Version 2 of the argument block appends the pay-off gate ([`EplbAicpuGate`], on with
+//! `payoff_gate = 1`): after the policy, `eplb_core::time::gate::Gate::apply` keeps a changed
+//! layer only when the time model says its move pays, exactly as the runtime's `PolicyHost`
+//! applies it (held layers get their current rows back, their PAR after is their PAR before,
+//! the summary is recomputed), and the per-layer ages it reads live after the policy state in
+//! the caller's `state` buffer. A version 1 block (248 bytes) is still accepted and behaves as
+//! before; so does a version 2 block with `payoff_gate = 0`.
+//!
 //! **Invariant:** `no_std` and no allocation: every byte it reads or writes is in the buffers the
-//! caller passes (and the output fields of the argument struct).
+//! caller passes (and the output fields of the argument struct, within its version's size).
 //!
 //! **Invariant:** no panics on input: every pointer, alignment, length, overlap, shape, policy
-//! number and load is checked, and a problem is a documented status code
+//! number, load and time-model number is checked, and a problem is a documented status code
 //! (`EPLB_AICPU_E_*`), never a crash.
 //!
 //! `unsafe` is confined to turning the checked raw pointers into slices and to reading and
@@ -39,11 +47,19 @@ use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
 use core::ptr;
 
+use eplb_core::metrics::{self, Routing};
+use eplb_core::time::gate::{self, Gate};
+use eplb_core::time::{Dtype, Hardware, ModelSpec, TimeModel};
 use eplb_core::{Placement, Shape};
-use eplb_policies::{AnyPolicy, Error, Input, Output, Policy, PolicyKind, Samples};
+use eplb_policies::{
+    AnyPolicy, Arena, Error, Input, Output, Policy, PolicyKind, Samples, words_f64, words_u32,
+};
 
-/// Version of [`EplbAicpuArgs`]; `args.version` must equal it.
-pub const EPLB_AICPU_ABI_VERSION: u32 = 1;
+/// Version of [`EplbAicpuArgs`] this library implements (and the header describes). The
+/// library also accepts version 1 blocks ([`EPLB_AICPU_ARGS_V1_SIZE`] bytes, no gate).
+pub const EPLB_AICPU_ABI_VERSION: u32 = 2;
+/// `struct_size` of a version 1 argument block: the fields up to and including `result`.
+pub const EPLB_AICPU_ARGS_V1_SIZE: u32 = 248;
 
 // Status codes returned by `eplb_aicpu_rebalance`. Keep in step with `include/eplb_aicpu.h`
 // (`cargo xtask aicpu` compares the two).
@@ -52,8 +68,8 @@ pub const EPLB_AICPU_ABI_VERSION: u32 = 1;
 pub const EPLB_AICPU_OK: u32 = 0;
 /// `args` is null. Nothing is written.
 pub const EPLB_AICPU_E_NULL_ARGS: u32 = 1;
-/// `args.version` is not [`EPLB_AICPU_ABI_VERSION`] or `args.struct_size` is not
-/// `sizeof(eplb_aicpu_args)`. Nothing is written.
+/// `args.version` / `args.struct_size` are neither 2 / `sizeof(eplb_aicpu_args)` (408) nor
+/// 1 / [`EPLB_AICPU_ARGS_V1_SIZE`] (248). Nothing is written.
 pub const EPLB_AICPU_E_VERSION: u32 = 2;
 /// A buffer the call needs is null, or so high in memory that it would wrap the address space.
 pub const EPLB_AICPU_E_NULL_POINTER: u32 = 3;
@@ -86,6 +102,12 @@ pub const EPLB_AICPU_E_SAMPLES_REQUIRED: u32 = 14;
 /// The policy found no valid placement (a bug in the policy; keep the current placement);
 /// `result.detail` = the layer when known.
 pub const EPLB_AICPU_E_POLICY_FAILED: u32 = 15;
+/// A pay-off gate input is invalid (version 2): `payoff_gate` not 0 or 1, or, with the gate on,
+/// a field of `args.gate` (NaN, infinite, negative, a zero rate or bandwidth, a zero size, an
+/// unknown dtype or routing, `top_k` above the experts, both intervals 0). `result.field` =
+/// the `EPLB_AICPU_FIELD_GATE_*` (or `EPLB_AICPU_FIELD_PAYOFF_GATE`); `result.detail` = the
+/// value (a `double`'s IEEE-754 bits).
+pub const EPLB_AICPU_E_GATE: u32 = 16;
 
 // Policy numbers (`args.policy`): vLLM-Ascend's `eplb_policy_type` 0..4, and 5 for DeepSeek's.
 
@@ -130,6 +152,58 @@ pub const EPLB_AICPU_FIELD_SCRATCH: u32 = 10;
 pub const EPLB_AICPU_FIELD_STATE: u32 = 11;
 /// The argument struct itself.
 pub const EPLB_AICPU_FIELD_ARGS: u32 = 12;
+/// `payoff_gate`.
+pub const EPLB_AICPU_FIELD_PAYOFF_GATE: u32 = 13;
+/// `gate.flops_bf16`.
+pub const EPLB_AICPU_FIELD_GATE_FLOPS_BF16: u32 = 14;
+/// `gate.flops_8bit`.
+pub const EPLB_AICPU_FIELD_GATE_FLOPS_8BIT: u32 = 15;
+/// `gate.flops_fp4`.
+pub const EPLB_AICPU_FIELD_GATE_FLOPS_FP4: u32 = 16;
+/// `gate.hbm_bytes_per_s`.
+pub const EPLB_AICPU_FIELD_GATE_HBM: u32 = 17;
+/// `gate.intra_node_bytes_per_s`.
+pub const EPLB_AICPU_FIELD_GATE_INTRA_NODE: u32 = 18;
+/// `gate.inter_node_bytes_per_s`.
+pub const EPLB_AICPU_FIELD_GATE_INTER_NODE: u32 = 19;
+/// `gate.layer_overhead_ms`.
+pub const EPLB_AICPU_FIELD_GATE_LAYER_OVERHEAD: u32 = 20;
+/// `gate.collective_ms`.
+pub const EPLB_AICPU_FIELD_GATE_COLLECTIVE: u32 = 21;
+/// `gate.hidden`.
+pub const EPLB_AICPU_FIELD_GATE_HIDDEN: u32 = 22;
+/// `gate.intermediate`.
+pub const EPLB_AICPU_FIELD_GATE_INTERMEDIATE: u32 = 23;
+/// `gate.top_k`.
+pub const EPLB_AICPU_FIELD_GATE_TOP_K: u32 = 24;
+/// `gate.dtype`.
+pub const EPLB_AICPU_FIELD_GATE_DTYPE: u32 = 25;
+/// `gate.routing`.
+pub const EPLB_AICPU_FIELD_GATE_ROUTING: u32 = 26;
+/// `gate.tokens_per_rank`.
+pub const EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK: u32 = 27;
+/// `gate.expert_bytes`.
+pub const EPLB_AICPU_FIELD_GATE_EXPERT_BYTES: u32 = 28;
+/// `gate.heat_interval` and `gate.algo_interval` (both 0).
+pub const EPLB_AICPU_FIELD_GATE_INTERVALS: u32 = 29;
+
+// Compute dtypes (`gate.dtype`): the activation side of the quant type.
+
+/// bf16 / fp16 (unquantised checkpoints).
+pub const EPLB_AICPU_DTYPE_BF16: u32 = 0;
+/// int8 activations (W8A8, W8A8-Dynamic, W4A8).
+pub const EPLB_AICPU_DTYPE_INT8: u32 = 1;
+/// fp8 activations.
+pub const EPLB_AICPU_DTYPE_FP8: u32 = 2;
+/// fp4 (at the 8-bit peak on chips without fp4 units, `flops_fp4 = 0`).
+pub const EPLB_AICPU_DTYPE_FP4: u32 = 3;
+
+// Routing models (`gate.routing`): how the gate splits an expert's tokens over its copies.
+
+/// vLLM-Ascend's static `log2phy` choice (what the runtime's gate uses).
+pub const EPLB_AICPU_ROUTING_LOG2PHY: u32 = 0;
+/// An even split over the copies.
+pub const EPLB_AICPU_ROUTING_EVEN: u32 = 1;
 
 /// What one call reports besides its buffers (`eplb_aicpu_result` in C). Written by every call
 /// that gets past the version check: on success the summary, on failure zeros and
@@ -159,13 +233,84 @@ pub struct EplbAicpuResult {
     pub detail: u64,
 }
 
-/// The argument block of [`eplb_aicpu_rebalance`] (`eplb_aicpu_args` in C), version 1.
+/// The pay-off gate's inputs (`eplb_aicpu_gate` in C, version 2): the numbers of
+/// `eplb_core::time::TimeModel` (`docs/time-model.md` gives the presets and their sources) and
+/// the cycle a move must pay back over. Rates and bandwidths are per rank (one die), one
+/// direction; the gate's node split is the shape's `ranks_per_node`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EplbAicpuGate {
+    /// Dense bf16 peak, FLOP/s (`> 0`).
+    pub flops_bf16: f64,
+    /// Dense int8/fp8 peak, FLOP/s (`> 0`).
+    pub flops_8bit: f64,
+    /// Dense fp4 peak, FLOP/s (`>= 0`; 0: fp4 runs at the 8-bit peak).
+    pub flops_fp4: f64,
+    /// HBM bandwidth, bytes/s (`> 0`).
+    pub hbm_bytes_per_s: f64,
+    /// Intra-node bandwidth of one rank, one direction, bytes/s (`> 0`).
+    pub intra_node_bytes_per_s: f64,
+    /// Inter-node bandwidth of one rank, one direction, bytes/s (`> 0`).
+    pub inter_node_bytes_per_s: f64,
+    /// Fixed time of one MoE layer on one rank, ms (`>= 0`).
+    pub layer_overhead_ms: f64,
+    /// Latency of one small collective over the EP group, ms (`>= 0`).
+    pub collective_ms: f64,
+    /// Hidden size `H` (`>= 1`).
+    pub hidden: u32,
+    /// Expert intermediate size `I` (`>= 1`).
+    pub intermediate: u32,
+    /// Routed experts (0: the shape's `N`).
+    pub experts: u16,
+    /// Experts per token `k` (`1..=experts`).
+    pub top_k: u16,
+    /// MoE layers (0: the shape's `L`).
+    pub moe_layers: u16,
+    /// Shared experts per MoE layer.
+    pub shared_experts: u16,
+    /// `EPLB_AICPU_DTYPE_*`.
+    pub dtype: u32,
+    /// `EPLB_AICPU_ROUTING_*`.
+    pub routing: u32,
+    /// Tokens per iteration per rank `T` (`> 0`).
+    pub tokens_per_rank: f64,
+    /// Bytes of one expert's weights and scales (`>= 0`).
+    pub expert_bytes: f64,
+    /// Heat interval `H`, iterations.
+    pub heat_interval: u32,
+    /// Algorithm interval `A`, iterations (`H + A >= 1`: the horizon).
+    pub algo_interval: u32,
+}
+
+/// What the pay-off gate did (`eplb_aicpu_gate_result` in C, version 2): zeros when the gate is
+/// off or the call failed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EplbAicpuGateResult {
+    /// Layers the policy changed.
+    pub changed_layers: u32,
+    /// Of them, layers whose move pays: they take the new placement.
+    pub moved_layers: u32,
+    /// Of them, layers held back: they keep their current rows.
+    pub held_layers: u32,
+    /// Written as 0.
+    pub reserved: u32,
+    /// Predicted MoE time per iteration the moved layers save, ms.
+    pub saving_ms_per_iter: f64,
+    /// Predicted stall of the moved layers' exchanges, ms.
+    pub stall_ms: f64,
+    /// Predicted saving per iteration given up by the held layers, ms.
+    pub forgone_ms_per_iter: f64,
+}
+
+/// The argument block of [`eplb_aicpu_rebalance`] (`eplb_aicpu_args` in C), version 2.
 ///
 /// Lengths count elements (not bytes) and may exceed what the shape needs; only the first
 /// elements needed are read or written. `ranks_per_node = 0` means one node (`R`), `groups = 0`
 /// means one group. `windows = 0` means no per-window samples (`samples` is then ignored).
 /// `state` may be null when [`eplb_aicpu_state_len`] is 0. The first 8 bytes (`version`,
-/// `struct_size`) are the same in every version.
+/// `struct_size`) are the same in every version; a version 1 block is the first 248 bytes
+/// (up to and including `result`), and the call reads and writes nothing beyond them.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct EplbAicpuArgs {
@@ -221,14 +366,23 @@ pub struct EplbAicpuArgs {
     pub out_par_after_len: u64,
     /// Per-call scratch, contents unspecified before and after.
     pub scratch: *mut u64,
-    /// Words at `scratch` (at least [`eplb_aicpu_scratch_len`]).
+    /// Words at `scratch` (at least [`eplb_aicpu_scratch_len_v2`]).
     pub scratch_len: u64,
-    /// Policy state kept across calls; zeros are a fresh state.
+    /// Policy state kept across calls; zeros are a fresh state. With the gate on, the policy's
+    /// words are followed by one word per layer: the cycles its placement has lived.
     pub state: *mut u64,
-    /// Words at `state` (at least [`eplb_aicpu_state_len`]).
+    /// Words at `state` (at least [`eplb_aicpu_state_len_v2`]).
     pub state_len: u64,
     /// Written by the call.
     pub result: EplbAicpuResult,
+    /// Version 2: 1 turns the pay-off gate on, 0 leaves it off.
+    pub payoff_gate: u32,
+    /// Version 2: set to 0 (not read).
+    pub reserved: u32,
+    /// Version 2: the gate's inputs, read when `payoff_gate = 1`.
+    pub gate: EplbAicpuGate,
+    /// Version 2: written by the call.
+    pub gate_result: EplbAicpuGateResult,
 }
 
 impl EplbAicpuArgs {
@@ -276,6 +430,39 @@ impl EplbAicpuArgs {
                 reserved: 0,
                 detail: 0,
             },
+            payoff_gate: 0,
+            reserved: 0,
+            gate: EplbAicpuGate {
+                flops_bf16: 0.0,
+                flops_8bit: 0.0,
+                flops_fp4: 0.0,
+                hbm_bytes_per_s: 0.0,
+                intra_node_bytes_per_s: 0.0,
+                inter_node_bytes_per_s: 0.0,
+                layer_overhead_ms: 0.0,
+                collective_ms: 0.0,
+                hidden: 0,
+                intermediate: 0,
+                experts: 0,
+                top_k: 0,
+                moe_layers: 0,
+                shared_experts: 0,
+                dtype: 0,
+                routing: 0,
+                tokens_per_rank: 0.0,
+                expert_bytes: 0.0,
+                heat_interval: 0,
+                algo_interval: 0,
+            },
+            gate_result: EplbAicpuGateResult {
+                changed_layers: 0,
+                moved_layers: 0,
+                held_layers: 0,
+                reserved: 0,
+                saving_ms_per_iter: 0.0,
+                stall_ms: 0.0,
+                forgone_ms_per_iter: 0.0,
+            },
         }
     }
 }
@@ -302,7 +489,40 @@ const _: () = {
     assert!(offset_of!(EplbAicpuResult, reserved) == 52);
     assert!(offset_of!(EplbAicpuResult, detail) == 56);
 
-    assert!(size_of::<EplbAicpuArgs>() == 248);
+    assert!(size_of::<EplbAicpuGate>() == 112);
+    assert!(align_of::<EplbAicpuGate>() == 8);
+    assert!(offset_of!(EplbAicpuGate, flops_bf16) == 0);
+    assert!(offset_of!(EplbAicpuGate, flops_8bit) == 8);
+    assert!(offset_of!(EplbAicpuGate, flops_fp4) == 16);
+    assert!(offset_of!(EplbAicpuGate, hbm_bytes_per_s) == 24);
+    assert!(offset_of!(EplbAicpuGate, intra_node_bytes_per_s) == 32);
+    assert!(offset_of!(EplbAicpuGate, inter_node_bytes_per_s) == 40);
+    assert!(offset_of!(EplbAicpuGate, layer_overhead_ms) == 48);
+    assert!(offset_of!(EplbAicpuGate, collective_ms) == 56);
+    assert!(offset_of!(EplbAicpuGate, hidden) == 64);
+    assert!(offset_of!(EplbAicpuGate, intermediate) == 68);
+    assert!(offset_of!(EplbAicpuGate, experts) == 72);
+    assert!(offset_of!(EplbAicpuGate, top_k) == 74);
+    assert!(offset_of!(EplbAicpuGate, moe_layers) == 76);
+    assert!(offset_of!(EplbAicpuGate, shared_experts) == 78);
+    assert!(offset_of!(EplbAicpuGate, dtype) == 80);
+    assert!(offset_of!(EplbAicpuGate, routing) == 84);
+    assert!(offset_of!(EplbAicpuGate, tokens_per_rank) == 88);
+    assert!(offset_of!(EplbAicpuGate, expert_bytes) == 96);
+    assert!(offset_of!(EplbAicpuGate, heat_interval) == 104);
+    assert!(offset_of!(EplbAicpuGate, algo_interval) == 108);
+
+    assert!(size_of::<EplbAicpuGateResult>() == 40);
+    assert!(align_of::<EplbAicpuGateResult>() == 8);
+    assert!(offset_of!(EplbAicpuGateResult, changed_layers) == 0);
+    assert!(offset_of!(EplbAicpuGateResult, moved_layers) == 4);
+    assert!(offset_of!(EplbAicpuGateResult, held_layers) == 8);
+    assert!(offset_of!(EplbAicpuGateResult, reserved) == 12);
+    assert!(offset_of!(EplbAicpuGateResult, saving_ms_per_iter) == 16);
+    assert!(offset_of!(EplbAicpuGateResult, stall_ms) == 24);
+    assert!(offset_of!(EplbAicpuGateResult, forgone_ms_per_iter) == 32);
+
+    assert!(size_of::<EplbAicpuArgs>() == 408);
     assert!(align_of::<EplbAicpuArgs>() == 8);
     assert!(offset_of!(EplbAicpuArgs, version) == 0);
     assert!(offset_of!(EplbAicpuArgs, struct_size) == 4);
@@ -334,6 +554,13 @@ const _: () = {
     assert!(offset_of!(EplbAicpuArgs, state) == 168);
     assert!(offset_of!(EplbAicpuArgs, state_len) == 176);
     assert!(offset_of!(EplbAicpuArgs, result) == 184);
+    assert!(offset_of!(EplbAicpuArgs, payoff_gate) == 248);
+    assert!(offset_of!(EplbAicpuArgs, reserved) == 252);
+    assert!(offset_of!(EplbAicpuArgs, gate) == 256);
+    assert!(offset_of!(EplbAicpuArgs, gate_result) == 368);
+    // A version 1 block is the prefix up to and including `result` (184 + 64): the version 2
+    // fields start right after it.
+    assert!(offset_of!(EplbAicpuArgs, payoff_gate) == EPLB_AICPU_ARGS_V1_SIZE as usize);
 };
 
 /// A failed call: status code, field and detail for `result`.
@@ -395,7 +622,21 @@ fn shape_of(
     .ok()
 }
 
-/// Scratch and state words for `policy` on a shape, or `None` when either is invalid.
+/// Words the pay-off gate adds for `shape`: `(scratch, state)`. Scratch: the gate's `f64` and
+/// `u32` buffers ([`gate::scratch_len`]) and a `u32` copy of the ages; state: one word per layer,
+/// the ages.
+fn gate_words(shape: &Shape) -> (usize, usize) {
+    let (floats, words) = gate::scratch_len(shape);
+    let l = shape.layers();
+    let scratch = words_f64(floats)
+        .saturating_add(words_u32(words))
+        .saturating_add(words_u32(l));
+    (scratch, l)
+}
+
+/// Scratch and state words for `policy` on a shape, with the gate's when `payoff_gate` is 1,
+/// or `None` when the shape, the policy number or the flag is invalid.
+#[allow(clippy::too_many_arguments)]
 fn buffer_words(
     layers: u16,
     experts: u16,
@@ -404,6 +645,7 @@ fn buffer_words(
     ranks_per_node: u16,
     groups: u16,
     policy: u32,
+    payoff_gate: u32,
 ) -> Option<(usize, usize)> {
     let shape = shape_of(
         layers,
@@ -414,12 +656,19 @@ fn buffer_words(
         groups,
     )?;
     let p = AnyPolicy::new(policy_kind(policy)?);
-    Some((eplb_policies::scratch_len(&p, &shape), p.state_len(&shape)))
+    let (scratch, state) = (eplb_policies::scratch_len(&p, &shape), p.state_len(&shape));
+    let (gs, gst) = match payoff_gate {
+        0 => (0, 0),
+        1 => gate_words(&shape),
+        _ => return None,
+    };
+    Some((scratch.saturating_add(gs), state.saturating_add(gst)))
 }
 
-/// Scratch words (`u64`) [`eplb_aicpu_rebalance`] needs for `policy` on this shape; 0 when the
-/// shape or the policy number is invalid (a valid input always needs at least one word).
-/// `ranks_per_node = 0` means `R`, `groups = 0` means 1, as in [`EplbAicpuArgs`].
+/// Scratch words (`u64`) [`eplb_aicpu_rebalance`] needs for `policy` on this shape with the
+/// pay-off gate off; 0 when the shape or the policy number is invalid (a valid input always
+/// needs at least one word). `ranks_per_node = 0` means `R`, `groups = 0` means 1, as in
+/// [`EplbAicpuArgs`]. Equal to [`eplb_aicpu_scratch_len_v2`] with `payoff_gate = 0`.
 #[unsafe(no_mangle)]
 pub extern "C" fn eplb_aicpu_scratch_len(
     layers: u16,
@@ -430,7 +679,7 @@ pub extern "C" fn eplb_aicpu_scratch_len(
     groups: u16,
     policy: u32,
 ) -> u64 {
-    buffer_words(
+    eplb_aicpu_scratch_len_v2(
         layers,
         experts,
         ranks,
@@ -438,13 +687,14 @@ pub extern "C" fn eplb_aicpu_scratch_len(
         ranks_per_node,
         groups,
         policy,
+        0,
     )
-    .map_or(0, |(scratch, _)| to_u64(scratch))
 }
 
-/// Policy state words (`u64`) for `policy` on this shape; 0 when the policy keeps no state, and
-/// also 0 when the shape or policy number is invalid (tell the two apart with
-/// [`eplb_aicpu_scratch_len`], which is 0 only for invalid input).
+/// Policy state words (`u64`) for `policy` on this shape with the pay-off gate off; 0 when the
+/// policy keeps no state, and also 0 when the shape or policy number is invalid (tell the two
+/// apart with [`eplb_aicpu_scratch_len`], which is 0 only for invalid input). Equal to
+/// [`eplb_aicpu_state_len_v2`] with `payoff_gate = 0`.
 #[unsafe(no_mangle)]
 pub extern "C" fn eplb_aicpu_state_len(
     layers: u16,
@@ -455,6 +705,33 @@ pub extern "C" fn eplb_aicpu_state_len(
     groups: u16,
     policy: u32,
 ) -> u64 {
+    eplb_aicpu_state_len_v2(
+        layers,
+        experts,
+        ranks,
+        slots_per_rank,
+        ranks_per_node,
+        groups,
+        policy,
+        0,
+    )
+}
+
+/// Scratch words (`u64`) for `policy` on this shape with `payoff_gate` as in [`EplbAicpuArgs`]
+/// (1: the gate's scratch is added); 0 when the shape, the policy number or the flag is
+/// invalid.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn eplb_aicpu_scratch_len_v2(
+    layers: u16,
+    experts: u16,
+    ranks: u16,
+    slots_per_rank: u16,
+    ranks_per_node: u16,
+    groups: u16,
+    policy: u32,
+    payoff_gate: u32,
+) -> u64 {
     buffer_words(
         layers,
         experts,
@@ -463,6 +740,35 @@ pub extern "C" fn eplb_aicpu_state_len(
         ranks_per_node,
         groups,
         policy,
+        payoff_gate,
+    )
+    .map_or(0, |(scratch, _)| to_u64(scratch))
+}
+
+/// State words (`u64`) for `policy` on this shape with `payoff_gate` as in [`EplbAicpuArgs`]:
+/// the policy's, plus one per layer (the gate's ages) when the gate is on; 0 when there is no
+/// state or the input is invalid (tell them apart with [`eplb_aicpu_scratch_len_v2`]).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn eplb_aicpu_state_len_v2(
+    layers: u16,
+    experts: u16,
+    ranks: u16,
+    slots_per_rank: u16,
+    ranks_per_node: u16,
+    groups: u16,
+    policy: u32,
+    payoff_gate: u32,
+) -> u64 {
+    buffer_words(
+        layers,
+        experts,
+        ranks,
+        slots_per_rank,
+        ranks_per_node,
+        groups,
+        policy,
+        payoff_gate,
     )
     .map_or(0, |(_, state)| to_u64(state))
 }
@@ -622,9 +928,121 @@ fn placement_layer(e: &eplb_core::Error) -> u64 {
     }
 }
 
-/// Everything after the version check: validates `a`, builds slices, runs the policy.
-/// `args_addr` is where the argument struct lives (it must not overlap any buffer).
-fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
+/// A `double` of the gate that must be finite and `> 0` (`zero_ok`: `>= 0`).
+fn gate_rate(field: u32, v: f64, zero_ok: bool) -> Result<f64, Fail> {
+    if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
+        Ok(v)
+    } else {
+        Err(fail(EPLB_AICPU_E_GATE, field, v.to_bits()))
+    }
+}
+
+/// The pay-off gate `g` describes on `shape`, each field checked (`EPLB_AICPU_E_GATE` names
+/// the first bad one, in struct order). The node split is the shape's, as in the runtime: a
+/// split only when `ranks_per_node < R`.
+fn gate_of(g: &EplbAicpuGate, shape: &Shape) -> Result<Gate, Fail> {
+    let bad = |field: u32, v: u64| fail(EPLB_AICPU_E_GATE, field, v);
+    let hardware = Hardware {
+        name: "aicpu",
+        flops_bf16: gate_rate(EPLB_AICPU_FIELD_GATE_FLOPS_BF16, g.flops_bf16, false)?,
+        flops_8bit: gate_rate(EPLB_AICPU_FIELD_GATE_FLOPS_8BIT, g.flops_8bit, false)?,
+        flops_fp4: gate_rate(EPLB_AICPU_FIELD_GATE_FLOPS_FP4, g.flops_fp4, true)?,
+        hbm_bytes_per_s: gate_rate(EPLB_AICPU_FIELD_GATE_HBM, g.hbm_bytes_per_s, false)?,
+        intra_node_bytes_per_s: gate_rate(
+            EPLB_AICPU_FIELD_GATE_INTRA_NODE,
+            g.intra_node_bytes_per_s,
+            false,
+        )?,
+        inter_node_bytes_per_s: gate_rate(
+            EPLB_AICPU_FIELD_GATE_INTER_NODE,
+            g.inter_node_bytes_per_s,
+            false,
+        )?,
+        layer_overhead_ms: gate_rate(
+            EPLB_AICPU_FIELD_GATE_LAYER_OVERHEAD,
+            g.layer_overhead_ms,
+            true,
+        )?,
+        collective_ms: gate_rate(EPLB_AICPU_FIELD_GATE_COLLECTIVE, g.collective_ms, true)?,
+    };
+    if g.hidden == 0 {
+        return Err(bad(EPLB_AICPU_FIELD_GATE_HIDDEN, 0));
+    }
+    if g.intermediate == 0 {
+        return Err(bad(EPLB_AICPU_FIELD_GATE_INTERMEDIATE, 0));
+    }
+    let or = |v: u16, default: usize| {
+        if v == 0 {
+            u16::try_from(default).unwrap_or(u16::MAX)
+        } else {
+            v
+        }
+    };
+    let experts = or(g.experts, shape.experts());
+    if g.top_k == 0 || g.top_k > experts {
+        return Err(bad(EPLB_AICPU_FIELD_GATE_TOP_K, u64::from(g.top_k)));
+    }
+    let dtype = match g.dtype {
+        EPLB_AICPU_DTYPE_BF16 => Dtype::Bf16,
+        EPLB_AICPU_DTYPE_INT8 => Dtype::Int8,
+        EPLB_AICPU_DTYPE_FP8 => Dtype::Fp8,
+        EPLB_AICPU_DTYPE_FP4 => Dtype::Fp4,
+        d => return Err(bad(EPLB_AICPU_FIELD_GATE_DTYPE, u64::from(d))),
+    };
+    let routing = match g.routing {
+        EPLB_AICPU_ROUTING_LOG2PHY => Routing::Log2Phy,
+        EPLB_AICPU_ROUTING_EVEN => Routing::Even,
+        r => return Err(bad(EPLB_AICPU_FIELD_GATE_ROUTING, u64::from(r))),
+    };
+    let tokens_per_rank = gate_rate(
+        EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK,
+        g.tokens_per_rank,
+        false,
+    )?;
+    let expert_bytes = gate_rate(EPLB_AICPU_FIELD_GATE_EXPERT_BYTES, g.expert_bytes, true)?;
+    let iterations = u64::from(g.heat_interval).saturating_add(u64::from(g.algo_interval));
+    if iterations == 0 {
+        return Err(bad(EPLB_AICPU_FIELD_GATE_INTERVALS, 0));
+    }
+    let rpn = shape.ranks_per_node();
+    let model = TimeModel {
+        hardware,
+        model: ModelSpec {
+            name: "aicpu",
+            hidden: g.hidden,
+            intermediate: g.intermediate,
+            experts,
+            top_k: g.top_k,
+            moe_layers: or(g.moe_layers, shape.layers()),
+            shared_experts: g.shared_experts,
+            dtype,
+        },
+        tokens_per_rank,
+        expert_bytes,
+        ranks_per_node: (rpn > 0 && rpn < shape.ranks())
+            .then(|| u16::try_from(rpn).ok())
+            .flatten(),
+    };
+    // Every number was checked above; this is the core's own check, kept as a backstop.
+    model
+        .check()
+        .map_err(|_| fail(EPLB_AICPU_E_GATE, EPLB_AICPU_FIELD_NONE, 0))?;
+    Ok(Gate {
+        model,
+        iterations,
+        routing,
+    })
+}
+
+/// Everything after the version check: validates `a`, builds slices, runs the policy and, when
+/// `a.payoff_gate` is 1, the gate. `args_addr` and `args_bytes` say where the argument struct
+/// lives (no buffer may overlap it). A version 1 block arrives here with the version 2 fields
+/// zeroed: the gate off.
+fn run(
+    a: &EplbAicpuArgs,
+    args_addr: usize,
+    args_bytes: usize,
+) -> Result<(EplbAicpuResult, EplbAicpuGateResult), Fail> {
     let shape = shape_of(
         a.layers,
         a.experts,
@@ -639,9 +1057,27 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
         EPLB_AICPU_FIELD_POLICY,
         u64::from(a.policy),
     ))?;
+    let gate = match a.payoff_gate {
+        0 => None,
+        1 => Some(gate_of(&a.gate, &shape)?),
+        v => {
+            return Err(fail(
+                EPLB_AICPU_E_GATE,
+                EPLB_AICPU_FIELD_PAYOFF_GATE,
+                u64::from(v),
+            ));
+        }
+    };
     let mut policy = AnyPolicy::new(kind);
-    let scratch_needed = eplb_policies::scratch_len(&policy, &shape);
-    let state_needed = policy.state_len(&shape);
+    let policy_scratch = eplb_policies::scratch_len(&policy, &shape);
+    let policy_state = policy.state_len(&shape);
+    let (gate_scratch, gate_state) = if gate.is_some() {
+        gate_words(&shape)
+    } else {
+        (0, 0)
+    };
+    let scratch_needed = policy_scratch.saturating_add(gate_scratch);
+    let state_needed = policy_state.saturating_add(gate_state);
     let (l, n) = (shape.layers(), shape.experts());
     let (p, ln) = (shape.placement_len(), shape.loads_len());
     let too_many_windows = fail(EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_SAMPLES, u64::MAX);
@@ -653,7 +1089,7 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
         Region {
             field: EPLB_AICPU_FIELD_ARGS,
             start: args_addr,
-            bytes: size_of::<EplbAicpuArgs>(),
+            bytes: args_bytes,
             written: true,
         },
         check_buffer(
@@ -788,14 +1224,40 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
     let input = Input::new(current, loads, samples, a.seed)
         .map_err(|e| load_fail(&e, EPLB_AICPU_FIELD_LOADS, n, other))?;
     let out = Output {
-        placement: out_placement,
-        changed,
-        par_before,
-        par_after,
+        placement: &mut *out_placement,
+        changed: &mut *changed,
+        par_before: &mut *par_before,
+        par_after: &mut *par_after,
     };
-    let summary = eplb_policies::rebalance(&mut policy, &input, scratch, state, out)
+    // The policy's part of the scratch and the state first, the gate's after it.
+    let short_scratch = fail(
+        EPLB_AICPU_E_SCRATCH,
+        EPLB_AICPU_FIELD_SCRATCH,
+        to_u64(scratch_needed),
+    );
+    let (scratch, gate_scratch) = scratch
+        .split_at_mut_checked(policy_scratch)
+        .ok_or(short_scratch)?;
+    let (state, ages) = state.split_at_mut_checked(policy_state).ok_or(fail(
+        EPLB_AICPU_E_STATE,
+        EPLB_AICPU_FIELD_STATE,
+        to_u64(state_needed),
+    ))?;
+    let mut summary = eplb_policies::rebalance(&mut policy, &input, scratch, state, out)
         .map_err(|e| rebalance_fail(&e, n))?;
-    Ok(EplbAicpuResult {
+    let mut gate_result = EplbAicpuGateResult::default();
+    if let Some(g) = gate {
+        let out = Output {
+            placement: out_placement,
+            changed,
+            par_before,
+            par_after,
+        };
+        let gated = apply_gate(&g, &input, out, gate_scratch, ages, &mut summary);
+        // Every input of the gate was checked: a failure here is a bug.
+        gate_result = gated.map_err(|_| fail(EPLB_AICPU_E_GATE, EPLB_AICPU_FIELD_NONE, 0))?;
+    }
+    let result = EplbAicpuResult {
         changed_layers: to_u32(summary.changed_layers),
         colocated_rows: to_u32(summary.colocated_rows),
         moves: to_u64(summary.moves),
@@ -806,6 +1268,103 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
         field: EPLB_AICPU_FIELD_NONE,
         reserved: 0,
         detail: 0,
+    };
+    Ok((result, gate_result))
+}
+
+/// Applies the pay-off gate to the policy's output `out` (computed from `input`) as the
+/// runtime's `PolicyHost` does: layers that do not pay get their current rows back, their
+/// changed flag cleared and their PAR after set to their PAR before; `summary`'s changed
+/// layers, moves, co-located rows and PAR after are recomputed for the gated placement. `ages`
+/// (one word per layer, in the caller's state: the cycles the layer's placement has lived, 0
+/// read as 1) are read, then advanced: 1 for a layer that moves, one more for the others.
+/// `scratch` holds [`gate_words`] words.
+fn apply_gate(
+    g: &Gate,
+    input: &Input<'_>,
+    out: Output<'_>,
+    scratch: &mut [u64],
+    ages: &mut [u64],
+    summary: &mut eplb_policies::Summary,
+) -> Result<EplbAicpuGateResult, Error> {
+    let shape = *input.shape();
+    let (l, r) = (shape.layers(), shape.ranks());
+    let current = input.current().as_slice();
+    let (floats, words) = gate::scratch_len(&shape);
+    let mut arena = Arena::new(scratch);
+    let floats = arena.f64s(floats)?;
+    let words = arena.u32s(words)?;
+    let read_ages = arena.u32s(l)?;
+    for (a, &w) in read_ages.iter_mut().zip(ages.iter()) {
+        *a = u32::try_from(w).unwrap_or(u32::MAX);
+    }
+    // `out.changed` says which layers the policy changed; the gate rewrites it to the layers
+    // that move (a subset of them).
+    let sum = g.apply(
+        &shape,
+        current,
+        out.placement,
+        input.loads(),
+        gate::Scratch {
+            floats: &mut *floats,
+            words: &mut *words,
+            ages: read_ages,
+        },
+        out.changed,
+    )?;
+    let per = shape.slots_per_layer();
+    let mut moves = 0usize;
+    for ((((moved, old), new), after), &before) in out
+        .changed
+        .iter()
+        .zip(current.chunks_exact(per))
+        .zip(out.placement.chunks_exact(per))
+        .zip(out.par_after.iter_mut())
+        .zip(out.par_before.iter())
+    {
+        if *moved {
+            moves = moves.saturating_add(metrics::moves(old, new, shape.slots_per_rank()));
+        } else {
+            // A held layer (or one the policy left alone: the same rows, so the same PAR).
+            *after = before;
+        }
+    }
+    let p = Placement::new(shape, out.placement)?;
+    let (per_layer, rank_buf) = floats.split_at_mut_checked(l).unwrap_or_default();
+    let rank_buf = rank_buf.get_mut(..r).unwrap_or_default();
+    let m_scratch = words
+        .get_mut(..metrics::scratch_len(&shape))
+        .unwrap_or_default();
+    summary.after = metrics::hotness(
+        &p,
+        input.loads(),
+        Routing::Even,
+        m_scratch,
+        rank_buf,
+        per_layer,
+    )?;
+    summary.changed_layers = out.changed.iter().filter(|&&c| c).count();
+    summary.moves = moves;
+    summary.colocated_rows = p.colocated_rows();
+    for ((age, &read), &moved) in ages
+        .iter_mut()
+        .zip(read_ages.iter())
+        .zip(out.changed.iter())
+    {
+        *age = if moved {
+            1
+        } else {
+            u64::from(read.max(1).saturating_add(1))
+        };
+    }
+    Ok(EplbAicpuGateResult {
+        changed_layers: to_u32(sum.changed),
+        moved_layers: to_u32(sum.moved),
+        held_layers: to_u32(sum.changed.saturating_sub(sum.moved)),
+        reserved: 0,
+        saving_ms_per_iter: sum.saving_ms_per_iter,
+        stall_ms: sum.stall_ms,
+        forgone_ms_per_iter: sum.forgone_ms_per_iter,
     })
 }
 
@@ -813,20 +1372,24 @@ fn run(a: &EplbAicpuArgs, args_addr: usize) -> Result<EplbAicpuResult, Fail> {
 /// returns `EPLB_AICPU_OK` or an `EPLB_AICPU_E_*` status. Fits the AICPU kernel signature
 /// `uint32_t Fn(void *args)`.
 ///
-/// Checks, in this order: `args` non-null and 8-byte aligned, `version` and `struct_size`, the
-/// shape, the policy number, then each buffer (`current`, `loads`, `samples`, `out_placement`,
-/// `out_changed`, `out_par_before`, `out_par_after`, `scratch`, `state`: null, alignment,
-/// length), overlaps, the current placement, the samples and the loads; then runs
-/// `eplb_policies::rebalance`. After the version check `args.result` is always written. On a
-/// non-zero status the output buffers' contents are unspecified (keep the current placement).
+/// Checks, in this order: `args` non-null and 8-byte aligned, `version` and `struct_size`
+/// (2 and 408, or 1 and 248), the shape, the policy number, the pay-off gate (version 2:
+/// `payoff_gate`, then with it on each field of `gate`), then each buffer (`current`, `loads`,
+/// `samples`, `out_placement`, `out_changed`, `out_par_before`, `out_par_after`, `scratch`,
+/// `state`: null, alignment, length; scratch and state sized with the gate's words when it is
+/// on), overlaps, the current placement, the samples and the loads; then runs
+/// `eplb_policies::rebalance` and, when on, the gate. After the version check `args.result`
+/// (and, in a version 2 block, `args.gate_result`) is always written. On a non-zero status the
+/// output buffers' contents are unspecified (keep the current placement); the gate's ages are
+/// written only on success.
 ///
 /// # Safety
-/// `args` is null, or points to a readable and writable `eplb_aicpu_args` whose first 8 bytes
-/// are readable whatever its version. Every pointer field the call uses (see
-/// [`EplbAicpuArgs`]) is valid for reads (inputs) or reads and writes (outputs, scratch, state)
-/// of its stated `*_len` elements, and no other thread accesses the struct or the buffers during
-/// the call. Nulls, misalignment, short lengths and overlaps are detected and reported, not
-/// assumed away.
+/// `args` is null, or points to a readable and writable `eplb_aicpu_args` of the version and
+/// size its first 8 bytes state, which are readable whatever its version. Every pointer field
+/// the call uses (see [`EplbAicpuArgs`]) is valid for reads (inputs) or reads and writes
+/// (outputs, scratch, state) of its stated `*_len` elements, and no other thread accesses the
+/// struct or the buffers during the call. Nulls, misalignment, short lengths and overlaps are
+/// detected and reported, not assumed away.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
     let args = args.cast::<EplbAicpuArgs>();
@@ -839,16 +1402,31 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
     // SAFETY: `args` is non-null and aligned, and the caller guarantees that its first 8 bytes
     // (`version`, `struct_size`, the same in every version) are readable.
     let prefix = unsafe { args.cast::<[u32; 2]>().read() };
-    if prefix != [EPLB_AICPU_ABI_VERSION, size_of::<EplbAicpuArgs>() as u32] {
-        log::debug!("eplb_aicpu_rebalance: version/size {prefix:?} not supported");
-        return EPLB_AICPU_E_VERSION;
+    let bytes = match prefix {
+        [EPLB_AICPU_ABI_VERSION, V2_SIZE] => size_of::<EplbAicpuArgs>(),
+        [1, EPLB_AICPU_ARGS_V1_SIZE] => V1_BYTES,
+        _ => {
+            log::debug!("eplb_aicpu_rebalance: version/size {prefix:?} not supported");
+            return EPLB_AICPU_E_VERSION;
+        }
+    };
+    // Version 2 fields a version 1 block lacks stay as `new()` has them: the gate off.
+    let mut a = EplbAicpuArgs::new();
+    // SAFETY: `args` is non-null and aligned, and its version and size say that `bytes` bytes
+    // are readable there (the caller's contract); `a` is a local of at least `bytes` bytes
+    // (`bytes <= size_of::<EplbAicpuArgs>()`), so the two cannot overlap. The first `bytes`
+    // bytes of both have the same layout (asserted), and every field is an integer, a float or
+    // a raw pointer, for which any initialised bit pattern is valid. No reference to `*args`
+    // stays alive.
+    unsafe {
+        ptr::copy_nonoverlapping(
+            args.cast::<u8>().cast_const(),
+            ptr::from_mut(&mut a).cast::<u8>(),
+            bytes,
+        );
     }
-    // SAFETY: non-null, aligned, and of this version and size, so the caller guarantees the
-    // whole struct is readable; it holds only integers, floats and raw pointers, for which any
-    // initialised bit pattern is valid. This is a copy: no reference to `*args` stays alive.
-    let a = unsafe { args.read() };
-    let (status, result) = match run(&a, args.addr()) {
-        Ok(r) => (EPLB_AICPU_OK, r),
+    let (status, result, gate_result) = match run(&a, args.addr(), bytes) {
+        Ok((r, g)) => (EPLB_AICPU_OK, r, g),
         Err(f) => {
             log::debug!(
                 "eplb_aicpu_rebalance: status {} field {} detail {}",
@@ -861,7 +1439,7 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
                 detail: f.detail,
                 ..EplbAicpuResult::default()
             };
-            (f.status, r)
+            (f.status, r, EplbAicpuGateResult::default())
         }
     };
     let out = args
@@ -871,8 +1449,21 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
     // contract), hence aligned; every slice made from the buffers has ended with `run`, and no
     // written buffer overlaps the struct (checked), so nothing else refers to these bytes.
     unsafe { out.write(result) };
+    if bytes == size_of::<EplbAicpuArgs>() {
+        let out = args
+            .wrapping_byte_add(offset_of!(EplbAicpuArgs, gate_result))
+            .cast::<EplbAicpuGateResult>();
+        // SAFETY: as for `result`: a version 2 block (`bytes` is its full size) has this field,
+        // aligned and writable, and nothing else refers to it.
+        unsafe { out.write(gate_result) };
+    }
     status
 }
+
+/// `struct_size` of a version 2 block.
+const V2_SIZE: u32 = size_of::<EplbAicpuArgs>() as u32;
+/// Bytes of a version 1 block.
+const V1_BYTES: usize = EPLB_AICPU_ARGS_V1_SIZE as usize;
 
 /// Spins forever: nothing in this crate panics on input, so reaching this is a bug. An AICPU
 /// kernel has no process to abort; the host sees the kernel time out.

@@ -190,3 +190,453 @@ fn sizing_is_zero_on_invalid_input() {
     assert!(eplb_aicpu_state_len(L, N, R, S, 0, 0, 3) > 0);
     assert_eq!(eplb_aicpu_abi_version(), EPLB_AICPU_ABI_VERSION);
 }
+
+// ---- ABI version 1 and the pay-off gate (version 2) ----
+
+use eplb_core::time::Role;
+use eplb_runtime::planner::PolicyHost;
+
+/// The gate block of `model` with a horizon of `h + a` iterations.
+fn gate_block(model: &TimeModel, routing: Routing, h: u32, a: u32) -> EplbAicpuGate {
+    let (hw, m) = (&model.hardware, &model.model);
+    EplbAicpuGate {
+        flops_bf16: hw.flops_bf16,
+        flops_8bit: hw.flops_8bit,
+        flops_fp4: hw.flops_fp4,
+        hbm_bytes_per_s: hw.hbm_bytes_per_s,
+        intra_node_bytes_per_s: hw.intra_node_bytes_per_s,
+        inter_node_bytes_per_s: hw.inter_node_bytes_per_s,
+        layer_overhead_ms: hw.layer_overhead_ms,
+        collective_ms: hw.collective_ms,
+        hidden: m.hidden,
+        intermediate: m.intermediate,
+        experts: m.experts,
+        top_k: m.top_k,
+        moe_layers: m.moe_layers,
+        shared_experts: m.shared_experts,
+        dtype: match m.dtype {
+            Dtype::Bf16 => EPLB_AICPU_DTYPE_BF16,
+            Dtype::Int8 => EPLB_AICPU_DTYPE_INT8,
+            Dtype::Fp8 => EPLB_AICPU_DTYPE_FP8,
+            Dtype::Fp4 => EPLB_AICPU_DTYPE_FP4,
+        },
+        routing: match routing {
+            Routing::Log2Phy => EPLB_AICPU_ROUTING_LOG2PHY,
+            Routing::Even => EPLB_AICPU_ROUTING_EVEN,
+        },
+        tokens_per_rank: model.tokens_per_rank,
+        expert_bytes: model.expert_bytes,
+        heat_interval: h,
+        algo_interval: a,
+    }
+}
+
+/// A small DeepSeek-V3-like model on A3 (top-2 of the shape's 8 experts), decode.
+fn small_model(expert_bytes: f64) -> TimeModel {
+    let mut spec = ModelSpec::DEEPSEEK_V3;
+    spec.experts = N;
+    spec.top_k = 2;
+    spec.moe_layers = L;
+    TimeModel::new(Hardware::A3, spec, Role::Decode, expert_bytes)
+}
+
+/// Buffers sized for the gate on.
+fn gated_bufs(policy: u32) -> Bufs {
+    let mut b = bufs(policy);
+    b.scratch = vec![0; eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 1) as usize];
+    b.state = vec![0; eplb_aicpu_state_len_v2(L, N, R, S, 0, 0, policy, 1) as usize];
+    b
+}
+
+fn gated_args(b: &mut Bufs, policy: u32, gate: EplbAicpuGate) -> EplbAicpuArgs {
+    EplbAicpuArgs {
+        payoff_gate: 1,
+        gate,
+        ..args(b, policy)
+    }
+}
+
+#[test]
+fn a_version_1_block_behaves_as_before_and_touches_nothing_beyond_it() {
+    for policy in 0..=5 {
+        // Version 2 with the gate off: the reference (it equals the Rust API, test above).
+        let mut b2 = bufs(policy);
+        let mut a2 = args(&mut b2, policy);
+        assert_eq!(call(&mut a2), EPLB_AICPU_OK, "policy {policy}");
+        assert_eq!(a2.gate_result, EplbAicpuGateResult::default());
+
+        let mut b1 = bufs(policy);
+        let mut a1 = args(&mut b1, policy);
+        a1.version = 1;
+        a1.struct_size = EPLB_AICPU_ARGS_V1_SIZE;
+        // What lies beyond a version 1 block is neither read (a gate flag of 7 would be an
+        // error) nor written.
+        a1.payoff_gate = 7;
+        a1.gate.hbm_bytes_per_s = f64::NAN;
+        let canary = EplbAicpuGateResult {
+            changed_layers: 0xDEAD,
+            ..EplbAicpuGateResult::default()
+        };
+        a1.gate_result = canary;
+        assert_eq!(
+            call(&mut a1),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            a1.result
+        );
+        assert_eq!(a1.gate_result, canary);
+        assert_eq!(a1.payoff_gate, 7);
+        assert_eq!(a1.result, a2.result, "policy {policy}");
+        assert_eq!((b1.out, b1.changed), (b2.out, b2.changed));
+        assert_eq!((b1.before, b1.after), (b2.before, b2.after));
+        assert_eq!(b1.state, b2.state);
+    }
+    // The sizing functions of version 1 are the version 2 ones with the gate off.
+    for policy in 0..=5 {
+        assert_eq!(
+            eplb_aicpu_scratch_len(L, N, R, S, 0, 0, policy),
+            eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 0)
+        );
+        assert_eq!(
+            eplb_aicpu_state_len(L, N, R, S, 0, 0, policy),
+            eplb_aicpu_state_len_v2(L, N, R, S, 0, 0, policy, 0)
+        );
+        assert_eq!(
+            eplb_aicpu_state_len_v2(L, N, R, S, 0, 0, policy, 1),
+            eplb_aicpu_state_len(L, N, R, S, 0, 0, policy) + u64::from(L)
+        );
+    }
+    // A mismatched version and size is refused, with nothing written.
+    let mut b = bufs(1);
+    for (version, size) in [(1, 408), (2, EPLB_AICPU_ARGS_V1_SIZE), (3, 408), (0, 248)] {
+        let mut a = args(&mut b, 1);
+        (a.version, a.struct_size) = (version, size);
+        a.result.detail = 99;
+        assert_eq!(call(&mut a), EPLB_AICPU_E_VERSION, "({version}, {size})");
+        assert_eq!(a.result.detail, 99);
+    }
+}
+
+/// Runs `cycles` gated calls through the C ABI and through the runtime's `PolicyHost` with the
+/// same gate on the same inputs (each cycle from the last one's placement, loads changing), and
+/// checks they agree in every output, ages included. Returns the layers held over all cycles.
+fn gated_equals_the_runtime(policy: u32, model: TimeModel, h: u32, a: u32, cycles: u64) -> usize {
+    let shape = Shape::new(L, N, R, S).unwrap();
+    let gate = Gate {
+        model,
+        iterations: u64::from(h) + u64::from(a),
+        routing: Routing::Log2Phy,
+    };
+    let mut host: PolicyHost<AnyPolicy> = PolicyHost::new(
+        Box::new(AnyPolicy::new(policy_kind(policy).unwrap())),
+        shape,
+    );
+    host.set_gate(Some(gate));
+    let mut b = gated_bufs(policy);
+    let policy_words = b.state.len() - usize::from(L);
+    let mut held = 0;
+    for cycle in 0..cycles {
+        // Loads that shift every cycle: a hot expert per layer that moves around.
+        for (i, w) in b.loads.iter_mut().enumerate() {
+            let (layer, e) = (i / usize::from(N), i % usize::from(N));
+            let hot = (layer + cycle as usize) % usize::from(N);
+            *w = if e == hot {
+                40.0
+            } else {
+                1.0 + (e * 7 % 5) as f64
+            };
+        }
+        let mut args = gated_args(&mut b, policy, gate_block(&model, Routing::Log2Phy, h, a));
+        args.seed = 3 + cycle;
+        assert_eq!(
+            call(&mut args),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            args.result
+        );
+
+        let cur = Placement::new(shape, &b.current).unwrap();
+        let input = Input::new(cur, &b.loads, None, 3 + cycle).unwrap();
+        let plan = host.plan_and_take(cycle, &input).unwrap();
+        let what = format!("policy {policy} cycle {cycle}");
+        assert_eq!(b.out, plan.placement, "{what}");
+        let flags: Vec<u8> = plan.changed.iter().map(|&c| u8::from(c)).collect();
+        assert_eq!(b.changed, flags, "{what}");
+        assert_eq!(b.before, plan.par_before, "{what}");
+        assert_eq!(b.after, plan.par_after, "{what}");
+        assert_eq!(&b.state[..policy_words], host.state(), "{what}");
+        let ages: Vec<u64> = host
+            .gate_ages()
+            .unwrap()
+            .iter()
+            .map(|&x| u64::from(x))
+            .collect();
+        assert_eq!(&b.state[policy_words..], ages, "{what}: ages");
+        let s = &plan.summary;
+        assert_eq!(
+            args.result.changed_layers as usize, s.changed_layers,
+            "{what}"
+        );
+        assert_eq!(args.result.moves as usize, s.moves, "{what}");
+        assert_eq!(
+            args.result.colocated_rows as usize, s.colocated_rows,
+            "{what}"
+        );
+        assert_eq!(
+            (args.result.par_mean_after, args.result.par_max_after),
+            (s.after.mean, s.after.max),
+            "{what}"
+        );
+        let g = plan.gate.unwrap();
+        let r = args.gate_result;
+        assert_eq!(
+            (r.changed_layers as usize, r.moved_layers as usize),
+            (g.changed, g.moved),
+            "{what}"
+        );
+        assert_eq!(r.held_layers as usize, g.changed - g.moved, "{what}");
+        assert_eq!(
+            (r.saving_ms_per_iter, r.stall_ms, r.forgone_ms_per_iter),
+            (g.saving_ms_per_iter, g.stall_ms, g.forgone_ms_per_iter),
+            "{what}"
+        );
+        held += r.held_layers as usize;
+        b.current.copy_from_slice(&b.out);
+    }
+    held
+}
+
+#[test]
+fn the_gated_call_equals_the_runtimes_policy_host_over_several_cycles() {
+    // A generous horizon (most changes pay) and a short one with heavy experts (some do not).
+    let mut held = 0;
+    for policy in 0..=5 {
+        gated_equals_the_runtime(policy, small_model(44e6), 600, 50, 4);
+        held += gated_equals_the_runtime(policy, small_model(2e9), 1, 0, 4);
+    }
+    assert!(held > 0, "no layer was held back");
+}
+
+#[test]
+fn the_gated_call_equals_the_core_gate_on_the_policys_plan() {
+    let shape = Shape::new(L, N, R, S).unwrap();
+    let model = small_model(2e9);
+    let gate = Gate {
+        model,
+        iterations: 1,
+        routing: Routing::Log2Phy,
+    };
+    for policy in 0..=5 {
+        // The policy alone (gate off), then the core gate on its plan.
+        let mut b = bufs(policy);
+        let mut a = args(&mut b, policy);
+        assert_eq!(call(&mut a), EPLB_AICPU_OK);
+        let mut plan = b.out.clone();
+        let (f, u) = gate::scratch_len(&shape);
+        let (mut fs, mut us, mut moved) = (vec![0.0; f], vec![0u32; u], vec![false; 3]);
+        let sum = gate
+            .apply(
+                &shape,
+                &b.current,
+                &mut plan,
+                &b.loads,
+                gate::Scratch {
+                    floats: &mut fs,
+                    words: &mut us,
+                    ages: &[],
+                },
+                &mut moved,
+            )
+            .unwrap();
+        // The AICPU with the gate on.
+        let mut g = gated_bufs(policy);
+        let mut a = gated_args(&mut g, policy, gate_block(&model, Routing::Log2Phy, 1, 0));
+        assert_eq!(call(&mut a), EPLB_AICPU_OK);
+        assert_eq!(g.out, plan, "policy {policy}");
+        let flags: Vec<u8> = moved.iter().map(|&m| u8::from(m)).collect();
+        assert_eq!(g.changed, flags, "policy {policy}");
+        assert_eq!(a.gate_result.moved_layers as usize, sum.moved);
+        assert_eq!(a.gate_result.stall_ms, sum.stall_ms);
+    }
+}
+
+#[test]
+fn a_layer_whose_move_does_not_pay_keeps_its_rows() {
+    // Layer 0 is skewed on experts 0 and 1, layers 1 and 2 barely; the policy changes all
+    // three. Over a horizon of 3 iterations, a move that saves (almost) nothing per iteration
+    // cannot pay back the stall of its exchange (at least the per-layer vote).
+    let policy = EPLB_AICPU_POLICY_DEFAULT;
+    let loads: Vec<f64> = (0..usize::from(L * N))
+        .map(|i| match (i / usize::from(N), i % usize::from(N)) {
+            (0, 0 | 1) => 1000.0,
+            (0, _) => 1.0,
+            (_, 0) => 10.02,
+            _ => 10.0,
+        })
+        .collect();
+    // Without the gate.
+    let mut off = bufs(policy);
+    off.loads.clone_from(&loads);
+    let mut a = args(&mut off, policy);
+    assert_eq!(call(&mut a), EPLB_AICPU_OK);
+    let ungated = a.result;
+    // With it. Prefill: compute-bound, so the time follows the busiest rank's tokens.
+    let mut b = gated_bufs(policy);
+    b.loads.clone_from(&loads);
+    let mut model = small_model(44e6);
+    model.tokens_per_rank = Role::Prefill.default_tokens_per_rank();
+    let mut a = gated_args(&mut b, policy, gate_block(&model, Routing::Log2Phy, 2, 1));
+    assert_eq!(call(&mut a), EPLB_AICPU_OK, "{:?}", a.result);
+    let r = a.gate_result;
+    assert_eq!(r.changed_layers, ungated.changed_layers);
+    assert!(r.moved_layers >= 1 && r.held_layers >= 1, "{r:?}");
+    assert_eq!(a.result.changed_layers, r.moved_layers);
+    assert!(a.result.moves < ungated.moves);
+    let per = usize::from(R * S);
+    let mut held = 0;
+    for layer in 0..usize::from(L) {
+        let rows = layer * per..(layer + 1) * per;
+        if b.changed[layer] == 0 {
+            // Held: the policy had changed it, the gate gave its current rows back.
+            assert_eq!(off.changed[layer], 1, "layer {layer}");
+            assert_ne!(off.out[rows.clone()], b.current[rows.clone()]);
+            assert_eq!(b.out[rows.clone()], b.current[rows], "layer {layer}");
+            assert_eq!(b.after[layer], b.before[layer], "layer {layer}");
+            held += 1;
+        } else {
+            // Moved: the policy's rows.
+            assert_eq!(b.out[rows.clone()], off.out[rows], "layer {layer}");
+            assert_eq!(b.after[layer], off.after[layer], "layer {layer}");
+        }
+    }
+    assert_eq!(held, r.held_layers);
+    // The ages: 1 for a moved layer, 2 for a held one (a fresh state reads as 1).
+    let ages = &b.state[b.state.len() - usize::from(L)..];
+    let want: Vec<u64> = b
+        .changed
+        .iter()
+        .map(|&c| if c == 1 { 1 } else { 2 })
+        .collect();
+    assert_eq!(ages, want);
+}
+
+#[test]
+fn bad_gate_inputs_name_their_field() {
+    let policy = EPLB_AICPU_POLICY_DEFAULT;
+    let ok = gate_block(&small_model(44e6), Routing::Log2Phy, 600, 50);
+    type Edit = fn(&mut EplbAicpuGate);
+    let cases: [(&str, Edit, u32); 17] = [
+        (
+            "bf16 NaN",
+            |g| g.flops_bf16 = f64::NAN,
+            EPLB_AICPU_FIELD_GATE_FLOPS_BF16,
+        ),
+        (
+            "8-bit 0",
+            |g| g.flops_8bit = 0.0,
+            EPLB_AICPU_FIELD_GATE_FLOPS_8BIT,
+        ),
+        (
+            "fp4 -1",
+            |g| g.flops_fp4 = -1.0,
+            EPLB_AICPU_FIELD_GATE_FLOPS_FP4,
+        ),
+        (
+            "hbm 0",
+            |g| g.hbm_bytes_per_s = 0.0,
+            EPLB_AICPU_FIELD_GATE_HBM,
+        ),
+        (
+            "intra -1",
+            |g| g.intra_node_bytes_per_s = -1.0,
+            EPLB_AICPU_FIELD_GATE_INTRA_NODE,
+        ),
+        (
+            "inter 0",
+            |g| g.inter_node_bytes_per_s = 0.0,
+            EPLB_AICPU_FIELD_GATE_INTER_NODE,
+        ),
+        (
+            "overhead inf",
+            |g| g.layer_overhead_ms = f64::INFINITY,
+            EPLB_AICPU_FIELD_GATE_LAYER_OVERHEAD,
+        ),
+        (
+            "collective -0.5",
+            |g| g.collective_ms = -0.5,
+            EPLB_AICPU_FIELD_GATE_COLLECTIVE,
+        ),
+        ("hidden 0", |g| g.hidden = 0, EPLB_AICPU_FIELD_GATE_HIDDEN),
+        (
+            "intermediate 0",
+            |g| g.intermediate = 0,
+            EPLB_AICPU_FIELD_GATE_INTERMEDIATE,
+        ),
+        ("top-k 0", |g| g.top_k = 0, EPLB_AICPU_FIELD_GATE_TOP_K),
+        (
+            "top-k > N",
+            |g| g.top_k = N + 1,
+            EPLB_AICPU_FIELD_GATE_TOP_K,
+        ),
+        ("dtype 4", |g| g.dtype = 4, EPLB_AICPU_FIELD_GATE_DTYPE),
+        (
+            "routing 2",
+            |g| g.routing = 2,
+            EPLB_AICPU_FIELD_GATE_ROUTING,
+        ),
+        (
+            "tokens NaN",
+            |g| g.tokens_per_rank = f64::NAN,
+            EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK,
+        ),
+        (
+            "bytes -1",
+            |g| g.expert_bytes = -1.0,
+            EPLB_AICPU_FIELD_GATE_EXPERT_BYTES,
+        ),
+        (
+            "intervals 0",
+            |g| (g.heat_interval, g.algo_interval) = (0, 0),
+            EPLB_AICPU_FIELD_GATE_INTERVALS,
+        ),
+    ];
+    let mut b = gated_bufs(policy);
+    for (what, edit, field) in cases {
+        let mut g = ok;
+        edit(&mut g);
+        let mut a = gated_args(&mut b, policy, g);
+        a.gate_result.stall_ms = 1.0;
+        assert_eq!(call(&mut a), EPLB_AICPU_E_GATE, "{what}");
+        assert_eq!(a.result.field, field, "{what}");
+        assert_eq!(a.gate_result, EplbAicpuGateResult::default(), "{what}");
+    }
+    // A double's detail is its bits.
+    let mut g = ok;
+    g.hbm_bytes_per_s = -2.5;
+    let mut a = gated_args(&mut b, policy, g);
+    assert_eq!(call(&mut a), EPLB_AICPU_E_GATE);
+    assert_eq!(f64::from_bits(a.result.detail), -2.5);
+    // The flag itself.
+    let mut a = gated_args(&mut b, policy, ok);
+    a.payoff_gate = 2;
+    assert_eq!(call(&mut a), EPLB_AICPU_E_GATE);
+    assert_eq!(
+        (a.result.field, a.result.detail),
+        (EPLB_AICPU_FIELD_PAYOFF_GATE, 2)
+    );
+    // Zeros in `experts` and `moe_layers` take the shape's; fp4 0 and zero times are valid.
+    let mut g = ok;
+    (g.experts, g.moe_layers, g.flops_fp4) = (0, 0, 0.0);
+    (g.layer_overhead_ms, g.collective_ms, g.expert_bytes) = (0.0, 0.0, 0.0);
+    let mut a = gated_args(&mut b, policy, g);
+    assert_eq!(call(&mut a), EPLB_AICPU_OK, "{:?}", a.result);
+    // The gate-off sizes are too small with the gate on.
+    let mut small = bufs(policy);
+    let mut a = gated_args(&mut small, policy, ok);
+    assert_eq!(call(&mut a), EPLB_AICPU_E_SCRATCH);
+    assert_eq!(
+        a.result.detail,
+        eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 1)
+    );
+    assert_eq!(eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 2), 0);
+}

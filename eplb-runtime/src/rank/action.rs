@@ -4,7 +4,7 @@
 use std::fmt;
 
 #[cfg(doc)]
-use super::{FAILED_PLAN, RankMachine, outcome};
+use super::{AGREE_WORDS, FAILED_PLAN, RankMachine, agree_tag, outcome, seal};
 
 /// One thing the driver must do.
 #[must_use = "every action must be executed and, where the table says so, answered"]
@@ -34,9 +34,9 @@ pub enum Collective<'a> {
         /// This rank's words.
         send: &'a [u64],
     },
-    /// All-reduce `flag` ("I have this cycle's plan, ready or failed") with a logical AND (one
-    /// byte each way); answer [`Reply::Flag`]. If some rank has no answer yet, every rank asks
-    /// again after the next iteration.
+    /// All-reduce `flag` with a logical AND (one byte each way); answer [`Reply::Flag`]. The
+    /// machine asks for none (its readiness flag is the tagged [`Gather::Ready`]); drivers and
+    /// [`LocalCollective`](super::LocalCollective) still serve it.
     AllAnd {
         /// This rank's flag.
         flag: bool,
@@ -44,22 +44,38 @@ pub enum Collective<'a> {
 }
 
 /// What an [`Collective::AllGather`] gathers.
+///
+/// Every gather but the heat's is an agreement of [`AGREE_WORDS`] words per rank, `[tag, a, b,
+/// live, check]`: `tag` names the cycle, the step and the layer it belongs to ([`agree_tag`]),
+/// `a` and `b` are the step's own words (below), `live` is the hash of the rank's live
+/// placement where the step compares it (the readiness flag and the placement check; 0
+/// elsewhere), and `check` seals the four ([`seal`]). A rank that reads a word failing its check
+/// treats the gather as failed here; a rank that reads another step's or cycle's tag knows the
+/// ranks are out of step and resynchronizes (see [`RankMachine::handle_collective`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gather {
-    /// This rank's slot heat, `[T][L][S]` token counts.
+    /// This rank's slot heat, `[T][L][S]` token counts. Untagged: a rank whose heat gather failed
+    /// says so in its next word (its plan is [`FAILED_PLAN`]), so that every rank drops the cycle
+    /// at the same step.
     Heat,
-    /// `[cycle, placement hash of the plan]` (hash [`FAILED_PLAN`] when the plan failed here).
+    /// The plan is due: `a` is 1 if this rank has this cycle's plan (ready or failed), `live` its
+    /// placement hash. Every flag set: the digest follows at once; otherwise every rank asks
+    /// again after the next iteration.
+    Ready,
+    /// `a`: the placement hash of the plan ([`FAILED_PLAN`] when the plan failed here).
     Digest,
-    /// The vote on `layer`'s exchange: `[my exchange succeeded (1) or not (0), my outcome of the
-    /// previous vote` ([`outcome`])`]`. The layer commits iff every rank's word 0 is 1. Word 1
-    /// lets a rank whose previous vote failed locally learn what its peers did.
+    /// The vote on `layer`'s exchange: `a` my exchange succeeded (1) or not (0), `b` my outcome of
+    /// the previous vote ([`outcome`]). The layer commits iff every rank's `a` is 1 and every tag
+    /// is this vote's. `b` lets a rank whose previous vote failed locally learn what its peers
+    /// did.
     Vote {
         /// The layer.
         layer: u16,
     },
-    /// At the end of a layer walk (and on resume): `[cycle, hash of the live placement]`. A rank
-    /// that did not learn the outcome of a layer vote (its collective failed after its peers'
-    /// succeeded) learns it here.
+    /// At the end of a layer walk, after a resynchronization and on resume: `live` is the hash of
+    /// the rank's live placement. The ranks adopt the highest cycle among the tags; a rank on
+    /// another placement than the majority's repairs it (commits the layer it kept, or drops
+    /// it) or stops balancing ([`Health::Diverged`](super::Health::Diverged)).
     Placement,
 }
 
@@ -67,6 +83,7 @@ impl fmt::Display for Gather {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Gather::Heat => f.write_str("heat gather"),
+            Gather::Ready => f.write_str("plan-ready agreement"),
             Gather::Digest => f.write_str("digest agreement"),
             Gather::Vote { layer } => write!(f, "layer {layer} vote"),
             Gather::Placement => f.write_str("placement check"),
@@ -154,8 +171,9 @@ pub enum LayerAction {
 pub(super) fn gather_what(of: Gather) -> &'static str {
     match of {
         Gather::Heat => "gathered slot heat [R][T][L][S]",
-        Gather::Digest => "gathered plan digests [R][2]",
-        Gather::Vote { .. } => "gathered layer votes [R][2]",
-        Gather::Placement => "gathered placement digests [R][2]",
+        Gather::Ready => "gathered plan-ready words [R][5]",
+        Gather::Digest => "gathered plan digests [R][5]",
+        Gather::Vote { .. } => "gathered layer votes [R][5]",
+        Gather::Placement => "gathered placement digests [R][5]",
     }
 }

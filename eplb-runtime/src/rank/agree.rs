@@ -1,5 +1,13 @@
 //! What the ranks agree on, and in which order: the next task of the cycle, the collective this
-//! rank waits in, and the plan it holds for the cycle (ready, failed or missing).
+//! rank waits in, the plan it holds for the cycle (ready, failed or missing), and the agreement
+//! words themselves: every agreement gather carries, per rank, `[tag, a, b, live, check]`
+//! ([`AGREE_WORDS`]), so that a rank reading its peers' words knows whether they are at its step
+//! ([`agree_tag`]) and whether a word arrived whole ([`seal`]).
+//!
+//! How a rank reads an agreement ([`Heard`]): a failure or a word failing its check is *unknown*
+//! here (the peers may have read every word); every sound word but another tag is *out of step*
+//! (every rank that reads the words sees it, so every one of them drops the cycle at this step
+//! and checks its placement at once); otherwise the step's own rule decides.
 
 use eplb_core::{Placement, Shape, Step};
 
@@ -7,6 +15,62 @@ use super::{Action, Collective, Gather, Health, PlanInput, PlannerAction, RankMa
 
 /// The digest word of a failed plan (a real placement hash of 0 is mapped to 1).
 pub const FAILED_PLAN: u64 = 0;
+
+/// Words per rank of every agreement gather: `[tag, a, b, live, check]` ([`Gather`]).
+pub const AGREE_WORDS: usize = 5;
+
+const STEP_READY: u64 = 1;
+const STEP_DIGEST: u64 = 2;
+const STEP_VOTE: u64 = 3;
+const STEP_PLACEMENT: u64 = 4;
+/// Mixed into [`seal`] so that a word of zeros does not pass its check.
+const SEAL_KEY: u64 = 0x5EA1_ED00_E91B_2700;
+
+/// The tag of an agreement word of `of` in `cycle`: the cycle in bits 24 and up, the step in bits
+/// 16 to 23, the layer of a vote in bits 0 to 15 (the heat gather, untagged, is step 0).
+pub fn agree_tag(of: Gather, cycle: u64) -> u64 {
+    let (step, layer) = match of {
+        Gather::Heat => (0, 0),
+        Gather::Ready => (STEP_READY, 0),
+        Gather::Digest => (STEP_DIGEST, 0),
+        Gather::Vote { layer } => (STEP_VOTE, layer),
+        Gather::Placement => (STEP_PLACEMENT, 0),
+    };
+    (cycle << 24) | (step << 16) | u64::from(layer)
+}
+
+/// The gather and cycle an agreement tag names; `None` for a word that is no agreement tag.
+pub fn tag_gather(tag: u64) -> Option<(Gather, u64)> {
+    let layer = (tag & 0xffff) as u16;
+    let of = match (tag >> 16) & 0xff {
+        STEP_READY => Gather::Ready,
+        STEP_DIGEST => Gather::Digest,
+        STEP_VOTE => Gather::Vote { layer },
+        STEP_PLACEMENT => Gather::Placement,
+        _ => return None,
+    };
+    Some((of, tag >> 24))
+}
+
+/// The check word of an agreement's first four words (FNV-1a, keyed).
+pub fn seal(words: [u64; 4]) -> u64 {
+    eplb_core::fnv1a(words) ^ SEAL_KEY
+}
+
+/// An agreement reply as this rank reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Heard<'a> {
+    /// Failed here, or (`corrupt`) some word failed its check: what the peers read is unknown.
+    Unknown {
+        /// A word failed its check (the transport reported success).
+        corrupt: bool,
+    },
+    /// Every word sound, but some rank at another step, layer or cycle (in the readiness flag
+    /// also: on another live placement).
+    OutOfStep,
+    /// Every rank at this step: the words, rank-major, [`AGREE_WORDS`] each.
+    InStep(&'a [u64]),
+}
 
 /// The next step of the cycle that is not a layer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +80,6 @@ pub(super) enum Task {
     Submit,
     AgreeReady,
     AgreeDigest,
-    CheckPlacement,
     Settle {
         taken: bool,
         record: bool,
@@ -31,8 +94,6 @@ pub(super) enum Awaiting {
     Nothing,
     /// The all-gather of this rank's words of that kind.
     Gather(Gather),
-    /// The plan-ready AND.
-    Ready,
     /// The driver's install of a layer ([`RankMachine::handle_committed`]).
     Committed(u16),
 }
@@ -55,8 +116,10 @@ pub(super) struct Agree {
     pub(super) plan_slot: PlanSlot,
     /// A plan was asked for this cycle and not settled yet.
     pub(super) submitted: bool,
-    /// The two words lent to the driver by the last two-word gather.
-    pub(super) sent: [u64; 2],
+    /// A placement check is due once the task is done (end of a walk, out of step, resume).
+    pub(super) check: bool,
+    /// The words lent to the driver by the last agreement gather.
+    pub(super) sent: [u64; AGREE_WORDS],
 }
 
 impl Agree {
@@ -66,7 +129,8 @@ impl Agree {
             awaiting: Awaiting::Nothing,
             plan_slot: PlanSlot::Missing,
             submitted: false,
-            sent: [0; 2],
+            check: false,
+            sent: [0; AGREE_WORDS],
         }
     }
 }
@@ -77,15 +141,11 @@ pub fn placement_hash(placement: &[u16]) -> u64 {
     if h == FAILED_PLAN { 1 } else { h }
 }
 
-/// [`placement_hash`] of `placement` with layer `layer` taken from `plan`.
-fn placement_hash_with_layer(placement: &[u16], plan: &[u16], shape: &Shape, layer: u16) -> u64 {
+/// [`placement_hash`] of `placement` with layer `layer`'s rows replaced by `new`.
+fn placement_hash_with_layer(placement: &[u16], new: &[u16], shape: &Shape, layer: u16) -> u64 {
     let per = shape.slots_per_layer();
     let mut h = eplb_core::Fnv1a::new();
-    for (l, (old, new)) in placement
-        .chunks_exact(per)
-        .zip(plan.chunks_exact(per))
-        .enumerate()
-    {
+    for (l, old) in placement.chunks_exact(per).enumerate() {
         let rows = if l == usize::from(layer) { new } else { old };
         h.words(rows.iter().map(|&v| u64::from(v)));
     }
@@ -123,32 +183,107 @@ impl RankMachine {
     pub(super) fn sent_len(&self, of: Gather) -> usize {
         match of {
             Gather::Heat => self.heat.held().len(),
-            Gather::Digest | Gather::Vote { .. } | Gather::Placement => self.agree.sent.len(),
+            Gather::Ready | Gather::Digest | Gather::Vote { .. } | Gather::Placement => AGREE_WORDS,
+        }
+    }
+
+    /// Reads an agreement reply of `of` (length checked): [`Heard`].
+    pub(super) fn hear<'a>(&self, all: Option<&'a [u64]>, of: Gather) -> Heard<'a> {
+        let Some(all) = all else {
+            return Heard::Unknown { corrupt: false };
+        };
+        let [my_tag, _, _, my_live, _] = self.agree.sent;
+        let mut in_step = true;
+        for w in all.chunks_exact(AGREE_WORDS) {
+            let &[tag, a, b, live, check] = w else {
+                return Heard::Unknown { corrupt: true };
+            };
+            if seal([tag, a, b, live]) != check {
+                return Heard::Unknown { corrupt: true };
+            }
+            in_step &= match of {
+                // Any cycle: the check is where the ranks adopt one.
+                Gather::Placement => tag_gather(tag).map(|(g, _)| g) == Some(Gather::Placement),
+                Gather::Ready => tag == my_tag && live == my_live,
+                Gather::Heat | Gather::Digest | Gather::Vote { .. } => tag == my_tag,
+            };
+        }
+        if in_step {
+            Heard::InStep(all)
+        } else {
+            Heard::OutOfStep
+        }
+    }
+
+    /// The ranks read another step's words in `of`: this rank drops the cycle (so does every
+    /// rank that read the same words) and checks its placement at once. Only a placement check
+    /// out of step counts as a failed collective (towards the suspension): the check it leads
+    /// to is the resynchronization, and a check that cannot realign the ranks must end.
+    pub(super) fn out_of_step(&mut self, of: Gather) {
+        self.stats.resyncs += 1;
+        log::warn!(
+            "eplb rank {}: cycle {}: {of}: the ranks are out of step; the cycle is dropped and the \
+             ranks check their placements",
+            self.rank,
+            self.cycle_no
+        );
+        if of == Gather::Placement {
+            self.collective_done(false, "placement check (out of step)", true);
+        } else {
+            self.abandon_cycle();
+        }
+        if self.health == Health::Running {
+            self.agree.check = true;
         }
     }
 
     /// The heat gather answered with every rank's words (length checked), or failed.
+    ///
+    /// The cycle goes on either way, so that every rank stays at the same step: a rank without
+    /// the heat has no plan, says so in its digest ([`FAILED_PLAN`]), and every rank drops the
+    /// cycle there.
     pub(super) fn on_heat(&mut self, all: Option<&[u64]>) -> Result<(), super::MachineError> {
         let folded = match all {
             Some(words) => self.heat.fold(&self.shape, &self.placement, words),
             None => Ok(()),
         };
         let ok = all.is_some() && folded.is_ok();
-        if self.collective_done(ok, "heat gather", true) {
+        self.collective_done(ok, "heat gather", false);
+        if self.health == Health::Running {
             self.cycle_no += 1;
-            self.agree.submitted = true;
-            self.agree.plan_slot = PlanSlot::Missing;
-            self.agree.task = Task::Submit;
+            self.agree.submitted = ok;
+            if ok {
+                self.agree.plan_slot = PlanSlot::Missing;
+                self.agree.task = Task::Submit;
+            } else {
+                self.agree.plan_slot = PlanSlot::Failed;
+            }
         }
         folded
     }
 
-    /// The plan-ready AND answered (`Some(AND over every rank)`), or failed.
-    pub(super) fn on_ready(&mut self, all: Option<bool>) {
-        if !self.collective_done(all.is_some(), "agreement", true) {
-            return;
-        }
-        if all == Some(true) {
+    /// The readiness words answered, or failed here. Unknown here: a rank that has its answer
+    /// goes on to the digest as if every rank had (the digest's tags tell), one that has none asks
+    /// again after the next iteration, as every rank does then.
+    pub(super) fn on_ready(&mut self, all: Option<&[u64]>) {
+        let mine = self.agree.sent.get(1) == Some(&1);
+        let every = match self.hear(all, Gather::Ready) {
+            Heard::OutOfStep => return self.out_of_step(Gather::Ready),
+            Heard::Unknown { .. } => {
+                self.collective_done(false, "plan-ready agreement", false);
+                if self.health != Health::Running {
+                    return;
+                }
+                mine
+            }
+            Heard::InStep(words) => {
+                self.collective_done(true, "plan-ready agreement", false);
+                words
+                    .chunks_exact(AGREE_WORDS)
+                    .all(|w| w.get(1) == Some(&1))
+            }
+        };
+        if every {
             self.agree.task = Task::AgreeDigest;
         } else {
             self.stats.late_iterations += 1;
@@ -156,41 +291,59 @@ impl RankMachine {
         }
     }
 
-    /// The digest gather answered with every rank's `[cycle, hash]`, or failed.
+    /// The digest gather answered with every rank's words, or failed here. Unknown here: a
+    /// failed plan here failed everywhere; a plan held here is taken as if every rank held it
+    /// (no layer moves unless every rank votes on it at the same step).
     pub(super) fn on_digests(&mut self, all: Option<&[u64]>) {
-        if !self.collective_done(all.is_some(), "digest agreement", true) {
-            return;
-        }
-        let all = all.unwrap_or(&[]);
-        let mine = self.digest();
-        let failed = all.chunks_exact(2).any(|d| d.get(1) == Some(&FAILED_PLAN));
-        let same = all.chunks_exact(2).all(|d| d == mine);
+        let mine = self.digest_hash();
+        let verdict = match self.hear(all, Gather::Digest) {
+            Heard::OutOfStep => return self.out_of_step(Gather::Digest),
+            Heard::Unknown { .. } => {
+                self.collective_done(false, "digest agreement", false);
+                if self.health != Health::Running {
+                    return;
+                }
+                if mine == FAILED_PLAN {
+                    Verdict::Failed
+                } else {
+                    Verdict::Take
+                }
+            }
+            Heard::InStep(words) => {
+                self.collective_done(true, "digest agreement", false);
+                let digests = || words.chunks_exact(AGREE_WORDS).map(|w| w.get(1).copied());
+                if digests().any(|d| d == Some(FAILED_PLAN)) {
+                    Verdict::Failed
+                } else if let Some(rank) = digests().position(|d| d != Some(mine)) {
+                    Verdict::Mismatch {
+                        rank,
+                        theirs: digests().nth(rank).flatten().unwrap_or_default(),
+                    }
+                } else {
+                    Verdict::Take
+                }
+            }
+        };
         self.stats.plans_taken += 1;
         self.agree.submitted = false;
         self.changed.iter_mut().for_each(|c| *c = false);
-        if failed || !same {
-            if failed {
-                self.stats.plan_failures += 1;
-            } else {
+        if verdict != Verdict::Take {
+            if let Verdict::Mismatch { rank, theirs } = verdict {
                 self.stats.digest_mismatches += 1;
-                let first = all
-                    .chunks_exact(2)
-                    .position(|d| d != mine)
-                    .unwrap_or_default();
                 log::error!(
-                    "eplb rank {}: cycle {}: rank {first} holds another plan (digest {:016x}, mine \
-                     {:016x}); the cycle is abandoned on every rank",
+                    "eplb rank {}: cycle {}: rank {rank} holds another plan (digest {theirs:016x}, \
+                     mine {mine:016x}); the cycle is abandoned on every rank",
                     self.rank,
                     self.cycle_no,
-                    all.get(2 * first + 1).copied().unwrap_or_default(),
-                    mine[1]
                 );
+            } else {
+                self.stats.plan_failures += 1;
             }
             self.plan.copy_from_slice(&self.placement);
             self.agree.task = Task::Settle {
                 taken: false,
                 record: false,
-                resync: !failed,
+                resync: verdict != Verdict::Failed,
             };
             self.events.plan_taken = Some(0);
             let _ = self.cycle.on_plan(&self.changed);
@@ -221,56 +374,121 @@ impl RankMachine {
         }
     }
 
-    /// The placement check answered with every rank's `[cycle, hash of its live placement]`,
-    /// or failed. A layer whose vote this rank could not learn is committed when every other
-    /// rank holds it, aborted when none does. Placements that still differ stop balancing
-    /// ([`Health::Diverged`]).
+    /// The placement check answered with every rank's words, or failed here.
+    ///
+    /// The ranks compare placement hashes, never cycle numbers: each adopts the highest cycle
+    /// among the tags (a stale cycle's plan is gone already: the check follows a dropped or ended
+    /// cycle). Every rank computes each rank's placement once it settled its open layer (the one
+    /// whose vote or install it could not finish, its exchange kept; word `a` is the hash with it
+    /// installed): installed if some rank holds that placement (then every rank voted yes on
+    /// it), dropped otherwise. The placement most ranks then hold (ties: the lowest hash) is the
+    /// agreed one. A rank that does not hold it after settling its open layer cannot repair it:
+    /// it says so and stops balancing ([`Health::Diverged`]). Unknown here: nothing changes (the
+    /// next readiness flag compares the placements again).
     pub(super) fn on_placements(&mut self, all: Option<&[u64]>) {
-        if !self.collective_done(all.is_some(), "placement check", false) {
-            return;
-        }
-        let all = all.unwrap_or(&[]);
-        let mine = [self.cycle_no, placement_hash(&self.placement)];
-        let others = |d: [u64; 2]| {
-            all.chunks_exact(2)
-                .enumerate()
-                .all(|(r, x)| r == self.rank || x == d)
-        };
-        if let Some(l) = self.walk.unsure {
-            let with = [
-                self.cycle_no,
-                placement_hash_with_layer(&self.placement, &self.plan, &self.shape, l),
-            ];
-            let committed = others(with);
-            if committed || others(mine) {
-                self.walk.settle_unsure(l, committed);
+        let words = match self.hear(all, Gather::Placement) {
+            Heard::OutOfStep => return self.out_of_step(Gather::Placement),
+            Heard::Unknown { .. } => {
+                self.collective_done(false, "placement check", false);
                 return;
             }
-        } else if others(mine) {
+            Heard::InStep(words) => {
+                self.collective_done(true, "placement check", false);
+                words
+            }
+        };
+        let chunks = || words.chunks_exact(AGREE_WORDS);
+        let top = chunks()
+            .filter_map(|w| w.first().map(|&t| t >> 24))
+            .max()
+            .unwrap_or(self.cycle_no);
+        if top != self.cycle_no {
+            log::warn!(
+                "eplb rank {}: resynchronized from cycle {} to cycle {top}",
+                self.rank,
+                self.cycle_no
+            );
+            self.cycle_no = top;
+        }
+        // Each rank's placement once it settled its open layer, as every rank computes it: a
+        // rank commits its open layer if some rank holds the placement with it (then every rank
+        // voted yes on it), else drops it.
+        for (post, w) in self.post.iter_mut().zip(chunks()) {
+            let (open, live) = (open_word(w), live_word(w));
+            *post = if open != 0 && chunks().any(|x| live_word(x) == open) {
+                open
+            } else {
+                live
+            };
+        }
+        let (agreed, holders) = majority_of(&self.post);
+        let mut mine = placement_hash(&self.placement);
+        if let Some(l) = self.walk.unsure {
+            let open = self.agree.sent.get(1).copied().unwrap_or_default();
+            let committed = chunks().any(|x| live_word(x) == open);
+            if committed {
+                mine = open;
+            }
+            self.walk.settle_unsure(l, committed);
+        }
+        if mine == agreed {
+            if holders < self.shape.ranks() {
+                log::warn!(
+                    "eplb rank {}: {} of {} ranks hold another placement than {agreed:016x}; \
+                     each repairs it or stops",
+                    self.rank,
+                    self.shape.ranks() - holders,
+                    self.shape.ranks()
+                );
+            }
             return;
         }
         log::error!(
-            "eplb rank {}: the ranks hold different placements after cycle {}; balancing stopped \
-             until the engine resumes it",
+            "eplb rank {}: this rank's placement ({mine:016x}) differs from the one {holders} of \
+             {} ranks hold ({agreed:016x}) and it cannot repair it; balancing stopped on this \
+             rank until the engine resumes it",
             self.rank,
-            self.cycle_no
+            self.shape.ranks()
         );
         self.health = Health::Diverged;
         self.abandon_cycle();
     }
 
-    /// This rank's `[cycle, plan hash]` (hash [`FAILED_PLAN`] without a plan).
-    pub(super) fn digest(&self) -> [u64; 2] {
-        let hash = match self.agree.plan_slot {
-            PlanSlot::Ready(h) => h,
-            PlanSlot::Missing | PlanSlot::Failed => FAILED_PLAN,
-        };
-        [self.cycle_no, hash]
+    /// The hash of the placement with the open layer `l` installed.
+    pub(super) fn open_hash(&self, l: u16) -> u64 {
+        placement_hash_with_layer(&self.placement, &self.kept, &self.shape, l)
     }
 
-    /// Asks for a collective: books it and waits for its answer.
-    pub(super) fn gather_words(&mut self, of: Gather, words: [u64; 2]) -> Action<'_> {
-        self.agree.sent = words;
+    /// What a vote's words (rank-major) say of the open layer `l`: committed (`true`) if some
+    /// rank holds the placement with it installed (then every rank voted yes on it), dropped
+    /// (`false`) if most ranks hold this rank's placement without it, `None` if neither.
+    pub(super) fn open_layer_verdict(&self, l: u16, words: &[u64]) -> Option<bool> {
+        let open = self.open_hash(l);
+        if words
+            .chunks_exact(AGREE_WORDS)
+            .any(|w| live_word(w) == open)
+        {
+            Some(true)
+        } else if majority(words).0 == placement_hash(&self.placement) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// This rank's plan hash ([`FAILED_PLAN`] without a plan).
+    pub(super) fn digest_hash(&self) -> u64 {
+        match self.agree.plan_slot {
+            PlanSlot::Ready(h) => h,
+            PlanSlot::Missing | PlanSlot::Failed => FAILED_PLAN,
+        }
+    }
+
+    /// Asks for an agreement gather of `of` with this rank's words `a`, `b` and `live`: tags and
+    /// seals them, books it and waits for its answer.
+    pub(super) fn gather_words(&mut self, of: Gather, a: u64, b: u64, live: u64) -> Action<'_> {
+        let tag = agree_tag(of, self.cycle_no);
+        self.agree.sent = [tag, a, b, live, seal([tag, a, b, live])];
         self.agree.awaiting = Awaiting::Gather(of);
         self.stats.collectives += 1;
         Action::Collective(Collective::AllGather {
@@ -283,7 +501,14 @@ impl RankMachine {
     pub(super) fn poll_task(&mut self) -> Option<Action<'_>> {
         let task = core::mem::replace(&mut self.agree.task, Task::Idle);
         match task {
-            Task::Idle => None,
+            Task::Idle => {
+                if !core::mem::take(&mut self.agree.check) || self.health != Health::Running {
+                    return None;
+                }
+                let live = placement_hash(&self.placement);
+                let open = self.walk.unsure.map_or(0, |l| self.open_hash(l));
+                Some(self.gather_words(Gather::Placement, open, 0, live))
+            }
             Task::Gather => {
                 self.agree.awaiting = Awaiting::Gather(Gather::Heat);
                 self.stats.collectives += 1;
@@ -301,19 +526,13 @@ impl RankMachine {
                 samples: self.heat.samples(),
             }))),
             Task::AgreeReady => {
-                self.agree.awaiting = Awaiting::Ready;
-                self.stats.collectives += 1;
-                Some(Action::Collective(Collective::AllAnd {
-                    flag: self.agree.plan_slot != PlanSlot::Missing,
-                }))
+                let ready = u64::from(self.agree.plan_slot != PlanSlot::Missing);
+                let live = placement_hash(&self.placement);
+                Some(self.gather_words(Gather::Ready, ready, 0, live))
             }
             Task::AgreeDigest => {
-                let digest = self.digest();
-                Some(self.gather_words(Gather::Digest, digest))
-            }
-            Task::CheckPlacement => {
-                let digest = [self.cycle_no, placement_hash(&self.placement)];
-                Some(self.gather_words(Gather::Placement, digest))
+                let hash = self.digest_hash();
+                Some(self.gather_words(Gather::Digest, hash, 0, 0))
             }
             Task::Settle {
                 taken,
@@ -334,4 +553,48 @@ impl RankMachine {
             }),
         }
     }
+}
+
+/// Word `live` of one rank's agreement words.
+fn live_word(w: &[u64]) -> u64 {
+    w.get(3).copied().unwrap_or_default()
+}
+
+/// Word `a` of one rank's placement-check words: the hash with its open layer installed (0:
+/// none open).
+fn open_word(w: &[u64]) -> u64 {
+    w.get(1).copied().unwrap_or_default()
+}
+
+/// The live placement hash most ranks sent in `words` (agreement words, rank-major; ties: the
+/// lowest hash), and how many sent it.
+pub(super) fn majority(words: &[u64]) -> (u64, usize) {
+    let chunks = || words.chunks_exact(AGREE_WORDS);
+    let count = |h: u64| chunks().filter(|w| live_word(w) == h).count();
+    best_count(chunks().map(live_word), count)
+}
+
+/// The hash most of `hashes` are (ties: the lowest), and how many.
+fn majority_of(hashes: &[u64]) -> (u64, usize) {
+    let count = |h: u64| hashes.iter().filter(|&&x| x == h).count();
+    best_count(hashes.iter().copied(), count)
+}
+
+fn best_count(hashes: impl Iterator<Item = u64>, count: impl Fn(u64) -> usize) -> (u64, usize) {
+    hashes.fold((0, 0), |(best, n), h| {
+        let c = count(h);
+        if c > n || (c == n && h < best) {
+            (h, c)
+        } else {
+            (best, n)
+        }
+    })
+}
+
+/// What the digests decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Take,
+    Failed,
+    Mismatch { rank: usize, theirs: u64 },
 }

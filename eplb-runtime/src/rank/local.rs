@@ -3,6 +3,13 @@
 //! local actions itself and hands each collective to [`LocalCollective::enter`]; then
 //! [`LocalCollective::answer`] replies to every machine once all entered the same collective.
 //! More than [`LocalCollective::MAX_ROUNDS`] rounds in one iteration is a livelock.
+//!
+//! For fault tests it also injects a fault into one rank's reply ([`LocalFault`]: the collective
+//! fails there, or one word arrives corrupted, while its peers read every word), and, made
+//! [`LocalCollective::set_lenient`], it behaves as a real transport towards ranks that are out
+//! of step: gathers of one length but of different steps are answered together (the machines'
+//! tags tell), and ranks that entered a collective some rank did not enter, or one of another
+//! length, get a failure (a real transport's timeout), instead of a [`DriveError`].
 
 use std::fmt;
 
@@ -72,6 +79,16 @@ impl fmt::Display for DriveError {
 
 impl std::error::Error for DriveError {}
 
+/// A fault injected into one rank's reply of one collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalFault {
+    /// The collective fails on this rank only (the peers read every word, this rank's too).
+    Fail,
+    /// The transport reports success on this rank, but one word of the reply (a peer's second,
+    /// or the flag of an AND) arrives changed.
+    Corrupt,
+}
+
 /// The collectives of `R` machines on one thread, over one rank-major buffer sized once.
 #[derive(Debug, Clone)]
 pub struct LocalCollective {
@@ -79,7 +96,11 @@ pub struct LocalCollective {
     flags: Vec<bool>,
     /// Rank-major words of the current gather.
     words: Vec<u64>,
+    /// A corrupted copy of `words` for one rank's reply.
+    bent: Vec<u64>,
+    faults: Vec<Option<LocalFault>>,
     failing: bool,
+    lenient: bool,
 }
 
 impl LocalCollective {
@@ -100,8 +121,29 @@ impl LocalCollective {
             entered: vec![None; r],
             flags: vec![false; r],
             words: vec![0; r * per_rank],
+            bent: vec![0; r * per_rank],
+            faults: vec![None; r],
             failing: false,
+            lenient: false,
         }
+    }
+
+    /// Behave as a real transport towards ranks out of step (see the module docs) instead of
+    /// failing the drive with [`DriveError::Mismatch`].
+    pub fn set_lenient(&mut self, lenient: bool) {
+        self.lenient = lenient;
+    }
+
+    /// `fault` hits `rank`'s reply of the next collective answered (once).
+    pub fn inject(&mut self, rank: usize, fault: LocalFault) {
+        if let Some(f) = self.faults.get_mut(rank) {
+            *f = Some(fault);
+        }
+    }
+
+    /// What `rank` entered in the current round, if anything.
+    pub fn entered(&self, rank: usize) -> Option<Entered> {
+        self.entered.get(rank).copied().flatten()
     }
 
     /// While set, every collective fails on every rank (the machines get `None`).
@@ -134,36 +176,77 @@ impl LocalCollective {
     }
 
     /// Answers the round: if every rank entered the same collective, replies to each machine
-    /// (`None` while failing) and returns `true`; if none entered one, returns `false`.
+    /// (`None` while failing, or where a fault is injected) and returns `true`; if none entered
+    /// one, returns `false`. Lenient, ranks out of step are answered as a real transport would.
     pub fn answer(&mut self, machines: &mut [RankMachine]) -> Result<bool, DriveError> {
-        let first = self.entered.first().copied().flatten();
-        if let Some(rank) = self.entered.iter().position(|e| *e != first) {
-            return Err(DriveError::Mismatch {
-                first,
-                rank,
-                other: self.entered.get(rank).copied().flatten(),
-            });
-        }
+        let first = self.entered.iter().copied().flatten().next();
         let Some(first) = first else {
             return Ok(false);
         };
-        self.entered.fill(None);
-        let all = self.flags.iter().all(|&f| f);
-        let reply = match first {
-            _ if self.failing => None,
-            Entered::AllAnd => Some(Reply::Flag(all)),
-            Entered::AllGather { words, .. } => {
-                let len = words * machines.len();
-                Some(Reply::Words(self.words.get(..len).unwrap_or(&[])))
-            }
+        let words_of = |e: &Entered| match e {
+            Entered::AllGather { words, .. } => Some(*words),
+            Entered::AllAnd => None,
         };
+        let same = |e: &Option<Entered>| match (e, self.lenient) {
+            (Some(e), true) => words_of(e) == words_of(&first),
+            (e, _) => *e == Some(first),
+        };
+        let timeout = match self.entered.iter().position(|e| !same(e)) {
+            Some(rank) if !self.lenient => {
+                return Err(DriveError::Mismatch {
+                    first: self.entered.first().copied().flatten(),
+                    rank,
+                    other: self.entered.get(rank).copied().flatten(),
+                });
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let all = self.flags.iter().all(|&f| f);
+        let len = words_of(&first).unwrap_or(0) * machines.len();
         for m in machines.iter_mut() {
+            let r = m.rank();
+            let (Some(entered), Some(fault)) = (self.entered.get_mut(r), self.faults.get_mut(r))
+            else {
+                return Err(DriveError::Rank { rank: r });
+            };
+            if entered.take().is_none() {
+                continue;
+            }
+            let fault = if timeout || self.failing {
+                None
+            } else {
+                Some(fault.take())
+            };
+            let reply = match (first, fault) {
+                (_, None | Some(Some(LocalFault::Fail))) => None,
+                (Entered::AllAnd, Some(None)) => Some(Reply::Flag(all)),
+                (Entered::AllAnd, Some(Some(LocalFault::Corrupt))) => Some(Reply::Flag(!all)),
+                (Entered::AllGather { .. }, Some(None)) => {
+                    Some(Reply::Words(self.words.get(..len).unwrap_or(&[])))
+                }
+                (Entered::AllGather { words, .. }, Some(Some(LocalFault::Corrupt))) => {
+                    let (Some(src), Some(dst)) = (self.words.get(..len), self.bent.get_mut(..len))
+                    else {
+                        return Err(DriveError::Rank { rank: r });
+                    };
+                    dst.copy_from_slice(src);
+                    // A peer's second word (or the last word of a one-word gather).
+                    let peer = (r + 1) % machines_len(len, words);
+                    if let Some(w) = dst.get_mut(peer * words + 1.min(words.saturating_sub(1))) {
+                        *w ^= 0x0101_0000_0000_0001;
+                    }
+                    Some(Reply::Words(self.bent.get(..len).unwrap_or(&[])))
+                }
+            };
             m.handle_collective(reply)
-                .map_err(|error| DriveError::Machine {
-                    rank: m.rank(),
-                    error,
-                })?;
+                .map_err(|error| DriveError::Machine { rank: r, error })?;
         }
         Ok(true)
     }
+}
+
+/// Ranks in a gather of `len` words, `words` each.
+fn machines_len(len: usize, words: usize) -> usize {
+    len.checked_div(words).unwrap_or(0).max(1)
 }

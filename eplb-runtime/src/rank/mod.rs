@@ -23,7 +23,7 @@
 //! | action | the driver | answer |
 //! | --- | --- | --- |
 //! | [`Collective::AllGather`] `{ of, send }` | all-gather `send` from every rank into a rank-major buffer of `ranks * send.len()` words | [`RankMachine::handle_collective`] with [`Reply::Words`], or `None` when it failed |
-//! | [`Collective::AllAnd`] `{ flag }` | all-reduce `flag` with a logical AND | [`RankMachine::handle_collective`] with [`Reply::Flag`], or `None` when it failed |
+//! | [`Collective::AllAnd`] `{ flag }` | all-reduce `flag` with a logical AND (the machine asks for none; drivers still serve it) | [`RankMachine::handle_collective`] with [`Reply::Flag`], or `None` when it failed |
 //! | [`PlannerAction::Submit`] | ask the planner with the [`PlanInput`] (the machine folded the gathered heat) | [`RankMachine::handle_plan`] when the plan is ready or failed (any time later) |
 //! | [`PlannerAction::Settle`] | tell the planner whether every rank took the cycle (the policy state advances or rolls back) | none |
 //! | [`Action::Record`] | hand [`RankMachine::plan`] to the record sink | none |
@@ -36,6 +36,15 @@
 //! every rank, because every rank runs the same machine on the same agreed inputs. The machine
 //! knows which reply it waits for: a reply of another kind or length is a [`MachineError`] (and
 //! counts as a failed collective).
+//!
+//! Every agreement (readiness, digest, vote, placement check) is an all-gather of
+//! [`AGREE_WORDS`] words per rank, `[tag, a, b, live, check]` ([`Gather`]): the tag names the
+//! cycle, step and layer, `check` seals the words. A collective that fails on one rank only, or a
+//! word corrupted on one rank only, never moves that rank off its peers' step; words of another
+//! step (out of step) make every rank that reads them drop the cycle and check placements at
+//! once, where the ranks adopt the highest cycle and a rank on another placement than the
+//! majority's repairs it (installs or drops the layer it holds open) or stops
+//! ([`Health::Diverged`]). [`RankMachine::handle_resume`] resynchronizes every rank.
 //!
 //! The files: `action` (what the machine asks, what a collective answers), `heat` (the slot heat
 //! ring and the fold), `agree` (the next task, the reply awaited, the plan slot, the plan and
@@ -52,6 +61,11 @@
 //! failures the machine suspends balancing: no more actions until
 //! [`RankMachine::handle_resume`].
 //!
+//! **Invariant:** a layer commits only after a vote in which every rank's words were at that
+//! vote's step and said yes; a rank that cannot read a vote or install a layer holds the layer
+//! open and settles it from its peers' placement hashes, never serving on a placement its peers
+//! do not hold without saying so ([`Health::Diverged`]).
+//!
 //! **Invariant:** no panic on any input (the crate's panic-free lint wall covers this module);
 //! allocation only in [`RankMachine::new`].
 
@@ -66,12 +80,12 @@ use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step
 
 use action::gather_what;
 pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
+pub use agree::{AGREE_WORDS, FAILED_PLAN, agree_tag, placement_hash, seal, tag_gather};
 use agree::{Agree, Awaiting, Task};
-pub use agree::{FAILED_PLAN, placement_hash};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
-pub use local::{DriveError, Entered, LocalCollective};
+pub use local::{DriveError, Entered, LocalCollective, LocalFault};
 pub use walk::outcome;
 use walk::{LayerStep, Walk};
 
@@ -118,8 +132,9 @@ pub enum Health {
         /// Consecutive failures that led here.
         failures: u32,
     },
-    /// The placement check found ranks holding different placements that this rank cannot
-    /// reconcile; no collectives until resumed.
+    /// This rank holds another placement than the majority of the ranks and cannot repair it
+    /// (the placement check, or a layer it failed to install three times); no collectives until
+    /// resumed, when the placement check tries the repair again.
     Diverged,
 }
 
@@ -142,6 +157,11 @@ pub struct MachineStats {
     pub collective_failures: u64,
     /// Collectives asked for (gathers and agreements).
     pub collectives: u64,
+    /// Agreements that came back out of step (another step's or cycle's tag): each dropped the
+    /// cycle on every rank that read it and led to a placement check.
+    pub resyncs: u64,
+    /// Layer installs that failed on this rank (each retried; see [`RankMachine::handle_committed`]).
+    pub commit_failures: u64,
 }
 
 /// What happened since the last [`RankMachine::take_events`] (one forward, for a driver that
@@ -175,6 +195,10 @@ pub struct RankMachine {
     heat: SlotHeat,
     placement: Vec<u16>,
     plan: Vec<u16>,
+    /// The new rows `[R][S]` of a layer held open ([`walk`]'s `kept`).
+    kept: Vec<u16>,
+    /// Each rank's placement hash once its open layer is settled (the placement check), `[R]`.
+    post: Vec<u64>,
     changed: Vec<bool>,
     cycle_no: u64,
     agree: Agree,
@@ -213,6 +237,8 @@ impl RankMachine {
             heat: SlotHeat::new(&shape, cfg.heat_interval)?,
             placement: placement.to_vec(),
             plan: placement.to_vec(),
+            kept: vec![0; shape.slots_per_layer()],
+            post: vec![0; shape.ranks()],
             changed: vec![false; shape.layers()],
             cycle_no: 0,
             agree: Agree::new(),
@@ -273,7 +299,7 @@ impl RankMachine {
     /// The most words this rank sends in one all-gather (its whole heat ring, `W * L * S`, and
     /// at least the two of an agreement): a driver sizes its receive buffer to `ranks` times it.
     pub fn max_gather_words(&self) -> usize {
-        self.heat.capacity().max(self.agree.sent.len())
+        self.heat.capacity().max(AGREE_WORDS)
     }
     /// What happened since the last call.
     pub fn take_events(&mut self) -> Events {
@@ -318,7 +344,7 @@ impl RankMachine {
             Step::PlanDue => self.agree.task = Task::AgreeReady,
             Step::CycleDone => {
                 if core::mem::take(&mut self.walk.walking) {
-                    self.agree.task = Task::CheckPlacement;
+                    self.agree.check = true;
                 }
                 self.end_cycle();
             }
@@ -329,11 +355,17 @@ impl RankMachine {
     /// The collective asked for last finished: its reply, or `None` when it failed on this rank.
     ///
     /// A reply of another kind or length than the one asked for is an error; the machine then
-    /// books the collective as failed. A failed collective abandons the cycle, except a layer
-    /// vote and the placement check, which a rank resolves with its peers: a rank that voted yes
-    /// on a layer and saw the vote fail keeps the exchange, votes no on the next layer without
-    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or from the
-    /// placement check at the end of the walk).
+    /// books the collective as failed.
+    ///
+    /// A collective that fails here (or an agreement word that fails its check) never moves this
+    /// rank off the step its peers are at, since they may have read every word: a failed heat
+    /// gather leaves this rank without a plan (every rank then drops the cycle at the digest); a
+    /// failed readiness flag or digest is read as the rank's own word says (the next tags
+    /// tell); a rank that voted yes on a layer and saw the vote fail keeps the exchange, votes no
+    /// on the next layer without exchanging it, and settles the layer from its peers' placement
+    /// hashes at that vote or at the placement check. An agreement whose tags differ (out of step)
+    /// drops the cycle on every rank that read it, and they check their placements at once
+    /// (`Gather::Placement`).
     pub fn handle_collective(&mut self, reply: Option<Reply<'_>>) -> Result<(), MachineError> {
         let got = match reply {
             None => "a failure",
@@ -341,21 +373,6 @@ impl RankMachine {
             Some(Reply::Words(_)) => "words",
         };
         match self.agree.awaiting {
-            Awaiting::Ready => {
-                self.agree.awaiting = Awaiting::Nothing;
-                let flag = match reply {
-                    Some(Reply::Flag(all)) => Some(all),
-                    _ => None,
-                };
-                self.on_ready(flag);
-                match reply {
-                    Some(Reply::Words(_)) => Err(MachineError::Reply {
-                        expected: "a flag (the plan-ready AND)",
-                        got,
-                    }),
-                    _ => Ok(()),
-                }
-            }
             Awaiting::Gather(of) => {
                 self.agree.awaiting = Awaiting::Nothing;
                 let words = match reply {
@@ -375,6 +392,10 @@ impl RankMachine {
                 };
                 let folded = match of {
                     Gather::Heat => self.on_heat(words),
+                    Gather::Ready => {
+                        self.on_ready(words);
+                        Ok(())
+                    }
                     Gather::Digest => {
                         self.on_digests(words);
                         Ok(())
@@ -397,15 +418,21 @@ impl RankMachine {
         }
     }
 
-    /// The engine resumes balancing after a suspension (on every rank at the same iteration):
-    /// the ranks first check that they hold the same placement, then a fresh cycle starts.
+    /// The engine resumes balancing (on every rank at the same iteration, whatever each rank's
+    /// health, mid-walk too): every rank drops the cycle under way (a launched layer is aborted, a
+    /// submitted plan settled as not taken), the ranks check their placements at once (adopting
+    /// the highest cycle, repairing a kept layer), then a fresh cycle starts on every rank.
     pub fn handle_resume(&mut self) {
-        if self.health != Health::Running {
-            log::info!("eplb rank {}: balancing resumed", self.rank);
-            self.health = Health::Running;
-            self.consecutive_failures = 0;
-            self.agree.task = Task::CheckPlacement;
-        }
+        log::info!(
+            "eplb rank {}: balancing resumed ({:?}); the ranks resynchronize",
+            self.rank,
+            self.health
+        );
+        self.health = Health::Running;
+        self.consecutive_failures = 0;
+        self.walk.commit_tries = 0;
+        self.abandon_cycle();
+        self.agree.check = true;
     }
 
     /// The next action, or `None` when there is nothing to do or an answer is outstanding.
@@ -414,8 +441,12 @@ impl RankMachine {
             return None;
         }
         match self.next_layer_step() {
-            Some(LayerStep::Vote { layer, words }) => {
-                Some(self.gather_words(Gather::Vote { layer }, words))
+            Some(LayerStep::Vote {
+                layer,
+                words: [a, b],
+            }) => {
+                let live = placement_hash(&self.placement);
+                Some(self.gather_words(Gather::Vote { layer }, a, b, live))
             }
             Some(LayerStep::Do(a)) => Some(Action::Layer(a)),
             None => self.poll_task(),
@@ -432,7 +463,7 @@ impl RankMachine {
         self.stats.collective_failures += 1;
         self.consecutive_failures += 1;
         log::error!(
-            "eplb rank {}: {what} failed ({} in a row); the cycle is abandoned",
+            "eplb rank {}: {what} failed here ({} in a row)",
             self.rank,
             self.consecutive_failures
         );

@@ -1,10 +1,16 @@
 //! The layer walk of a taken plan: the layer due, the one launched, its vote, and a layer whose
 //! vote this rank could not learn until its peers tell.
 
-use super::agree::Awaiting;
-use super::{LayerAction, RankMachine};
+use super::agree::{AGREE_WORDS, Awaiting, Heard};
+use super::{Gather, Health, LayerAction, RankMachine};
 
-/// Word 1 of a layer vote: this rank's outcome of the previous vote of the walk.
+/// Installs of one layer this rank tries at once before it keeps the exchange for the placement
+/// check; one more try there, and a rank that still cannot install it stops balancing.
+const COMMIT_TRIES: u32 = 2;
+
+/// Word `b` of a layer vote: this rank's outcome of the previous vote of the walk (for the logs and
+/// tests; a rank holding a layer open settles it from the placement hashes instead, since the
+/// previous vote may be one it missed).
 pub mod outcome {
     /// The previous layer was aborted here.
     pub const ABORTED: u64 = 0;
@@ -36,10 +42,15 @@ pub(super) struct Walk {
     launched: Option<u16>,
     /// A layer whose vote this rank could not learn (its exchange data is kept).
     pub(super) unsure: Option<u16>,
+    /// The layer whose new rows are in the machine's `kept` (an open layer, until it is
+    /// installed or dropped: the plan may be another cycle's by then).
+    pub(super) kept: Option<u16>,
     /// The unsure layer once its outcome is known: `(layer, committed)`.
     resolved: Option<(u16, bool)>,
     /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
     last_outcome: u64,
+    /// Failed installs of the layer in hand.
+    pub(super) commit_tries: u32,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
     pub(super) walking: bool,
@@ -52,8 +63,10 @@ impl Walk {
             due: None,
             launched: None,
             unsure: None,
+            kept: None,
             resolved: None,
             last_outcome: outcome::UNKNOWN,
+            commit_tries: 0,
             walking: false,
         }
     }
@@ -109,65 +122,123 @@ impl RankMachine {
     }
 
     /// The commit of `layer` finished (`ok`: the slots hold the new experts).
+    ///
+    /// Every rank voted yes, so the peers hold the new layer: a failed install is repaired, not
+    /// dropped. The driver keeps the exchange (its received data) after a failed install; the
+    /// machine asks for the commit again at once, then holds the layer open (sends only, votes
+    /// no, receives nothing until it is settled) and installs it at the next vote or placement
+    /// check that shows a peer holding the placement with it. A third failure stops balancing on
+    /// this rank ([`Health::Diverged`]), with a log line naming the layer; the layer stays open,
+    /// and the placement check after the engine's resume tries it once more.
     pub fn handle_committed(&mut self, layer: u16, ok: bool) {
         if self.agree.awaiting != Awaiting::Committed(layer) {
             return;
         }
         self.agree.awaiting = Awaiting::Nothing;
+        let launched = self.walk.launched;
         self.walk.release();
         if !ok {
-            log::error!("eplb rank {}: layer {layer} commit failed", self.rank);
-            self.stats.layers_failed += 1;
-            self.events.failed = Some(layer);
+            self.stats.commit_failures += 1;
+            self.walk.commit_tries += 1;
+            let tries = self.walk.commit_tries;
+            if tries < COMMIT_TRIES {
+                log::warn!(
+                    "eplb rank {}: layer {layer}: install failed (try {tries}); trying again",
+                    self.rank
+                );
+                self.walk.launched = launched;
+                self.walk.job = LayerJob::Commit(layer);
+            } else if tries == COMMIT_TRIES && self.walk.unsure.is_none() {
+                log::error!(
+                    "eplb rank {}: layer {layer}: install failed {tries} times; the exchange is \
+                     kept and the placement check repairs the layer",
+                    self.rank
+                );
+                self.walk.launched = launched;
+                self.keep_layer(layer);
+            } else {
+                // Still open (the driver keeps the exchange): the placement check after the
+                // engine's resume tries once more.
+                log::error!(
+                    "eplb rank {}: layer {layer}: install failed {tries} times; this rank holds \
+                     another placement than its peers and stops balancing until the engine \
+                     resumes it",
+                    self.rank
+                );
+                self.walk.launched = launched;
+                self.keep_layer(layer);
+                self.health = Health::Diverged;
+                self.abandon_cycle();
+            }
             return;
         }
+        self.walk.commit_tries = 0;
         let per = self.shape.slots_per_layer();
         let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        if let (Some(dst), Some(src)) =
-            (self.placement.get_mut(range.clone()), self.plan.get(range))
-        {
+        let src = if self.walk.kept == Some(layer) {
+            self.walk.kept = None;
+            Some(self.kept.as_slice())
+        } else {
+            self.plan.get(range.clone())
+        };
+        if let (Some(dst), Some(src)) = (self.placement.get_mut(range), src) {
             dst.copy_from_slice(src);
         }
         self.stats.layers_committed += 1;
         self.events.committed = Some(layer);
     }
 
-    /// The layer vote answered with every rank's two words, or failed here.
+    /// The layer vote answered with every rank's words, or failed here.
     ///
-    /// A rank that voted yes and saw the collective fail cannot know whether its peers committed:
-    /// it keeps the exchange (no commit, no abort), votes no on the next layer without
-    /// exchanging it, and learns the outcome from its peers' word 1 of that vote (or, at the end
-    /// of the walk, from the placement check).
+    /// A rank that voted yes and cannot read the vote (it failed here on a transport whose
+    /// collectives are not atomic, or a word failed its check) cannot know whether its peers
+    /// committed: it keeps the exchange (no commit, no abort), votes no on the next layer without
+    /// exchanging it, and settles it from the placement hashes of the next vote or placement
+    /// check: installs it if some rank holds the placement with it (then every rank voted yes),
+    /// drops it if most hold the placement without it. A vote out of step commits nothing
+    /// anywhere.
     pub(super) fn on_votes(&mut self, l: u16, all: Option<&[u64]>) {
         let mine = matches!(self.walk.job, LayerJob::Exchanged(_, true));
-        let ok = self.collective_done(all.is_some(), "layer vote", false);
-        let w = &mut self.walk;
-        if let (Some(u), Some(all)) = (w.unsure, all) {
-            // Word 1 of the peers is their outcome of the vote on `u`: anyone who committed it
-            // saw every rank say yes.
-            let committed = all
-                .chunks_exact(2)
-                .any(|x| x.get(1) == Some(&outcome::COMMITTED));
-            w.unsure = None;
-            w.resolved = Some((u, committed));
-        }
-        let Some(all) = all else {
-            if mine && w.unsure.is_none() && !self.cfg.atomic_collectives {
-                log::error!(
-                    "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
-                     exchange is kept until the peers tell",
-                    self.rank
-                );
-                w.unsure = Some(l);
-                w.last_outcome = outcome::UNKNOWN;
-                w.job = LayerJob::Idle;
-            } else {
-                w.last_outcome = outcome::ABORTED;
-                self.walk.job = self.abort_or_drop(l);
+        let all = match self.hear(all, Gather::Vote { layer: l }) {
+            Heard::InStep(all) => {
+                self.collective_done(true, "layer vote", false);
+                all
             }
-            return;
+            Heard::OutOfStep => {
+                self.walk.last_outcome = outcome::ABORTED;
+                self.walk.job = self.abort_or_drop(l);
+                return self.out_of_step(Gather::Vote { layer: l });
+            }
+            Heard::Unknown { corrupt } => {
+                self.collective_done(false, "layer vote", false);
+                let w = &mut self.walk;
+                if mine && w.unsure.is_none() && (corrupt || !self.cfg.atomic_collectives) {
+                    log::error!(
+                        "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
+                         exchange is kept until the peers tell",
+                        self.rank
+                    );
+                    w.last_outcome = outcome::UNKNOWN;
+                    w.job = LayerJob::Idle;
+                    self.keep_layer(l);
+                } else {
+                    w.last_outcome = outcome::ABORTED;
+                    self.walk.job = self.abort_or_drop(l);
+                }
+                return;
+            }
         };
-        let yes = ok && all.chunks_exact(2).all(|x| x.first() == Some(&1));
+        if let Some(u) = self.walk.unsure
+            && let Some(committed) = self.open_layer_verdict(u, all)
+        {
+            // The placement most ranks hold tells what they did with the open layer (their
+            // words `b`, the outcome of their previous vote, may be about a vote this rank
+            // missed).
+            self.walk.unsure = None;
+            self.walk.resolved = Some((u, committed));
+        }
+        let w = &mut self.walk;
+        let yes = all.chunks_exact(AGREE_WORDS).all(|x| x.get(1) == Some(&1));
         w.last_outcome = if yes {
             outcome::COMMITTED
         } else {
@@ -178,6 +249,17 @@ impl RankMachine {
         } else {
             self.abort_or_drop(l)
         };
+    }
+
+    /// Holds `layer` open: its exchange stays in the driver, its new rows in `kept`.
+    pub(super) fn keep_layer(&mut self, layer: u16) {
+        self.walk.unsure = Some(layer);
+        self.walk.kept = Some(layer);
+        let per = self.shape.slots_per_layer();
+        let l = usize::from(layer);
+        if let Some(rows) = self.plan.get(l * per..(l + 1) * per) {
+            self.kept.copy_from_slice(rows);
+        }
     }
 
     /// The job that ends a failed layer: an abort if this rank launched it, else a drop.
@@ -227,6 +309,9 @@ impl RankMachine {
                 Some(LayerStep::Do(LayerAction::Commit { layer }))
             }
             LayerJob::Abort(layer) => {
+                if self.walk.kept == Some(layer) {
+                    self.walk.kept = None;
+                }
                 self.walk.release();
                 self.stats.layers_failed += 1;
                 self.events.failed = Some(layer);

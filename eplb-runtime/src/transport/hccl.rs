@@ -747,7 +747,13 @@ impl Transport for HcclTransport {
                 return Err(invalid(at, "the exchange was not waited for".into()));
             }
         };
-        self.commit_inner(plan, &fl)
+        let done = self.commit_inner(plan, &fl);
+        if done.is_err() {
+            // The old layer is live again and the received data still in the arena: keep the
+            // exchange, so that the install can be tried again (or the exchange aborted).
+            self.in_flight = Some(fl);
+        }
+        done
     }
 
     fn abort(&mut self, _plan: &RankPlan) {

@@ -1,7 +1,11 @@
 //! The in-process host transport: `R` ranks in one process, each with real byte buffers for its
 //! slots and `S` spare receive buffers.
 //!
-//! Used by the simulator and the tests. Collectives meet in a shared [`HostWorld`]; point-to-point
+//! Used by the simulator and the tests. Collectives meet in a shared [`HostWorld`] in numbered
+//! rounds; a rank that gives up on a round closes it (and every earlier one) for every rank, and
+//! a rank that missed a closed round (it came late, or never entered it) joins the first open
+//! one, so the rounds realign after a one-sided timeout (the rank machines' tagged words tell
+//! whether the ranks that meet there are at one step); point-to-point
 //! messages go through per-pair mailboxes in posting order (each message carries its layer and
 //! expert, which the receiver checks). Faults can be injected per (layer, rank): the exchange
 //! fails, or its receives time out.
@@ -44,6 +48,10 @@ struct Round {
 #[derive(Debug, Default)]
 struct State {
     rounds: BTreeMap<u64, Round>,
+    /// The lowest round any rank may still enter: one past the last round some rank gave up on.
+    /// A rank that missed rounds (it timed out alone, or skipped a collective its peers entered)
+    /// joins at the floor, so the ranks' rounds realign after a one-sided timeout.
+    floor: u64,
     mail: BTreeMap<(usize, usize), VecDeque<Message>>,
     faults: BTreeMap<(usize, usize), Fault>,
 }
@@ -225,11 +233,14 @@ impl HostTransport {
     }
 
     fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
-        let seq = self.seq;
-        let at = Site::new(op, self.rank).seq(seq);
-        self.seq += 1;
         let world = Arc::clone(&self.world);
         let mut st = world.lock();
+        // A round some rank gave up on is closed: a rank that missed it (it was late, or never
+        // entered it) joins the first open round, where its peers meet it (their words tell
+        // the rank machines whether they are at one step).
+        let seq = self.seq.max(st.floor);
+        let at = Site::new(op, self.rank).seq(seq);
+        self.seq = seq + 1;
         st.rounds
             .entry(seq)
             .or_default()
@@ -251,6 +262,11 @@ impl HostTransport {
                         st.rounds.remove(&seq);
                     }
                 }
+                // Close this round (and any before it) for every rank: a peer that never came
+                // enters the next one, where the ranks meet again.
+                st.floor = st.floor.max(seq + 1);
+                let floor = st.floor;
+                st.rounds.retain(|&k, r| k >= floor || r.read > 0);
                 return Err(TransportError::Timeout {
                     at,
                     detail: String::new(),

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from .. import _native
 from .._api import Policy, policy_params
 from .._native import EplbError
 
@@ -114,45 +115,33 @@ def repair_current(old, layers: int, experts: int, ranks: int, slots: int) -> Op
 
     Entries that are -1 (empty slots under elastic scale-up), out of range, or a second copy on
     the same rank become free slots; free slots get the missing experts first (ascending id, in
-    slot order), then the lowest id the rank does not hold yet. Deterministic.
+    slot order), then the lowest id the rank does not hold yet. Deterministic (native).
     """
     if old is None:
         return None
     a = np.asarray(old)
-    if a.ndim == 2 and a.shape == (layers, ranks * slots):
-        a = a.reshape(layers, ranks, slots)
-    if a.shape != (layers, ranks, slots) or a.dtype.kind not in "iu":
+    if a.dtype.kind not in "iu":
         return None
-    a = a.astype(np.int64, copy=True)
-    valid = (a >= 0) & (a < experts)
-    if valid.all():
-        # The common case: only check co-location.
-        srt = np.sort(a, axis=2)
-        if not (srt[:, :, 1:] == srt[:, :, :-1]).any():
-            present = np.zeros((layers, experts), dtype=bool)
-            np.put_along_axis(present, a.reshape(layers, -1), True, axis=1)
-            if present.all():
-                return a
-    for l in range(layers):
-        layer = a[l]
-        seen = np.zeros(experts, dtype=bool)
-        holes = []
-        for r in range(ranks):
-            row_seen = set()
-            for s in range(slots):
-                e = int(layer[r, s])
-                if 0 <= e < experts and e not in row_seen:
-                    row_seen.add(e)
-                    seen[e] = True
-                else:
-                    layer[r, s] = -1
-                    holes.append((r, s))
-        missing = list(np.flatnonzero(~seen))
-        if len(missing) > len(holes):
-            return None
-        for (r, s), e in zip(holes, missing):
-            layer[r, s] = e
-        for r, s in holes[len(missing):]:
-            row = set(int(x) for x in layer[r] if x >= 0)
-            layer[r, s] = next(e for e in range(experts) if e not in row)
-    return a
+    return _native.repair_current(a, layers, experts, ranks, slots)
+
+
+def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
+    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise; vLLM copies within a
+    GPU for nothing). Same multiset per row: an expert the old row holds twice keeps one old
+    slot per copy the new row has, so no expert of ``new`` is lost (native)."""
+    return _native.keep_slots(np.asarray(old), np.asarray(new))
+
+
+def one_shot(cache: "PolicyCache", name: str, params: dict, loads: np.ndarray, **shape):
+    """``(policy, start)`` for a plan with no usable current placement (an engine's first call,
+    another rank count). The incremental policies would polish the id-order layout, whose replica
+    counts ignore the heat: incremental rebuilds every layer (``cold_start = 1`` unless set, as
+    ``eplb plan`` does from the default layout) and swift starts from the default policy's
+    placement; the others plan from the layout as they always do (``start`` None)."""
+    if name == "incremental" and "cold_start" not in params:
+        return cache.get(name, dict(params, cold_start=1), **shape), None
+    policy = cache.get(name, params, **shape)
+    if name == "swift":
+        return policy, cache.get("default", {}, **shape).rebalance(loads).placement
+    return policy, None

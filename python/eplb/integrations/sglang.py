@@ -1,5 +1,9 @@
 """SGLang: ``--eplb-algorithm eplb_rs:<policy>`` runs our policies.
 
+``eplb_rs:deepseek``, ``eplb_rs:deepseek_hierarchical`` and ``eplb_rs:auto`` mean what SGLang's
+``deepseek``, ``deepseek_hierarchical`` and ``auto`` mean (DeepSeek's global policy, its
+hierarchical one, and SGLang's choice between them), computed by our ``deepseek`` policy.
+
 ``register()`` is the ``sglang.srt.plugins`` entry point. It registers two AROUND hooks with
 SGLang's ``HookRegistry``: on ``compute_algorithm`` (our names resolve to themselves, every other
 name goes to SGLang) and on ``rebalance_experts`` (our names are served by
@@ -13,9 +17,10 @@ import logging
 import numpy as np
 
 from .. import _api
+from .. import _native
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
-from . import _common
+from . import _common, _record
 
 logger = logging.getLogger("sglang.eplb_rs")
 
@@ -36,29 +41,48 @@ EXPECTED = {
 _cache = _common.PolicyCache()
 
 
+#: SGLang's own names for DeepSeek's algorithm, mirrored under our prefix with SGLang's meaning:
+#: ``deepseek`` is the global policy, ``deepseek_hierarchical`` the hierarchical one, and ``auto``
+#: chooses as SGLang's ``compute_algorithm`` does (hierarchical when the groups divide into the
+#: nodes).
+DEEPSEEK_MODES = ("deepseek", "deepseek_hierarchical", "auto")
+
+
 def ours(algorithm):
     """The ``(policy, params)`` of an ``eplb_rs:<policy>`` algorithm (or of what our
-    ``compute_algorithm`` hook returned for it), else None. Parameters come from
-    ``EPLB_POLICY_PARAMS`` (JSON)."""
+    ``compute_algorithm`` hook returned for it), else None. ``policy`` is one of our policies or
+    one of :data:`DEEPSEEK_MODES`. Parameters come from ``EPLB_POLICY_PARAMS`` (JSON)."""
     raw = getattr(algorithm, "value", algorithm)
     if not isinstance(raw, str) or not raw.startswith(PREFIX):
         return None
-    name = _common.canonical(raw[len(PREFIX):])
+    suffix = raw[len(PREFIX):].strip()
+    if suffix in DEEPSEEK_MODES:
+        return suffix, _common.check_params("deepseek", _common.params_from_env())
+    name = _common.canonical(suffix)
     return name, _common.check_params(name, _common.params_from_env())
+
+
+def deepseek_hierarchical(mode: str, num_groups, num_nodes: int) -> bool:
+    """Whether SGLang's algorithm ``mode`` (one of :data:`DEEPSEEK_MODES`) is the hierarchical
+    policy for these groups and nodes; raises EplbError when ``deepseek_hierarchical`` cannot be
+    (SGLang asserts the same)."""
+    if mode == "deepseek":
+        return False
+    fits = num_groups is not None and int(num_groups) % int(num_nodes) == 0
+    if mode == "auto":
+        return fits
+    if not fits:
+        raise EplbError(
+            f"deepseek_hierarchical needs expert groups that divide into the nodes: "
+            f"num_groups = {num_groups}, num_nodes = {num_nodes}"
+        )
+    return True
 
 
 def derive_maps(phy2log: np.ndarray, experts: int):
     """``(log2phy [L, N, P-N+1] -1 padded, logcnt [L, N])`` from ``phy2log [L, P]``: each expert's
-    physical ids in ascending order, as SGLang derives them from a mapping."""
-    layers, p = phy2log.shape
-    width = p - experts + 1
-    log2phy = np.full((layers, experts, width), -1, dtype=np.int64)
-    logcnt = np.zeros((layers, experts), dtype=np.int64)
-    for l in range(layers):
-        for slot, e in enumerate(phy2log[l].tolist()):
-            log2phy[l, e, logcnt[l, e]] = slot
-            logcnt[l, e] += 1
-    return log2phy, logcnt
+    physical ids in ascending order, as SGLang derives them from a mapping (native)."""
+    return _native.derive_maps(np.asarray(phy2log), experts)
 
 
 def _current_phy2log():
@@ -103,6 +127,7 @@ def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current
         t = t[None]
     if t.ndim != 3:
         raise EplbError(f"tokens_per_expert: expected [T, L, E], got shape {t.shape}")
+    _record.record("sglang", t)
     if num_local < 1 or num_physical % num_local != 0:
         raise EplbError(
             f"num_physical_experts = {num_physical} is not a multiple of "
@@ -111,9 +136,13 @@ def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current
     ranks = num_physical // num_local
     weight = t.sum(axis=0, dtype=np.int64) if t.dtype.kind in "iu" else t.sum(axis=0)
     layers, experts = weight.shape
-    if name == "deepseek":
-        groups = 1 if num_groups is None else int(num_groups)
-        phy2log = _api.rebalance_experts(weight, num_physical, groups, num_nodes, ranks)[0]
+    if name in DEEPSEEK_MODES:
+        # SGLang's global policy is DeepSeek's hierarchical one over one group and one node.
+        if deepseek_hierarchical(name, num_groups, num_nodes):
+            groups, nodes = int(num_groups), int(num_nodes)
+        else:
+            groups, nodes = 1, 1
+        phy2log = _api.rebalance_experts(weight, num_physical, groups, nodes, ranks)[0]
     else:
         policy = _cache.get(
             name, params, layers=layers, experts=experts, ranks=ranks,
@@ -150,9 +179,34 @@ def _around_compute_algorithm(original_fn, *args, **kwargs):
 
 def _around_rebalance_experts(original_fn, *args, **kwargs):
     algorithm = args[5] if len(args) > 5 else kwargs.get("algorithm")
-    if ours(algorithm) is not None:
+    if ours(algorithm) is None:
+        return original_fn(*args, **kwargs)
+    try:
         return rebalance_experts(*args, **kwargs)
-    return original_fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a rebalance must not end SGLang's loop
+        fallback = _sglang_deepseek(original_fn)
+        if fallback is None:
+            raise
+        logger.error(
+            "eplb: %s failed (%s: %s); SGLang's own deepseek algorithm plans this rebalance",
+            getattr(algorithm, "value", algorithm), type(e).__name__, e,
+        )
+        args = list(args)
+        if len(args) > 5:
+            args[5] = fallback
+        else:
+            kwargs["algorithm"] = fallback
+        return original_fn(*args, **kwargs)
+
+
+def _sglang_deepseek(original_fn):
+    """SGLang's ``EplbAlgorithm.deepseek``, or None when it cannot be found."""
+    try:
+        import importlib
+
+        return importlib.import_module(ALGORITHMS).EplbAlgorithm.deepseek
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def register() -> bool:

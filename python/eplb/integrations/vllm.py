@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 import numpy as np
 
 from .. import _api
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
-from . import _common
+from . import _common, _record
 
 logger = logging.getLogger("vllm.eplb_rs")
 
@@ -47,6 +48,8 @@ class Policy:
     policy_name = "deepseek"
     policy_params: dict = {}
     _cache = _common.PolicyCache()
+    #: The engine's own policy class this one replaced (set by :func:`register`).
+    upstream: Optional[type] = None
 
     @classmethod
     def rebalance_experts(
@@ -58,15 +61,51 @@ class Policy:
         num_ranks,
         old_global_expert_indices=None,
     ):
-        phy2log = cls.plan(
-            to_numpy(weight),
-            int(num_replicas),
-            int(num_groups),
-            int(num_nodes),
-            int(num_ranks),
-            None if old_global_expert_indices is None else to_numpy(old_global_expert_indices),
-        )
-        return to_torch(phy2log)
+        try:
+            w = to_numpy(weight)
+            _record.record("vllm", w)
+            phy2log = cls.plan(
+                w,
+                int(num_replicas),
+                int(num_groups),
+                int(num_nodes),
+                int(num_ranks),
+                None if old_global_expert_indices is None else to_numpy(old_global_expert_indices),
+            )
+            return to_torch(phy2log)
+        except ShapeError:
+            raise  # vLLM's own policy asserts the same: the engine's configuration is wrong
+        except Exception as e:  # noqa: BLE001 - a rebalance must not end the engine's loop
+            if old_global_expert_indices is None:
+                raise
+            logger.error(
+                "eplb: %s policy failed (%s: %s); the placement is kept this rearrangement",
+                cls.policy_name, type(e).__name__, e,
+            )
+            return old_global_expert_indices
+
+    @classmethod
+    def preserve_intragpu_slots(cls, phy2log, num_ranks, old_phy2log):
+        """vLLM's post-processing, for every policy: per rank and layer, an expert the rank
+        keeps stays in its old slot (one old slot per copy it keeps), the incoming experts take
+        the other slots in their order, so nothing is copied within a rank for nothing. The
+        multiset of each rank's row is the new one's. ``phy2log`` comes back unchanged when
+        the sizes differ (another rank count or slots per rank). numpy or torch in, the same
+        kind out."""
+        new = to_numpy(phy2log)
+        old = to_numpy(old_phy2log)
+        ranks = int(num_ranks)
+        if (
+            new.ndim != 2
+            or old.shape != new.shape
+            or ranks <= 0
+            or new.shape[1] % ranks != 0
+        ):
+            return phy2log
+        layers, p = new.shape
+        shape = (layers, ranks, p // ranks)
+        kept = _common.keep_slots(old.reshape(shape), new.reshape(shape)).reshape(layers, p)
+        return kept if isinstance(phy2log, np.ndarray) else to_torch(kept)
 
     @classmethod
     def plan(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old=None) -> np.ndarray:
@@ -80,22 +119,31 @@ class Policy:
                 f"num_replicas = {num_replicas} is not a multiple of num_ranks = {num_ranks}"
             )
         if cls.policy_name == "deepseek":
-            return _api.rebalance_experts(w, num_replicas, num_groups, num_nodes, num_ranks)[0]
-        slots = num_replicas // num_ranks
-        policy = cls._cache.get(
-            cls.policy_name,
-            cls.policy_params,
-            layers=layers,
-            experts=experts,
-            ranks=num_ranks,
-            redundant=num_replicas - experts,
-        )
-        current = _common.repair_current(old, layers, experts, num_ranks, slots)
-        r = policy.rebalance(w, current)
-        return r.placement.reshape(layers, num_replicas)
+            phy2log = _api.rebalance_experts(w, num_replicas, num_groups, num_nodes, num_ranks)[0]
+        else:
+            slots = num_replicas // num_ranks
+            policy = cls._cache.get(
+                cls.policy_name,
+                cls.policy_params,
+                layers=layers,
+                experts=experts,
+                ranks=num_ranks,
+                redundant=num_replicas - experts,
+            )
+            current = _common.repair_current(old, layers, experts, num_ranks, slots)
+            if current is None:
+                policy, current = _common.one_shot(
+                    cls._cache, cls.policy_name, cls.policy_params, w,
+                    layers=layers, experts=experts, ranks=num_ranks,
+                    redundant=num_replicas - experts,
+                )
+            phy2log = policy.rebalance(w, current).placement.reshape(layers, num_replicas)
+        if old is not None:
+            phy2log = cls.preserve_intragpu_slots(phy2log, num_ranks, np.asarray(old))
+        return phy2log
 
 
-def configure(policy: str, params: dict = None) -> None:
+def configure(policy: str, params: Optional[dict] = None) -> None:
     """Selects the policy :class:`Policy` runs (validated; raises EplbError)."""
     name = _common.canonical(policy)
     params = _common.check_params(name, params or {})

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Optional
 
 import numpy as np
 
+from .._check import integer
+from .. import _native
 from .._native import EplbError
 from .._tensor import like, to_numpy
-from . import _common
+from . import _common, _record
+from ._common import keep_slots  # noqa: F401 - part of this module's API
 
 logger = logging.getLogger("vllm.eplb_rs")
 
@@ -30,33 +34,30 @@ _MARK = "__eplb_rs__"
 _lock = threading.Lock()
 
 
-def keep_slots(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """``new`` (``[L, R, S]``) with each rank's row reordered so that an expert the rank keeps
-    stays in its old slot (vLLM-Ascend's planner reverts a layer otherwise). Same set per row."""
-    out = new.copy()
-    layers, ranks, slots = new.shape
+def guard(table: np.ndarray, experts: int) -> Optional[str]:
+    """What vLLM-Ascend's planner would reject in a new ``[L, R, S]`` table (an expert twice on
+    one rank, an id out of range, an expert with no copy), or None when it passes."""
+    layers, ranks, _ = table.shape
+    if table.size and (table.min() < 0 or table.max() >= experts):
+        return f"an expert id outside 0..{experts - 1}"
+    srt = np.sort(table, axis=2)
+    dup = np.argwhere((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2))
+    if len(dup):
+        l, r = dup[0]
+        return f"layer {l}, rank {r} holds an expert twice"
     for l in range(layers):
-        o_l, n_l = old[l], new[l]
-        same = (o_l == n_l).all(axis=1)
-        for r in np.flatnonzero(~same):
-            o, n = o_l[r].tolist(), n_l[r].tolist()
-            keep = set(o) & set(n)
-            row = [e if e in keep else -1 for e in o]
-            rest = iter(e for e in n if e not in keep)
-            out[l, r] = [e if e >= 0 else next(rest) for e in row]
-    return out
+        missing = np.setdiff1d(np.arange(experts), table[l])
+        if missing.size:
+            return f"layer {l} has no copy of expert {int(missing[0])}"
+    return None
 
 
 def fold(table: np.ndarray, slot_loads: np.ndarray, experts: int) -> np.ndarray:
-    """Logical loads ``[..., L, N]`` from slot loads ``[..., L, R, S]`` through ``table``."""
-    lead = slot_loads.shape[:-3]
-    layers = table.shape[0]
-    flat_t = table.reshape(layers, -1)
-    sl = slot_loads.reshape(lead + (layers, -1)).astype(np.float64)
-    out = np.zeros(lead + (layers, experts), dtype=np.float64)
-    for l in range(layers):
-        np.add.at(out[..., l, :], (Ellipsis, flat_t[l]), sl[..., l, :])
-    return out
+    """Logical loads ``[..., L, N]`` from slot loads ``[..., L, R, S]`` through ``table`` (native)."""
+    loads = np.asarray(slot_loads)
+    if loads.dtype not in (np.int32, np.int64, np.float32, np.float64):
+        loads = loads.astype(np.float64)
+    return _native.fold_slot_loads(np.asarray(table), loads, experts)
 
 
 class Policy:
@@ -64,45 +65,71 @@ class Policy:
     expert_workload)`` returns ``(changed, priority, new_table)``. One native policy per shape;
     picklable (the planner may run under ``forkserver``) and fork-safe."""
 
-    def __init__(self, policy: str, params: dict = None, policy_type: int = 1):
+    def __init__(self, policy: str, params: Optional[dict] = None, policy_type: int = 1):
         self.policy = _common.canonical(policy)
         self.params = _common.check_params(self.policy, params or {})
         self.policy_type = int(policy_type)
-        self._cache = None
+        self.new_ep_size: Optional[int] = None
+        self._cache: Optional[_common.PolicyCache] = None
 
     def __getstate__(self):
-        return {"policy": self.policy, "params": self.params, "policy_type": self.policy_type}
+        return {
+            "policy": self.policy,
+            "params": self.params,
+            "policy_type": self.policy_type,
+            "new_ep_size": self.new_ep_size,
+        }
 
     def __setstate__(self, state):
         self.__init__(state["policy"], state["params"], state["policy_type"])
+        self.new_ep_size = state.get("new_ep_size")
+
+    def set_new_ep_size(self, new_ep_size) -> None:
+        """Plans the next tables for ``new_ep_size`` ranks (elastic EP, as vLLM-Ascend's
+        policies offer it): same slots per rank, every expert on the new ranks; ``None`` goes
+        back to the current table's rank count. A size that is not a positive integer is
+        logged and ignored (nothing raises into the engine)."""
+        if new_ep_size is None:
+            self.new_ep_size = None
+            return
+        try:
+            self.new_ep_size = integer(new_ep_size, "new_ep_size", lo=1)
+        except EplbError as e:
+            logger.error("eplb: %s; the EP size stays %s", e, self.new_ep_size or "the table's")
 
     def rebalance_experts(self, current_expert_table, expert_workload):
-        table = to_numpy(current_expert_table)
+        """Never raises: an exception would end vLLM-Ascend's planner loop and leave the worker
+        waiting forever. On any failure (bad shapes or dtypes, a table the planner would
+        reject, a policy error) the current table comes back unchanged, with a log line."""
         try:
-            new = self.plan(table, to_numpy(expert_workload))
-        except EplbError as e:
-            # An exception would end vLLM-Ascend's planner loop and leave the worker waiting
-            # forever; keep the current table (nothing changes) and say why.
-            logger.error("eplb: %s policy failed (%s); the placement is kept this cycle", self.policy, e)
+            table = np.asarray(to_numpy(current_expert_table))
+            new = self.plan(table, np.asarray(to_numpy(expert_workload)))
+            if new.shape != table.shape:  # another EP size: every layer is new
+                changed_layers = np.ones(new.shape[0], dtype=bool)
+            else:
+                changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
+            priority = np.flatnonzero(changed_layers)
+            return int(changed_layers.any()), priority, like(new, current_expert_table)
+        except Exception as e:  # noqa: BLE001 - the engine's loop must go on
+            logger.error(
+                "eplb: %s policy failed (%s: %s); the placement is kept this cycle",
+                self.policy, type(e).__name__, e,
+            )
             return 0, np.zeros(0, dtype=np.int64), current_expert_table
-        changed_layers = (new != table.astype(np.int64)).reshape(new.shape[0], -1).any(axis=1)
-        priority = np.flatnonzero(changed_layers)
-        return int(changed_layers.any()), priority, like(new, current_expert_table)
 
     def plan(self, table: np.ndarray, workload: np.ndarray) -> np.ndarray:
-        """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard."""
-        if self._cache is None:
-            self._cache = _common.PolicyCache()
+        """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard, or
+        an EplbError saying why there is none."""
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = _common.PolicyCache()
         if table.ndim != 3:
             raise EplbError(f"current_expert_table: expected [L, R, S], got shape {table.shape}")
-        layers, ranks, slots = table.shape
-        if workload.ndim == 4:
-            samples = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
-            loads = samples.sum(axis=0)
-        elif workload.ndim == 3:
-            samples = None
-            loads = fold(table, workload, 0 if table.size == 0 else int(table.max()) + 1)
-        else:
+        if table.dtype.kind not in "iu":
+            raise EplbError(f"current_expert_table: expected integer ids, got dtype {table.dtype}")
+        if table.size and table.min() < 0:
+            raise EplbError("current_expert_table: a negative expert id")
+        if workload.ndim not in (3, 4):
             raise EplbError(
                 f"expert_workload: expected [L, R, S] or [H, L, R, S], got shape {workload.shape}"
             )
@@ -110,18 +137,42 @@ class Policy:
             raise EplbError(
                 f"expert_workload: shape {workload.shape} does not end in the table's {table.shape}"
             )
-        experts = loads.shape[1]
-        policy = self._cache.get(
-            self.policy,
-            self.params,
-            layers=layers,
-            experts=experts,
-            ranks=ranks,
-            redundant=ranks * slots - experts,
-        )
-        current = table.astype(np.int64)
-        r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
-        return keep_slots(current, r.placement)
+        if workload.dtype.kind not in "iuf":
+            raise EplbError(f"expert_workload: expected numbers, got dtype {workload.dtype}")
+        layers, ranks, slots = table.shape
+        experts = 0 if table.size == 0 else int(table.max()) + 1
+        # A table holding an expert twice on one rank (co-located input) is repaired first, so
+        # that the policy plans from, and keeps slots against, a placement the guard accepts.
+        current = _common.repair_current(table, layers, experts, ranks, slots)
+        if current is None:
+            raise EplbError("current_expert_table: cannot be repaired into a valid placement")
+        if workload.ndim == 4:
+            samples = fold(table, workload, experts)
+            loads = samples.sum(axis=0)
+        else:
+            samples = None
+            loads = fold(table, workload, experts)
+        _record.record("vllm-ascend", samples if samples is not None else loads)
+        shape = dict(layers=layers, experts=experts, ranks=ranks, redundant=ranks * slots - experts)
+        target = self.new_ep_size if self.new_ep_size is not None else ranks
+        if target != ranks:
+            # Another rank count: nothing of the current placement can be kept in place.
+            if target * slots < experts:
+                raise EplbError(
+                    f"new_ep_size = {target} ranks x {slots} slots cannot hold {experts} experts"
+                )
+            shape.update(ranks=target, redundant=target * slots - experts)
+            policy, start = _common.one_shot(cache, self.policy, self.params, loads, **shape)
+            r = policy.rebalance(loads, start, samples if self.policy == "flashlb" else None)
+            new = r.placement
+        else:
+            policy = cache.get(self.policy, self.params, **shape)
+            r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
+            new = keep_slots(current, r.placement)
+        why = guard(new, experts)
+        if why is not None:
+            raise EplbError(f"the new table would be rejected: {why}")
+        return new
 
 
 def selection():
@@ -208,7 +259,7 @@ def register() -> bool:
 
         generate_policy.__eplb_rs__ = True  # type: ignore[attr-defined]
         generate_policy.__wrapped__ = original  # type: ignore[attr-defined]
-        factory.generate_policy = staticmethod(generate_policy)
+        factory.generate_policy = staticmethod(generate_policy)  # type: ignore[union-attr]
         logger.info("eplb: vLLM-Ascend's PolicyFactory.generate_policy wrapped")
         return True
 
@@ -222,4 +273,4 @@ def _disable_flashlb_warm_up() -> None:
         logger.debug("eplb: %s not importable (%s); no warm-up to skip", FLASHLB_MODULE, e)
         return
     if callable(getattr(mod, "warm_up", None)) and not getattr(mod.warm_up, _MARK, False):
-        mod.warm_up = _skip_warm_up
+        mod.warm_up = _skip_warm_up  # type: ignore[attr-defined]

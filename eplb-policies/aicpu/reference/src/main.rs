@@ -18,13 +18,25 @@
 //! `u16` padded to 8 bytes, changed flags `u8` padded to 8 bytes, PAR before `f64 [L]`, PAR after
 //! `f64 [L]`, state `u64 [W]`, and changed layers, co-located rows, moves (`u64` each), mean and
 //! max PAR before, mean and max PAR after (`f64` each).
+//!
+//! `.gate.expected` (the pay-off gate on, ABI version 2): the same protocol run through the
+//! runtime's `PolicyHost` with the gate set (`plan_and_take`, so its ages advance as they do in
+//! serving). `"EPLBEXG1"`, `u64` calls, `u64` state words W (the policy's, then one per layer:
+//! the gate's ages), the 112 bytes of the `eplb_aicpu_gate` block the C side copies into its
+//! arguments, then per call what `.expected` has (the state being the policy's words followed by
+//! `PolicyHost::gate_ages`) and the gate's summary: changed, moved and held layers (`u64` each),
+//! saving per iteration, stall, forgone saving per iteration (`f64` each).
 #![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::ExitCode;
 
+use eplb_core::metrics::Routing;
+use eplb_core::time::gate::Gate;
+use eplb_core::time::{Dtype, Hardware, ModelSpec, Role, TimeModel};
 use eplb_core::{Placement, Shape};
 use eplb_policies::{AnyPolicy, Input, Output, Policy, PolicyKind, Samples};
+use eplb_runtime::planner::PolicyHost;
 
 const CALLS: u64 = 2;
 
@@ -208,6 +220,152 @@ fn expected(case: &Case, number: u32) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// The gate of the golden cases: DeepSeek-V3 W8A8 decode on A3 (the runtime's defaults), the
+/// expert's W8A8 payload, the node split of the case, and a short cycle (`H + A` = 2
+/// iterations), so that some changed layers pay and some do not.
+fn golden_gate(shape: &Shape) -> Result<(Gate, [u32; 2]), String> {
+    use eplb_runtime::config::deployment::QuantType;
+    use eplb_runtime::payload::{ExpertPayload, ModelDims};
+    let spec = ModelSpec::DEEPSEEK_V3;
+    let payload = ExpertPayload::for_quant(
+        ModelDims {
+            hidden: u64::from(spec.hidden),
+            intermediate: u64::from(spec.intermediate),
+        },
+        QuantType::W8A8,
+        false,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut model = TimeModel::new(
+        Hardware::A3,
+        spec,
+        Role::Decode,
+        payload.total_bytes() as f64,
+    );
+    let rpn = shape.ranks_per_node();
+    model.ranks_per_node = (rpn > 0 && rpn < shape.ranks()).then_some(rpn as u16);
+    let intervals = [1u32, 1];
+    let gate = Gate {
+        model,
+        iterations: u64::from(intervals[0]) + u64::from(intervals[1]),
+        routing: Routing::Log2Phy,
+    };
+    Ok((gate, intervals))
+}
+
+/// The `eplb_aicpu_gate` block of `gate` (112 bytes, the header's layout).
+fn gate_block(gate: &Gate, intervals: [u32; 2]) -> Vec<u8> {
+    let (hw, m) = (&gate.model.hardware, &gate.model.model);
+    let mut out = Vec::new();
+    for v in [
+        hw.flops_bf16,
+        hw.flops_8bit,
+        hw.flops_fp4,
+        hw.hbm_bytes_per_s,
+        hw.intra_node_bytes_per_s,
+        hw.inter_node_bytes_per_s,
+        hw.layer_overhead_ms,
+        hw.collective_ms,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&m.hidden.to_le_bytes());
+    out.extend_from_slice(&m.intermediate.to_le_bytes());
+    for v in [m.experts, m.top_k, m.moe_layers, m.shared_experts] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let dtype: u32 = match m.dtype {
+        Dtype::Bf16 => 0,
+        Dtype::Int8 => 1,
+        Dtype::Fp8 => 2,
+        Dtype::Fp4 => 3,
+    };
+    let routing: u32 = match gate.routing {
+        Routing::Log2Phy => 0,
+        Routing::Even => 1,
+    };
+    out.extend_from_slice(&dtype.to_le_bytes());
+    out.extend_from_slice(&routing.to_le_bytes());
+    out.extend_from_slice(&gate.model.tokens_per_rank.to_le_bytes());
+    out.extend_from_slice(&gate.model.expert_bytes.to_le_bytes());
+    out.extend_from_slice(&intervals[0].to_le_bytes());
+    out.extend_from_slice(&intervals[1].to_le_bytes());
+    assert_eq!(out.len(), 112, "eplb_aicpu_gate is 112 bytes");
+    out
+}
+
+/// The gated protocol through the runtime's `PolicyHost` (see the module docs).
+fn expected_gated(case: &Case, number: u32) -> Result<(Vec<u8>, [usize; 3]), String> {
+    let shape = case.shape;
+    let (gate, intervals) = golden_gate(&shape)?;
+    let mut host: PolicyHost<AnyPolicy> =
+        PolicyHost::new(Box::new(AnyPolicy::new(kind_of(number))), shape);
+    host.set_gate(Some(gate));
+    let name = host.policy().kind().name();
+    let l = shape.layers();
+    let state_words = host.state().len() + l;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"EPLBEXG1");
+    out.extend_from_slice(&CALLS.to_le_bytes());
+    out.extend_from_slice(&(state_words as u64).to_le_bytes());
+    out.extend_from_slice(&gate_block(&gate, intervals));
+    let mut current = case.current.clone();
+    let mut totals = [0usize; 3];
+    for call in 0..CALLS {
+        let placement = Placement::new(shape, &current).map_err(|e| e.to_string())?;
+        let samples = if case.windows == 0 {
+            None
+        } else {
+            Some(Samples::new(&shape, case.windows, &case.samples).map_err(|e| e.to_string())?)
+        };
+        let input = Input::new(
+            placement,
+            &case.loads,
+            samples,
+            case.seed.wrapping_add(call),
+        )
+        .map_err(|e| e.to_string())?;
+        let plan = host
+            .plan_and_take(call + 1, &input)
+            .map_err(|e| format!("{name} gated, call {}: {e:?}", call + 1))?;
+        plan.placement
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        pad8(&mut out);
+        plan.changed.iter().for_each(|&c| out.push(u8::from(c)));
+        pad8(&mut out);
+        for v in plan.par_before.iter().chain(&plan.par_after) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        host.state()
+            .iter()
+            .for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
+        host.gate_ages()
+            .ok_or("the gate is set")?
+            .iter()
+            .for_each(|&a| out.extend_from_slice(&u64::from(a).to_le_bytes()));
+        let s = &plan.summary;
+        for v in [s.changed_layers, s.colocated_rows, s.moves] {
+            out.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        for v in [s.before.mean, s.before.max, s.after.mean, s.after.max] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let g = plan.gate.ok_or("the gate is set")?;
+        for v in [g.changed, g.moved, g.changed - g.moved] {
+            out.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        for v in [g.saving_ms_per_iter, g.stall_ms, g.forgone_ms_per_iter] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        totals[0] += g.changed;
+        totals[1] += g.moved;
+        totals[2] += g.changed - g.moved;
+        current = plan.placement;
+    }
+    Ok((out, totals))
+}
+
 fn run(args: &[String]) -> Result<(), String> {
     let [dir, cases @ ..] = args else {
         return Err("usage: reference DIR CASE...".into());
@@ -222,6 +380,13 @@ fn run(args: &[String]) -> Result<(), String> {
             let bytes = expected(&case, number).map_err(|e| format!("{name}: {e}"))?;
             let path = dir.join(format!("{name}.p{number}.expected"));
             std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            let (bytes, [changed, moved, held]) =
+                expected_gated(&case, number).map_err(|e| format!("{name}: {e}"))?;
+            let path = dir.join(format!("{name}.p{number}.gate.expected"));
+            std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            if std::env::var_os("EPLB_AICPU_REFERENCE_VERBOSE").is_some() {
+                eprintln!("{name} p{number} gated: changed {changed}, moved {moved}, held {held}");
+            }
         }
     }
     Ok(())

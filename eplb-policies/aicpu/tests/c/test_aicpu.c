@@ -6,7 +6,11 @@
  * For each DIR/CASE.case (written by xtask from a golden JSON) and each policy 0..5, runs the
  * call protocol of reference/src/main.rs through eplb_aicpu_rebalance and compares every output
  * byte for byte with DIR/CASE.pK.expected (written by the Rust API on the host: the same files
- * serve the host build and the aarch64 build run under qemu). A difference is reported with the
+ * serve the host build and the aarch64 build run under qemu), once with a version 1 block
+ * (248 bytes) and once with a version 2 block, pay-off gate off; then with the gate on, against
+ * DIR/CASE.pK.gate.expected (written by the runtime's PolicyHost with the same gate: placement,
+ * flags, PAR, the state with the gate's ages, the result and the gate's summary), checking
+ * that every layer the gate held keeps its current rows. A difference is reported with the
  * output it is in and its first differing element. Every buffer sits between guard bytes that
  * must be intact after each call. Then times call 1 (best of 5) per policy (not with
  * --no-timing: under an emulator the times mean nothing), prints the buffer sizes of the
@@ -183,27 +187,45 @@ static test_case load_case(const char *dir, const char *name) {
 
 typedef struct {
     uint32_t policy;
+    uint32_t payoff_gate; /* sizes the scratch and state; args_for does not set the flag */
     uint64_t scratch_words, state_words;
     guarded current, out, changed, before, after, scratch, state;
 } buffers;
 
-static uint64_t scratch_len_of(const test_case *c, uint32_t policy) {
-    return eplb_aicpu_scratch_len((uint16_t)c->layers, (uint16_t)c->experts, (uint16_t)c->ranks,
-                                  (uint16_t)c->slots, (uint16_t)c->ranks_per_node,
-                                  (uint16_t)c->groups, policy);
+static uint64_t scratch_len_of(const test_case *c, uint32_t policy, uint32_t gate) {
+    uint64_t v2 = eplb_aicpu_scratch_len_v2((uint16_t)c->layers, (uint16_t)c->experts,
+                                            (uint16_t)c->ranks, (uint16_t)c->slots,
+                                            (uint16_t)c->ranks_per_node, (uint16_t)c->groups,
+                                            policy, gate);
+    if (!gate)
+        CHECK(v2 == eplb_aicpu_scratch_len((uint16_t)c->layers, (uint16_t)c->experts,
+                                           (uint16_t)c->ranks, (uint16_t)c->slots,
+                                           (uint16_t)c->ranks_per_node, (uint16_t)c->groups,
+                                           policy),
+              "scratch_len_v2(..., 0) != scratch_len");
+    return v2;
 }
 
-static uint64_t state_len_of(const test_case *c, uint32_t policy) {
-    return eplb_aicpu_state_len((uint16_t)c->layers, (uint16_t)c->experts, (uint16_t)c->ranks,
-                                (uint16_t)c->slots, (uint16_t)c->ranks_per_node,
-                                (uint16_t)c->groups, policy);
+static uint64_t state_len_of(const test_case *c, uint32_t policy, uint32_t gate) {
+    uint64_t v2 = eplb_aicpu_state_len_v2((uint16_t)c->layers, (uint16_t)c->experts,
+                                          (uint16_t)c->ranks, (uint16_t)c->slots,
+                                          (uint16_t)c->ranks_per_node, (uint16_t)c->groups,
+                                          policy, gate);
+    if (!gate)
+        CHECK(v2 == eplb_aicpu_state_len((uint16_t)c->layers, (uint16_t)c->experts,
+                                         (uint16_t)c->ranks, (uint16_t)c->slots,
+                                         (uint16_t)c->ranks_per_node, (uint16_t)c->groups,
+                                         policy),
+              "state_len_v2(..., 0) != state_len");
+    return v2;
 }
 
-static buffers buffers_new(const test_case *c, uint32_t policy) {
+static buffers buffers_for(const test_case *c, uint32_t policy, uint32_t gate) {
     buffers b;
     b.policy = policy;
-    b.scratch_words = scratch_len_of(c, policy);
-    b.state_words = state_len_of(c, policy);
+    b.payoff_gate = gate;
+    b.scratch_words = scratch_len_of(c, policy, gate);
+    b.state_words = state_len_of(c, policy, gate);
     b.current = guarded_new(c->p * 2);
     memcpy(guarded_ptr(&b.current), c->current, c->p * 2);
     b.out = guarded_new(c->p * 2);
@@ -214,6 +236,8 @@ static buffers buffers_new(const test_case *c, uint32_t policy) {
     b.state = guarded_new((size_t)b.state_words * 8);
     return b;
 }
+
+static buffers buffers_new(const test_case *c, uint32_t policy) { return buffers_for(c, policy, 0); }
 
 static void buffers_free(buffers *b) {
     guarded *all[] = {&b->current, &b->out, &b->changed, &b->before,
@@ -271,6 +295,13 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The same arguments as a version 1 block: version 1, struct_size 248; the library must not
+ * touch anything beyond. */
+static void make_v1(eplb_aicpu_args *a) {
+    a->version = 1;
+    a->struct_size = EPLB_AICPU_ARGS_V1_SIZE;
+}
+
 /* Compares the `n` bytes at `got` with the next `padded` bytes of `r` (an output of `elem`-byte
  * elements, doubles when `is_f64`); on a difference, reports `part` and its first differing
  * element. Returns 1 when equal. */
@@ -302,8 +333,10 @@ static unsigned same(reader *r, const void *got, size_t n, size_t padded, size_t
     return 0;
 }
 
-/* Runs the protocol for one (case, policy) and compares with the Rust API's bytes. */
-static void golden_policy(const char *dir, const char *name, const test_case *c, uint32_t policy) {
+/* Runs the protocol for one (case, policy) with a version `version` block (gate off) and
+ * compares with the Rust API's bytes. */
+static void golden_policy(const char *dir, const char *name, const test_case *c, uint32_t policy,
+                          uint32_t version) {
     const char *pname = POLICY_NAMES[policy];
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.p%u.expected", dir, name, policy);
@@ -324,14 +357,25 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
     unsigned identical = 0;
     for (uint64_t call = 0; call < CALLS && state_words == b.state_words; call++) {
         eplb_aicpu_args a = args_for(c, &b, c->seed + call);
+        if (version == 1) make_v1(&a);
+        /* Canaries in the version 2 output: a v1 call must leave them, a v2 call zero them. */
+        memset(&a.gate_result, 0x5A, sizeof a.gate_result);
         uint32_t st = eplb_aicpu_rebalance(&a);
-        CHECK(st == EPLB_AICPU_OK, "%s %s call %llu: status %u (field %u, detail %llu)", name,
-              pname, (unsigned long long)call + 1, st, a.result.field,
+        CHECK(st == EPLB_AICPU_OK, "%s %s v%u call %llu: status %u (field %u, detail %llu)", name,
+              pname, version, (unsigned long long)call + 1, st, a.result.field,
               (unsigned long long)a.result.detail);
         CHECK(buffers_intact(&b), "%s %s call %llu: a guard byte changed", name, pname,
               (unsigned long long)call + 1);
+        {
+            unsigned char want[sizeof a.gate_result];
+            memset(want, version == 1 ? 0x5A : 0, sizeof want);
+            CHECK(memcmp(&a.gate_result, want, sizeof want) == 0,
+                  "%s %s v%u: gate_result %s", name, pname, version,
+                  version == 1 ? "written by a version 1 call" : "not zeroed (gate off)");
+        }
         char what[128];
-        snprintf(what, sizeof what, "%s %s call %llu", name, pname, (unsigned long long)call + 1);
+        snprintf(what, sizeof what, "%s %s v%u call %llu", name, pname, version,
+                 (unsigned long long)call + 1);
         unsigned ok = 1;
         ok &= same(&r, guarded_ptr(&b.out), c->p * 2, pad8(c->p * 2), 2, 0, what, "placement");
         ok &= same(&r, guarded_ptr(&b.changed), l, pad8(l), 1, 0, what, "changed flags");
@@ -346,7 +390,7 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
         ok &= same(&r, hot, 32, 32, 8, 1, what, "mean and max PAR before and after");
         CHECK(ok, "%s: output differs from the Rust API", what);
         identical += ok;
-        if (call == 0)
+        if (call == 0 && version == EPLB_AICPU_ABI_VERSION)
             printf("  %-26s %-12s changed %2u/%zu layers, moves %6llu, PAR mean %.4f -> %.4f\n",
                    name, pname, a.result.changed_layers, l, (unsigned long long)a.result.moves,
                    a.result.par_mean_before, a.result.par_mean_after);
@@ -359,13 +403,128 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
     buffers_free(&b);
 }
 
-/* Best of 5 of call 1 (fresh state each time, reset outside the timed region). */
-static double time_policy(const test_case *c, uint32_t policy) {
-    buffers b = buffers_new(c, policy);
+/* Runs the protocol for one (case, policy) with the pay-off gate on and compares with the bytes
+ * of the runtime's PolicyHost with the same gate (the gate block comes from the file). Returns
+ * the layers held back over both calls. */
+static unsigned golden_gated(const char *dir, const char *name, const test_case *c,
+                             uint32_t policy) {
+    const char *pname = POLICY_NAMES[policy];
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.p%u.gate.expected", dir, name, policy);
+    size_t len;
+    unsigned char *exp = read_file(path, &len);
+    reader r = {exp, len, 0, path};
+    if (memcmp(take(&r, 8), "EPLBEXG1", 8) != 0) {
+        fprintf(stderr, "error: %s is not an EPLBEXG1 file\n", path);
+        exit(2);
+    }
+    uint64_t calls = take_u64(&r), state_words = take_u64(&r);
+    eplb_aicpu_gate gate;
+    memcpy(&gate, take(&r, sizeof gate), sizeof gate);
+    buffers b = buffers_for(c, policy, 1);
+    CHECK(calls == CALLS, "%s: %llu calls", path, (unsigned long long)calls);
+    CHECK(state_words == b.state_words, "%s %s gated: state_len_v2 %llu, Rust %llu", name, pname,
+          (unsigned long long)b.state_words, (unsigned long long)state_words);
+    CHECK(b.state_words == state_len_of(c, policy, 0) + c->layers,
+          "%s %s: the gate's state is not one word per layer", name, pname);
+    CHECK(b.scratch_words > scratch_len_of(c, policy, 0), "%s %s: no gate scratch", name, pname);
+    size_t l = (size_t)c->layers, per = c->p / l;
+    unsigned identical = 0, held = 0;
+    for (uint64_t call = 0; call < CALLS && state_words == b.state_words; call++) {
+        eplb_aicpu_args a = args_for(c, &b, c->seed + call);
+        a.payoff_gate = 1;
+        a.gate = gate;
+        uint32_t st = eplb_aicpu_rebalance(&a);
+        CHECK(st == EPLB_AICPU_OK, "%s %s gated call %llu: status %u (field %u, detail %llu)",
+              name, pname, (unsigned long long)call + 1, st, a.result.field,
+              (unsigned long long)a.result.detail);
+        CHECK(buffers_intact(&b), "%s %s gated call %llu: a guard byte changed", name, pname,
+              (unsigned long long)call + 1);
+        char what[128];
+        snprintf(what, sizeof what, "%s %s gated call %llu", name, pname,
+                 (unsigned long long)call + 1);
+        unsigned ok = 1;
+        ok &= same(&r, guarded_ptr(&b.out), c->p * 2, pad8(c->p * 2), 2, 0, what, "placement");
+        ok &= same(&r, guarded_ptr(&b.changed), l, pad8(l), 1, 0, what, "changed flags");
+        ok &= same(&r, guarded_ptr(&b.before), l * 8, l * 8, 8, 1, what, "PAR before");
+        ok &= same(&r, guarded_ptr(&b.after), l * 8, l * 8, 8, 1, what, "PAR after");
+        ok &= same(&r, guarded_ptr(&b.state), state_words * 8, state_words * 8, 8, 0, what,
+                   "state (policy words, then the gate's ages)");
+        uint64_t counts[3] = {a.result.changed_layers, a.result.colocated_rows, a.result.moves};
+        ok &= same(&r, counts, 24, 24, 8, 0, what, "changed layers, co-located rows, moves");
+        double hot[4] = {a.result.par_mean_before, a.result.par_max_before,
+                         a.result.par_mean_after, a.result.par_max_after};
+        ok &= same(&r, hot, 32, 32, 8, 1, what, "mean and max PAR before and after");
+        uint64_t gcounts[3] = {a.gate_result.changed_layers, a.gate_result.moved_layers,
+                               a.gate_result.held_layers};
+        ok &= same(&r, gcounts, 24, 24, 8, 0, what, "gate: changed, moved, held layers");
+        double gtimes[3] = {a.gate_result.saving_ms_per_iter, a.gate_result.stall_ms,
+                            a.gate_result.forgone_ms_per_iter};
+        ok &= same(&r, gtimes, 24, 24, 8, 1, what, "gate: saving, stall, forgone");
+        CHECK(ok, "%s: output differs from the runtime's PolicyHost", what);
+        identical += ok;
+        CHECK(a.gate_result.moved_layers + a.gate_result.held_layers ==
+                      a.gate_result.changed_layers &&
+                  a.gate_result.moved_layers == a.result.changed_layers,
+              "%s: gate counts %u + %u != %u (result %u)", what, a.gate_result.moved_layers,
+              a.gate_result.held_layers, a.gate_result.changed_layers, a.result.changed_layers);
+        /* Every layer not flagged changed (held, or left alone) keeps its current rows. */
+        const uint16_t *cur = guarded_ptr(&b.current), *out = guarded_ptr(&b.out);
+        const uint8_t *flags = guarded_ptr(&b.changed);
+        for (size_t k = 0; k < l; k++)
+            if (!flags[k])
+                CHECK(memcmp(cur + k * per, out + k * per, per * 2) == 0,
+                      "%s: layer %zu not changed but its rows differ", what, k);
+        held += a.gate_result.held_layers;
+        if (call == 0)
+            printf("  %-26s %-12s gated: changed %2u, moved %2u, held %2u, saving %.4f ms/iter, "
+                   "stall %.3f ms\n",
+                   name, pname, a.gate_result.changed_layers, a.gate_result.moved_layers,
+                   a.gate_result.held_layers, a.gate_result.saving_ms_per_iter,
+                   a.gate_result.stall_ms);
+        memcpy(guarded_ptr(&b.current), guarded_ptr(&b.out), c->p * 2);
+    }
+    CHECK(identical == CALLS, "%s %s gated: %u of %u calls identical", name, pname, identical,
+          CALLS);
+    CHECK(r.at == len, "%s: trailing bytes", path);
+    free(exp);
+    buffers_free(&b);
+    return held;
+}
+
+/* A gate block: DeepSeek-V3 W8A8 decode on A3 (docs/time-model.md), H = 600, A = 50. */
+static eplb_aicpu_gate a3_dsv3_gate(void) {
+    eplb_aicpu_gate g;
+    memset(&g, 0, sizeof g);
+    g.flops_bf16 = 376e12;
+    g.flops_8bit = 752e12;
+    g.hbm_bytes_per_s = 1.6e12;
+    g.intra_node_bytes_per_s = 196e9;
+    g.inter_node_bytes_per_s = 25e9;
+    g.layer_overhead_ms = 0.1;
+    g.collective_ms = 0.1;
+    g.hidden = 7168;
+    g.intermediate = 2048;
+    g.top_k = 8;
+    g.shared_experts = 1;
+    g.dtype = EPLB_AICPU_DTYPE_INT8;
+    g.tokens_per_rank = 128;
+    g.expert_bytes = 44085248;
+    g.heat_interval = 600;
+    g.algo_interval = 50;
+    return g;
+}
+
+/* Best of 5 of call 1 (fresh state each time, reset outside the timed region), with the
+ * pay-off gate when `gate` is 1. */
+static double time_policy(const test_case *c, uint32_t policy, uint32_t gate) {
+    buffers b = buffers_for(c, policy, gate);
     double best = INFINITY;
     for (int rep = 0; rep < 5; rep++) {
         memset(guarded_ptr(&b.state), 0, (size_t)b.state_words * 8);
         eplb_aicpu_args a = args_for(c, &b, c->seed);
+        a.payoff_gate = gate;
+        a.gate = a3_dsv3_gate();
         double t0 = now_ms();
         uint32_t st = eplb_aicpu_rebalance(&a);
         double t = now_ms() - t0;
@@ -404,13 +563,23 @@ static void bad_arguments(const test_case *c) {
 
     /* 2. version and struct size: nothing written */
     a = args_for(c, &d, 1);
-    a.version = 2;
+    a.version = 3;
     a.result.detail = 12345;
-    expect("version 2", &a, EPLB_AICPU_E_VERSION, ~0u);
+    expect("version 3", &a, EPLB_AICPU_E_VERSION, ~0u);
     CHECK(a.result.detail == 12345, "version mismatch wrote the result");
     a = args_for(c, &d, 1);
     a.struct_size = (uint32_t)sizeof a - 8;
     expect("struct_size - 8", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    a.struct_size = EPLB_AICPU_ARGS_V1_SIZE;
+    expect("version 2 with the version 1 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    a.version = 1;
+    expect("version 1 with the version 2 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    make_v1(&a);
+    a.payoff_gate = 7; /* beyond a version 1 block: never read */
+    expect("version 1 block, garbage after its 248 bytes", &a, EPLB_AICPU_OK, ~0u);
 
     /* 3. misaligned args */
     {
@@ -623,11 +792,88 @@ static void bad_arguments(const test_case *c) {
         buffers_free(&s);
     }
 
-    /* 14. sizing functions on invalid input */
+    /* 14. the pay-off gate's inputs (version 2) */
+    {
+        buffers g = buffers_for(c, EPLB_AICPU_POLICY_DEFAULT, 1);
+        eplb_aicpu_gate ok = a3_dsv3_gate();
+        a = args_for(c, &g, 1);
+        a.payoff_gate = 1;
+        a.gate = ok;
+        expect("gate on, valid inputs", &a, EPLB_AICPU_OK, ~0u);
+        CHECK(a.gate_result.moved_layers + a.gate_result.held_layers ==
+                  a.gate_result.changed_layers,
+              "gate counts");
+        a = args_for(c, &g, 1);
+        a.payoff_gate = 2;
+        a.gate = ok;
+        expect("payoff_gate = 2", &a, EPLB_AICPU_E_GATE, EPLB_AICPU_FIELD_PAYOFF_GATE);
+        CHECK(a.result.detail == 2, "payoff_gate detail");
+#define BADGATE(what, stmt, id)                                                                  \
+    do {                                                                                         \
+        a = args_for(c, &g, 1);                                                                  \
+        a.payoff_gate = 1;                                                                       \
+        a.gate = ok;                                                                             \
+        stmt;                                                                                    \
+        expect("gate: " what, &a, EPLB_AICPU_E_GATE, id);                                        \
+    } while (0)
+        BADGATE("flops_bf16 NaN", a.gate.flops_bf16 = NAN, EPLB_AICPU_FIELD_GATE_FLOPS_BF16);
+        {
+            double nan = NAN;
+            uint64_t bits;
+            memcpy(&bits, &nan, 8);
+            CHECK(a.result.detail == bits, "NaN detail is its bits");
+        }
+        BADGATE("flops_8bit 0", a.gate.flops_8bit = 0, EPLB_AICPU_FIELD_GATE_FLOPS_8BIT);
+        BADGATE("flops_fp4 -1", a.gate.flops_fp4 = -1, EPLB_AICPU_FIELD_GATE_FLOPS_FP4);
+        BADGATE("hbm -1", a.gate.hbm_bytes_per_s = -1, EPLB_AICPU_FIELD_GATE_HBM);
+        BADGATE("intra-node bandwidth 0", a.gate.intra_node_bytes_per_s = 0,
+                EPLB_AICPU_FIELD_GATE_INTRA_NODE);
+        BADGATE("inter-node bandwidth +inf", a.gate.inter_node_bytes_per_s = INFINITY,
+                EPLB_AICPU_FIELD_GATE_INTER_NODE);
+        BADGATE("layer overhead -0.1", a.gate.layer_overhead_ms = -0.1,
+                EPLB_AICPU_FIELD_GATE_LAYER_OVERHEAD);
+        BADGATE("collective NaN", a.gate.collective_ms = NAN, EPLB_AICPU_FIELD_GATE_COLLECTIVE);
+        BADGATE("hidden 0", a.gate.hidden = 0, EPLB_AICPU_FIELD_GATE_HIDDEN);
+        BADGATE("intermediate 0", a.gate.intermediate = 0, EPLB_AICPU_FIELD_GATE_INTERMEDIATE);
+        BADGATE("top_k 0", a.gate.top_k = 0, EPLB_AICPU_FIELD_GATE_TOP_K);
+        BADGATE("top_k > N", a.gate.top_k = (uint16_t)(c->experts + 1),
+                EPLB_AICPU_FIELD_GATE_TOP_K);
+        BADGATE("dtype 4", a.gate.dtype = 4, EPLB_AICPU_FIELD_GATE_DTYPE);
+        BADGATE("routing 2", a.gate.routing = 2, EPLB_AICPU_FIELD_GATE_ROUTING);
+        BADGATE("tokens_per_rank 0", a.gate.tokens_per_rank = 0,
+                EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK);
+        BADGATE("expert_bytes -1", a.gate.expert_bytes = -1, EPLB_AICPU_FIELD_GATE_EXPERT_BYTES);
+        BADGATE("both intervals 0", (a.gate.heat_interval = 0, a.gate.algo_interval = 0),
+                EPLB_AICPU_FIELD_GATE_INTERVALS);
+        /* With the gate on, the gate-off sizes are too small. */
+        a = args_for(c, &g, 1);
+        a.payoff_gate = 1;
+        a.gate = ok;
+        a.state_len = g.state_words - 1;
+        expect("gate on, state one word short", &a, EPLB_AICPU_E_STATE, EPLB_AICPU_FIELD_STATE);
+        CHECK(a.result.detail == g.state_words, "gate state detail");
+        a = args_for(c, &g, 1);
+        a.payoff_gate = 1;
+        a.gate = ok;
+        a.scratch_len = d.scratch_words;
+        expect("gate on, the gate-off scratch", &a, EPLB_AICPU_E_SCRATCH,
+               EPLB_AICPU_FIELD_SCRATCH);
+        CHECK(a.result.detail == g.scratch_words, "gate scratch detail");
+        /* A bad gate block is not read with the gate off. */
+        a = args_for(c, &d, 1);
+        a.gate.hbm_bytes_per_s = NAN;
+        expect("gate off, garbage gate block", &a, EPLB_AICPU_OK, ~0u);
+        CHECK(buffers_intact(&g), "gate: a guard byte changed");
+        buffers_free(&g);
+    }
+
+    /* 15. sizing functions on invalid input */
     CHECK(eplb_aicpu_scratch_len(0, 256, 32, 9, 8, 8, 1) == 0, "scratch_len of L = 0");
     CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 8, 8, 6) == 0, "scratch_len of policy 6");
     CHECK(eplb_aicpu_state_len(58, 256, 32, 9, 7, 8, 3) == 0, "state_len of 32 %% 7 != 0");
     CHECK(eplb_aicpu_scratch_len(58, 256, 32, 9, 0, 0, 1) > 0, "0 = default topology");
+    CHECK(eplb_aicpu_scratch_len_v2(58, 256, 32, 9, 8, 8, 1, 2) == 0, "scratch_len_v2 of flag 2");
+    CHECK(eplb_aicpu_state_len_v2(58, 256, 32, 9, 8, 8, 1, 1) == 58, "state_len_v2: 58 ages");
     printf("  %-52s -> 0\n", "sizing functions on invalid shape or policy");
 
     CHECK(buffers_intact(&d) && buffers_intact(&f), "bad arguments: a guard byte changed");
@@ -646,9 +892,13 @@ static void memory_table(void) {
         for (uint32_t p = 0; p < NPOLICIES; p++) {
             uint64_t sc = eplb_aicpu_scratch_len(58, 256, r, sl, rpn, g, p);
             uint64_t st = eplb_aicpu_state_len(58, 256, r, sl, rpn, g, p);
-            printf("  %-12s scratch %8llu B  state %8llu B  total %8llu B (%.1f KiB)\n",
+            uint64_t gsc = eplb_aicpu_scratch_len_v2(58, 256, r, sl, rpn, g, p, 1) - sc;
+            uint64_t gst = eplb_aicpu_state_len_v2(58, 256, r, sl, rpn, g, p, 1) - st;
+            printf("  %-12s scratch %8llu B  state %8llu B  total %8llu B (%.1f KiB); "
+                   "gate +%llu B scratch, +%llu B state\n",
                    POLICY_NAMES[p], (unsigned long long)sc * 8, (unsigned long long)st * 8,
-                   (unsigned long long)(sc + st) * 8, (double)(sc + st) * 8.0 / 1024.0);
+                   (unsigned long long)(sc + st) * 8, (double)(sc + st) * 8.0 / 1024.0,
+                   (unsigned long long)gsc * 8, (unsigned long long)gst * 8);
         }
     }
 }
@@ -668,17 +918,32 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     int ncases = argc - 2;
     test_case *cases = xmalloc(sizeof(test_case) * (size_t)ncases);
-    printf("golden cases, C ABI on " ARCH " vs Rust API (2 calls each, byte for byte):\n");
+    printf("golden cases, C ABI on " ARCH " vs Rust API (2 calls each, byte for byte, ABI v1 "
+           "and v2):\n");
     for (int i = 0; i < ncases; i++) {
         cases[i] = load_case(dir, argv[2 + i]);
-        for (uint32_t p = 0; p < NPOLICIES; p++) golden_policy(dir, argv[2 + i], &cases[i], p);
+        for (uint32_t p = 0; p < NPOLICIES; p++) {
+            golden_policy(dir, argv[2 + i], &cases[i], p, 1);
+            golden_policy(dir, argv[2 + i], &cases[i], p, EPLB_AICPU_ABI_VERSION);
+        }
     }
+    printf("golden cases with the pay-off gate, C ABI on " ARCH " vs the runtime's PolicyHost "
+           "(2 calls each, byte for byte):\n");
+    unsigned held = 0;
+    for (int i = 0; i < ncases; i++)
+        for (uint32_t p = 0; p < NPOLICIES; p++)
+            held += golden_gated(dir, argv[2 + i], &cases[i], p);
+    CHECK(held > 0, "the gate held no layer back in any golden case");
     if (timing) {
         printf("time of eplb_aicpu_rebalance, call 1, best of 5:\n");
         for (int i = 0; i < ncases; i++) {
             printf("  %-22s", argv[2 + i]);
             for (uint32_t p = 0; p < NPOLICIES; p++)
-                printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p),
+                printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p, 0),
+                       p + 1 < NPOLICIES ? "," : "\n");
+            printf("  %-22s", "  with the pay-off gate");
+            for (uint32_t p = 0; p < NPOLICIES; p++)
+                printf(" %s %.3f ms%s", POLICY_NAMES[p], time_policy(&cases[i], p, 1),
                        p + 1 < NPOLICIES ? "," : "\n");
         }
     }

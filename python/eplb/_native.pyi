@@ -1,0 +1,121 @@
+"""Type stubs of ``eplb._native``, the Rust extension (``python/src``). The public API is
+``eplb`` itself; these are what it and the adapters call. ``python -m mypy.stubtest
+eplb._native`` (run by ``cargo xtask python``) checks them against the built module."""
+
+from os import PathLike
+from typing import Any, Optional, Union, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "EplbError",
+    "NativePolicy",
+    "rebalance_experts",
+    "hotness",
+    "read_map",
+    "validate_map",
+    "map_json",
+    "write_map",
+    "simulate",
+    "policy_params",
+    "keep_slots",
+    "fold_slot_loads",
+    "derive_maps",
+    "repair_current",
+    "_panic_for_test",
+    "__version__",
+]
+
+__version__: str
+
+_Path = Union[str, PathLike[str]]
+_I64 = npt.NDArray[np.int64]
+_F64 = npt.NDArray[np.float64]
+
+class EplbError(ValueError): ...
+
+@final
+class NativePolicy:
+    def __new__(
+        cls,
+        name: str,
+        layers: int,
+        experts: int,
+        ranks: int,
+        redundant: int,
+        ranks_per_node: Optional[int] = None,
+        groups: Optional[int] = None,
+        seed: int = 0,
+        params: Optional[dict[str, Any]] = None,
+    ) -> NativePolicy: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, int]: ...
+    def fork_copy(self) -> NativePolicy: ...
+    def reset(self) -> None: ...
+    def rebalance(
+        self,
+        loads: npt.ArrayLike,
+        current: Optional[npt.ArrayLike] = None,
+        samples: Optional[npt.ArrayLike] = None,
+    ) -> tuple[
+        _I64,
+        _F64,
+        _F64,
+        npt.NDArray[np.bool_],
+        _I64,
+        tuple[tuple[float, float, float, float, int], float],
+    ]: ...
+
+def rebalance_experts(
+    weight: npt.ArrayLike, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
+) -> tuple[_I64, _I64, _I64]: ...
+def hotness(
+    placement: npt.ArrayLike, loads: npt.ArrayLike, routing: str = "even"
+) -> tuple[_F64, float, float]: ...
+def read_map(path: str, max_input_bytes: int = ...) -> _I64: ...
+def validate_map(
+    path: str,
+    experts: Optional[int] = None,
+    ranks: Optional[int] = None,
+    max_input_bytes: int = ...,
+) -> list[str]: ...
+def map_json(placement: npt.ArrayLike) -> str: ...
+def write_map(path: _Path, placement: npt.ArrayLike) -> None: ...
+def simulate(
+    trace: _Path,
+    ranks: int,
+    redundant: int,
+    policy: str,
+    heat_interval: int,
+    algo_interval: int,
+    *,
+    ranks_per_node: Optional[int] = None,
+    groups: Optional[int] = None,
+    initial: str = ...,  # "default"
+    routing: str = ...,  # "log2phy"
+    seed: int = 0,
+    params: list[tuple[str, float]] = ...,
+    placements_log: Optional[_Path] = None,
+    model: Optional[str] = None,
+    hidden: Optional[int] = None,
+    intermediate: Optional[int] = None,
+    quant: Optional[str] = None,
+    fused_mc2: bool = False,
+    link: Optional[str] = None,
+    max_input_bytes: int = ...,
+    hardware: Optional[str] = None,
+    role: Optional[str] = None,
+    tokens_per_rank: Optional[float] = None,
+    payoff_gate: bool = False,
+) -> tuple[str, list[str]]: ...
+def policy_params() -> list[tuple[str, list[str]]]: ...
+def keep_slots(old: npt.ArrayLike, new: npt.ArrayLike, ranks: Optional[int] = None) -> _I64: ...
+def fold_slot_loads(table: npt.ArrayLike, slot_loads: npt.ArrayLike, experts: int) -> _F64: ...
+def derive_maps(phy2log: npt.ArrayLike, experts: int) -> tuple[_I64, _I64]: ...
+def repair_current(
+    current: npt.ArrayLike, layers: int, experts: int, ranks: int, slots: int
+) -> Optional[_I64]: ...
+def _panic_for_test() -> None: ...

@@ -1,0 +1,189 @@
+"""Recording the engine's heat for replay: with ``EPLB_TRACE_DIR`` set, each adapter appends the
+loads the engine hands it at every call to an ``eplb-trace/v1`` file there, in the line layout
+(a header line, then one window per line) that ``eplb simulate``, ``eplb report`` and
+``eplb advise`` replay like any trace.
+
+One file per process, engine and model shape: ``<engine>-<pid>-<L>x<N>.eplb-trace.jsonl``. Each
+append is one ``write`` of whole lines to a file opened with ``O_APPEND``, so a crash leaves at
+most a partial last line, which the reader ignores. ``EPLB_TRACE_MAX_BYTES`` (default 1 GiB)
+caps each file: the window that would cross it is not written, and one log line says so.
+Recording never raises into the engine: a failure is logged once and recording stops for that
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Optional
+
+import numpy as np
+
+logger = logging.getLogger("eplb.record")
+
+ENV_DIR = "EPLB_TRACE_DIR"
+ENV_MAX_BYTES = "EPLB_TRACE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 1 << 30
+FORMAT = "eplb-trace/v1"
+
+#: What one window is, per engine (the header's ``window`` field).
+WINDOWS = {
+    "vllm": "the expert load window vLLM handed to one rearrangement (its sum)",
+    "vllm-ascend": "one heat window of vLLM-Ascend's planner (per-window loads when given, "
+    "else the sum it handed over), folded through the engine's placement",
+    "sglang": "one forward step of SGLang's expert distribution recorder",
+}
+
+#: The distribution whose version names each engine in the header.
+DISTRIBUTIONS = {"vllm": "vllm", "vllm-ascend": "vllm-ascend", "sglang": "sglang"}
+
+_lock = threading.Lock()
+_files: dict = {}
+
+
+def _engine_version(engine: str) -> Optional[str]:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version(DISTRIBUTIONS.get(engine, engine))
+    except Exception:  # noqa: BLE001 - the engine may not be installed as a distribution
+        return None
+
+
+class _Trace:
+    """One open trace file."""
+
+    def __init__(self, path: str, max_bytes: int):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.fd: Optional[int] = None
+        self.size = 0
+        self.stopped = False
+
+    def open(self, header: dict) -> None:
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+        self._write((json.dumps(header, separators=(",", ":")) + "\n").encode())
+
+    def _write(self, data: bytes) -> None:
+        assert self.fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        self.size += len(data)
+
+    def append(self, windows: np.ndarray) -> None:
+        if self.stopped:
+            return
+        lines = b"".join(
+            (json.dumps({"counts": w.tolist()}, separators=(",", ":")) + "\n").encode()
+            for w in windows
+        )
+        if self.size + len(lines) > self.max_bytes:
+            self.stopped = True
+            logger.warning(
+                "eplb: %s reached its size cap of %d bytes (%s); recording stops for it",
+                self.path, self.max_bytes, ENV_MAX_BYTES,
+            )
+            return
+        self._write(lines)
+
+
+def _max_bytes() -> int:
+    raw = os.environ.get(ENV_MAX_BYTES, "").strip()
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_BYTES
+    except ValueError:
+        logger.warning("eplb: %s=%r is not an integer; using %d", ENV_MAX_BYTES, raw, DEFAULT_MAX_BYTES)
+        return DEFAULT_MAX_BYTES
+    return max(value, 0)
+
+
+def _as_counts(loads) -> Optional[np.ndarray]:
+    """``[W, L, N]`` non-negative int64 windows from ``[L, N]`` or ``[W, L, N]`` loads, or None
+    when they are not finite non-negative numbers."""
+    a = np.asarray(loads)
+    if a.ndim == 2:
+        a = a[None]
+    if a.ndim != 3 or a.dtype.kind not in "biuf" or a.size == 0:
+        return None
+    a = a.astype(np.float64)
+    if not np.isfinite(a).all() or (a < 0).any():
+        return None
+    return np.rint(a).astype(np.int64)
+
+
+def record(engine: str, loads, *, model: Optional[dict] = None) -> Optional[str]:
+    """Appends ``loads`` (``[L, N]`` or ``[W, L, N]``, the engine's per-expert counts) to this
+    process's trace for ``engine`` and the loads' shape, when ``EPLB_TRACE_DIR`` is set. Returns
+    the file's path (None when not recording). Never raises."""
+    directory = os.environ.get(ENV_DIR, "").strip()
+    if not directory:
+        return None
+    try:
+        counts = _as_counts(loads)
+        if counts is None:
+            logger.warning("eplb: %s loads of shape %s are not finite counts >= 0; not recorded",
+                           engine, np.shape(loads))
+            return None
+        _, layers, experts = counts.shape
+        key = (engine, os.getpid(), layers, experts)
+        with _lock:
+            trace = _files.get(key)
+            if trace is None:
+                name = f"{engine}-{os.getpid()}-{layers}x{experts}"
+                trace = _Trace(os.path.join(directory, name + ".eplb-trace.jsonl"), _max_bytes())
+                _files[key] = trace
+                header = {
+                    "format": FORMAT,
+                    "layout": "lines",
+                    "name": name,
+                    "model": dict(model or {}, num_moe_layers=layers, num_experts=experts),
+                    "unit": "routed (token, expert) assignments, as the engine counted them",
+                    "window": WINDOWS.get(engine, "one call of the engine's adapter"),
+                    "engine": {"name": engine, "version": _engine_version(engine)},
+                    "per_rank_origin": None,
+                }
+                try:
+                    os.makedirs(directory, exist_ok=True)
+                    trace.open(header)
+                except OSError as e:
+                    trace.stopped = True
+                    logger.error("eplb: cannot record heat to %s (%s); recording is off for it",
+                                 trace.path, e)
+                    return None
+                logger.info("eplb: recording %s's heat to %s", engine, trace.path)
+            if trace.stopped:
+                return None
+            trace.append(counts)
+            return trace.path
+    except Exception as e:  # noqa: BLE001 - recording must never break the engine
+        logger.error("eplb: recording %s's heat failed (%s: %s)", engine, type(e).__name__, e)
+        return None
+
+
+def _forget_for_tests() -> None:
+    """Closes and forgets every open trace (tests only)."""
+    with _lock:
+        for t in _files.values():
+            if t.fd is not None:
+                os.close(t.fd)
+        _files.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    # A forked child (vLLM-Ascend's planner process) starts its own files under its own pid.
+    def _reinit_in_child() -> None:
+        global _lock
+        _lock = threading.Lock()
+        for t in _files.values():
+            if t.fd is not None:
+                try:
+                    os.close(t.fd)  # the child's copy of the parent's descriptor
+                except OSError:
+                    pass
+        _files.clear()
+
+    os.register_at_fork(after_in_child=_reinit_in_child)

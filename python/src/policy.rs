@@ -1,0 +1,376 @@
+//! Policies: `NativePolicy` (one policy on one shape, with its state, behind the runtime's
+//! `PolicyHost`), DeepSeek's `rebalance_experts` contract, and the policies' parameter names.
+
+use std::sync::Mutex;
+
+use eplb_core::metrics;
+use eplb_core::{Layout, Placement, Shape};
+use eplb_policies::{AnyPolicy, Input, PolicyKind, Samples};
+use eplb_runtime::planner::PolicyHost;
+use numpy::ndarray::ArrayD;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::convert::{make_shape, param_f64, placement_ids, read_ids, read_loads};
+use crate::errors::{err, guarded};
+
+/// The names of the parameters `kind` takes, in order (the Rust parser's table).
+pub(crate) fn param_names(kind: PolicyKind) -> Vec<&'static str> {
+    kind.params().iter().map(|p| p.name).collect()
+}
+
+pub(crate) fn build_policy(
+    kind: PolicyKind,
+    params: Option<&Bound<'_, PyDict>>,
+) -> PyResult<AnyPolicy> {
+    let mut policy = AnyPolicy::new(kind);
+    if let Some(d) = params {
+        let mut items: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+        for (k, v) in d.iter() {
+            let key: String = k
+                .extract()
+                .map_err(|_| err("parameter names must be strings"))?;
+            items.push((key, v));
+        }
+        // Sorted, so that the first error reported does not depend on the dict's order.
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, v) in &items {
+            // The name first: an unknown one is reported as such whatever its value.
+            if !kind.params().iter().any(|p| p.name == key.as_str()) {
+                let e = eplb_policies::ParamError::Unknown { policy: kind, key };
+                return Err(err(e.to_string()));
+            }
+            let x = param_f64(key, v)?;
+            policy.set_param(key, x).map_err(|e| err(e.to_string()))?;
+        }
+    }
+    Ok(policy)
+}
+
+pub(crate) fn parse_kind(name: &str) -> PyResult<PolicyKind> {
+    name.parse::<PolicyKind>().map_err(|_| {
+        err(format!(
+            "unknown policy `{name}` (expected one of random, default, swift, flashlb, \
+             incremental, deepseek or 0..4)"
+        ))
+    })
+}
+
+/// One policy on one shape, with its state (FlashLB's history, the incremental policy's
+/// estimates) kept between calls. Calls on one object are serialised by a lock.
+#[pyclass(frozen, module = "eplb._native")]
+pub(crate) struct NativePolicy {
+    shape: Shape,
+    seed: u64,
+    kind: PolicyKind,
+    /// The policy with its buffers and state (`None` until the first call, and after `reset`):
+    /// the runtime's [`PolicyHost`], which keeps the state of the last call that succeeded.
+    inner: Mutex<Option<PolicyHost<AnyPolicy>>>,
+    template: AnyPolicy,
+}
+
+/// What one native `rebalance` returns to Python.
+type Rebalanced<'py> = (
+    Bound<'py, PyArray3<i64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<bool>>,
+    Bound<'py, PyArray1<i64>>,
+    (f64, f64, f64, f64, usize, f64),
+);
+
+#[pymethods]
+impl NativePolicy {
+    #[new]
+    #[pyo3(signature = (name, layers, experts, ranks, redundant, ranks_per_node=None, groups=None, seed=0, params=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: &str,
+        layers: usize,
+        experts: usize,
+        ranks: usize,
+        redundant: usize,
+        ranks_per_node: Option<usize>,
+        groups: Option<usize>,
+        seed: u64,
+        params: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let kind = parse_kind(name)?;
+        let template = build_policy(kind, params)?;
+        let shape = make_shape(layers, experts, ranks, redundant, ranks_per_node, groups)?;
+        if kind == PolicyKind::DeepSeek {
+            // Checked here rather than at the first call: hierarchical needs N % G == 0.
+            let hier = shape.groups().is_multiple_of(shape.nodes());
+            if hier && !shape.experts().is_multiple_of(shape.groups()) {
+                return Err(err(format!(
+                    "deepseek: {} experts do not split into {} groups",
+                    shape.experts(),
+                    shape.groups()
+                )));
+            }
+        }
+        Ok(Self {
+            shape,
+            seed,
+            kind,
+            inner: Mutex::new(None),
+            template,
+        })
+    }
+
+    /// The canonical policy name.
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// `(layers, experts, ranks, slots_per_rank, ranks_per_node, groups)`.
+    #[getter]
+    fn shape(&self) -> (usize, usize, usize, usize, usize, usize) {
+        let s = self.shape;
+        (
+            s.layers(),
+            s.experts(),
+            s.ranks(),
+            s.slots_per_rank(),
+            s.ranks_per_node(),
+            s.groups(),
+        )
+    }
+
+    /// A copy for a forked child: the same settings and a copy of the state, or a fresh state
+    /// when a call was running at the fork (its lock can never be released in the child).
+    fn fork_copy(&self) -> Self {
+        let state = match self.inner.try_lock() {
+            Ok(g) => g.clone(),
+            Err(_) => None,
+        };
+        Self {
+            shape: self.shape,
+            seed: self.seed,
+            kind: self.kind,
+            inner: Mutex::new(state),
+            template: self.template.clone(),
+        }
+    }
+
+    /// Forgets the state (the next call starts fresh).
+    fn reset(&self) {
+        if let Ok(mut g) = self.inner.lock() {
+            *g = None;
+        }
+    }
+
+    #[pyo3(signature = (loads, current=None, samples=None))]
+    fn rebalance<'py>(
+        &self,
+        py: Python<'py>,
+        loads: &Bound<'py, PyAny>,
+        current: Option<&Bound<'py, PyAny>>,
+        samples: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Rebalanced<'py>> {
+        let shape = self.shape;
+        let (l, n) = (shape.layers(), shape.experts());
+        let (ldims, loads_v) = read_loads(loads, "loads", &[2])?;
+        if ldims != [l, n] {
+            return Err(err(format!(
+                "loads: shape {ldims:?} does not match [L={l}, N={n}]"
+            )));
+        }
+        let current_v = match current {
+            Some(c) => {
+                let (dims, ids) = read_ids(c, "current", &[2, 3])?;
+                placement_ids("current", &shape, &dims, &ids)?
+            }
+            None => {
+                let mut v = vec![0u16; shape.placement_len()];
+                Layout::default()
+                    .fill(&shape, &mut v)
+                    .map_err(|e| err(e.to_string()))?;
+                v
+            }
+        };
+        let samples_v = match samples {
+            Some(s) => {
+                let (dims, v) = read_loads(s, "samples", &[3])?;
+                if dims[1..] != [l, n] || dims[0] == 0 {
+                    return Err(err(format!(
+                        "samples: shape {dims:?} does not match [T >= 1, L={l}, N={n}]"
+                    )));
+                }
+                Some((dims[0], v))
+            }
+            None => None,
+        };
+        let seed = self.seed;
+        let (placement, before, after, changed, moves, summary) = guarded(py, || {
+            let mut guard = self
+                .inner
+                .lock()
+                .map_err(|_| "the policy's lock was poisoned by an earlier failure".to_string())?;
+            let host = guard
+                .get_or_insert_with(|| PolicyHost::new(Box::new(self.template.clone()), shape));
+            let cur = Placement::new(shape, &current_v).map_err(|e| format!("current: {e}"))?;
+            let smp = match &samples_v {
+                Some((t, v)) => {
+                    Some(Samples::new(&shape, *t, v).map_err(|e| format!("samples: {e}"))?)
+                }
+                None => None,
+            };
+            let input = Input::new(cur, &loads_v, smp, seed).map_err(|e| e.to_string())?;
+            // Taken at once when it succeeds; a failure leaves the state as it was.
+            let plan = host
+                .plan_and_take(0, &input)
+                .map_err(|e| format!("{}: {e}", self.kind.name()))?;
+            let (placement, changed, before, after, summary) = (
+                plan.placement,
+                plan.changed,
+                plan.par_before,
+                plan.par_after,
+                plan.summary,
+            );
+            let rust_s = plan.elapsed.as_secs_f64();
+            let per = shape.slots_per_layer();
+            let moves: Vec<i64> = current_v
+                .chunks_exact(per)
+                .zip(placement.chunks_exact(per))
+                .map(|(o, nw)| metrics::moves(o, nw, shape.slots_per_rank()) as i64)
+                .collect();
+            Ok((placement, before, after, changed, moves, (summary, rust_s)))
+        })?;
+        let (summary, rust_s) = summary;
+        let (r, s) = (shape.ranks(), shape.slots_per_rank());
+        let p: Vec<i64> = placement.iter().map(|&e| i64::from(e)).collect();
+        let p = ArrayD::from_shape_vec(vec![l, r, s], p)
+            .map_err(|e| err(e.to_string()))?
+            .into_pyarray(py)
+            .cast_into::<PyArray3<i64>>()
+            .map_err(|e| err(e.to_string()))?;
+        Ok((
+            p,
+            PyArray1::from_vec(py, before),
+            PyArray1::from_vec(py, after),
+            PyArray1::from_vec(py, changed),
+            PyArray1::from_vec(py, moves),
+            (
+                summary.before.mean,
+                summary.before.max,
+                summary.after.mean,
+                summary.after.max,
+                summary.colocated_rows,
+                rust_s,
+            ),
+        ))
+    }
+}
+
+/// `(phy2log, log2phy, logcnt)`.
+type DeepSeekMaps<'py> = (
+    Bound<'py, PyArray2<i64>>,
+    Bound<'py, PyArray3<i64>>,
+    Bound<'py, PyArray2<i64>>,
+);
+
+/// DeepSeek's `rebalance_experts` contract: `(phy2log [L,P], log2phy [L,N,P-N+1], logcnt [L,N])`.
+#[pyfunction]
+pub(crate) fn rebalance_experts<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    num_replicas: usize,
+    num_groups: usize,
+    num_nodes: usize,
+    num_gpus: usize,
+) -> PyResult<DeepSeekMaps<'py>> {
+    let (dims, w) = read_loads(weight, "weight", &[2])?;
+    let (l, n) = (dims[0], dims[1]);
+    if num_gpus == 0 || num_nodes == 0 || num_groups == 0 {
+        return Err(err(format!(
+            "num_gpus = {num_gpus}, num_nodes = {num_nodes} and num_groups = {num_groups} must be at least 1"
+        )));
+    }
+    if !num_replicas.is_multiple_of(num_gpus) {
+        return Err(err(format!(
+            "num_replicas = {num_replicas} is not a multiple of num_gpus = {num_gpus}"
+        )));
+    }
+    if num_replicas < n {
+        return Err(err(format!(
+            "num_replicas = {num_replicas} is below the {n} logical experts"
+        )));
+    }
+    // DeepSeek: hierarchical when the groups divide into the nodes, else global.
+    let (rpn, groups) = if num_groups.is_multiple_of(num_nodes) {
+        if !num_gpus.is_multiple_of(num_nodes) {
+            return Err(err(format!(
+                "num_gpus = {num_gpus} is not a multiple of num_nodes = {num_nodes}"
+            )));
+        }
+        if !n.is_multiple_of(num_groups) {
+            return Err(err(format!(
+                "{n} experts do not split into num_groups = {num_groups}"
+            )));
+        }
+        (num_gpus / num_nodes, num_groups)
+    } else {
+        (num_gpus, 1)
+    };
+    let shape = make_shape(l, n, num_gpus, num_replicas - n, Some(rpn), Some(groups))?;
+    let placement = guarded(py, || {
+        let mut host = PolicyHost::new(Box::new(AnyPolicy::new(PolicyKind::DeepSeek)), shape);
+        let mut current = vec![0u16; shape.placement_len()];
+        Layout::default()
+            .fill(&shape, &mut current)
+            .map_err(|e| e.to_string())?;
+        let cur = Placement::new(shape, &current).map_err(|e| e.to_string())?;
+        let input = Input::new(cur, &w, None, 0).map_err(|e| format!("weight: {e}"))?;
+        let placement = host
+            .plan_and_take(0, &input)
+            .map_err(|e| format!("deepseek: {e}"))?
+            .placement;
+        Ok(placement)
+    })?;
+    let p = num_replicas;
+    let width = p - n + 1;
+    let mut phy2log = Vec::with_capacity(l * p);
+    let mut log2phy = vec![-1i64; l * n * width];
+    let mut logcnt = vec![0i64; l * n];
+    for (layer, row) in placement.chunks_exact(p).enumerate() {
+        for (slot, &e) in row.iter().enumerate() {
+            let e = usize::from(e);
+            phy2log.push(e as i64);
+            let c = &mut logcnt[layer * n + e];
+            // Replicas in ascending physical id (as vLLM and SGLang derive them).
+            log2phy[(layer * n + e) * width + *c as usize] = slot as i64;
+            *c += 1;
+        }
+    }
+    let to3 = |v: Vec<i64>, d: [usize; 3]| -> PyResult<Bound<'py, PyArray3<i64>>> {
+        ArrayD::from_shape_vec(d.to_vec(), v)
+            .map_err(|e| err(e.to_string()))?
+            .into_pyarray(py)
+            .cast_into::<PyArray3<i64>>()
+            .map_err(|e| err(e.to_string()))
+    };
+    let to2 = |v: Vec<i64>, d: [usize; 2]| -> PyResult<Bound<'py, PyArray2<i64>>> {
+        ArrayD::from_shape_vec(d.to_vec(), v)
+            .map_err(|e| err(e.to_string()))?
+            .into_pyarray(py)
+            .cast_into::<PyArray2<i64>>()
+            .map_err(|e| err(e.to_string()))
+    };
+    Ok((
+        to2(phy2log, [l, p])?,
+        to3(log2phy, [l, n, width])?,
+        to2(logcnt, [l, n])?,
+    ))
+}
+
+/// Policy names and the parameters each takes.
+#[pyfunction]
+pub(crate) fn policy_params() -> Vec<(&'static str, Vec<&'static str>)> {
+    PolicyKind::ALL
+        .iter()
+        .map(|&k| (k.name(), param_names(k)))
+        .collect()
+}
