@@ -187,9 +187,11 @@ fn type_check(venv: &Path) -> Result<(), String> {
     let py = venv_bin(venv, "python");
     run(
         "python: mypy (the package, python/pyproject.toml's [tool.mypy])",
-        Command::new(&py)
-            .current_dir(root().join("python"))
-            .args(["-m", "mypy", "--no-incremental"]),
+        Command::new(&py).current_dir(root().join("python")).args([
+            "-m",
+            "mypy",
+            "--no-incremental",
+        ]),
     )?;
     // From the tests' folder, so that the installed package, not the source tree, is checked.
     run(
@@ -237,7 +239,10 @@ fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
             wheel,
         ]),
     )?;
-    eprintln!("==> python: the adapter tests against real torch ({})", py.display());
+    eprintln!(
+        "==> python: the adapter tests against real torch ({})",
+        py.display()
+    );
     pytest(
         &py,
         tests,
