@@ -1,8 +1,8 @@
 //! The simulator's placements logs stay byte-identical to those of commit 1ec8aa2 (the threaded
-//! simulator before the rank machine): the fingerprints in `tests/data/sim_fingerprints.txt`
-//! (FNV-1a 64 of `eplb simulate --placements-log` without the `policy_time_s` members, the one
-//! wall-clock number in the log; `scripts/sim_fingerprints.py` recomputes them all with a release
-//! build). This test recomputes the cheap ones: every policy on `esft_chain` R8 X8 under the
+//! simulator before the rank machine; FlashLB's re-recorded for issue 28): the fingerprints in
+//! `tests/data/sim_fingerprints.txt` (FNV-1a 64 of `eplb simulate --placements-log` without the
+//! `policy_time_s` members, the one wall-clock number in the log; `scripts/sim_fingerprints.py`
+//! recomputes them all with a release build). This test recomputes the cheap ones: every policy on `esft_chain` R8 X8 under the
 //! default options, with H=3 A=2, and with a random initial layout, plus a seed and a routing
 //! variant.
 

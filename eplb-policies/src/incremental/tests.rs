@@ -453,13 +453,14 @@ fn cold_start_beats_flashlb_with_two_slots_per_rank() {
 fn the_polished_rebuild_beats_flashlb_with_several_slots_per_rank() {
     // DeepSeek-V3's 256 experts at EP32 (9 slots per rank) and EP64 (5). The packing alone
     // leaves the heaviest rank 1.8% and 3.4% above the mean; the swaps after it take every
-    // layer to within 0.1% (of the estimate, here the loads), below FlashLB's balance, and the
-    // fetches stay within 3% of its optimal (Hungarian) matching's.
+    // layer to within 0.15% (of the estimate, here the loads), within 0.1% of FlashLB's
+    // balance (FlashLB polishes its packing by swaps too since issue 28), and the fetches stay
+    // within 3% of its optimal (Hungarian) matching's.
     for ranks in [32, 64] {
         let shape = Shape::new(4, 256, ranks, 256 / ranks + 1).unwrap();
         let (ours, flash) = rebuilt_and_flashlb(shape);
         assert!(ours.after.max < 1.0015, "R {ranks}: {:?}", ours.after);
-        assert_near_flashlb(&std::format!("R {ranks}"), &ours, &flash, (1.0, 1.03));
+        assert_near_flashlb(&std::format!("R {ranks}"), &ours, &flash, (1.001, 1.03));
     }
 }
 
