@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from .. import _api
+from .._check import PreconditionError
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
 from . import _common, _record
@@ -36,8 +37,9 @@ _MARK = "__eplb_rs__"
 _lock = threading.Lock()
 
 
-class ShapeError(EplbError, AssertionError):
-    """Sizes that do not divide: an EplbError, and an AssertionError as vLLM's default raises."""
+class ShapeError(PreconditionError):
+    """Sizes that do not divide: the package's one precondition error (an EplbError and an
+    AssertionError, as vLLM's default raises)."""
 
 
 class Policy:
