@@ -97,6 +97,18 @@ pub enum Error {
         /// The expert that no rank holds.
         expert: u16,
     },
+    /// A rank outside the live set holds an expert (its slots must be
+    /// [`EMPTY`](crate::live::EMPTY)).
+    NotLive {
+        /// Layer.
+        layer: u16,
+        /// The rank that is not live.
+        rank: u16,
+        /// Slot on that rank.
+        slot: u16,
+        /// The expert it holds.
+        expert: u16,
+    },
     /// The same expert sits twice on one rank (structurally valid, not servable).
     ColocatedCopies {
         /// Layer.
@@ -215,6 +227,15 @@ impl fmt::Display for Error {
             Error::MissingExpert { layer, expert } => {
                 write!(f, "layer {layer}: expert {expert} is on no rank")
             }
+            Error::NotLive {
+                layer,
+                rank,
+                slot,
+                expert,
+            } => write!(
+                f,
+                "layer {layer}, rank {rank}, slot {slot}: rank {rank} is not live but holds expert {expert}"
+            ),
             Error::ColocatedCopies {
                 layer,
                 rank,

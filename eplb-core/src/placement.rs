@@ -141,6 +141,50 @@ impl<'a> LayerPlacement<'a> {
         })
     }
 
+    /// Wraps one layer `[R][S]` of a placement after a membership change
+    /// ([`validate_elastic`](crate::live::validate_elastic)'s rules: [`EMPTY`] slots allowed,
+    /// none but [`EMPTY`] on a rank outside `live`, an expert may have no
+    /// copy). Every method reads [`EMPTY`] as no expert.
+    ///
+    /// [`EMPTY`]: crate::live::EMPTY
+    pub fn new_elastic(
+        shape: Shape,
+        layer: usize,
+        slots: &'a [ExpertId],
+        live: &crate::LiveSet,
+    ) -> Result<Self, Error> {
+        let one = shape.with_layers(1)?;
+        crate::live::validate_elastic(&one, live, slots).map_err(|e| match e {
+            Error::ExpertOutOfRange {
+                rank,
+                slot,
+                expert,
+                experts,
+                ..
+            } => Error::ExpertOutOfRange {
+                layer: layer as u16,
+                rank,
+                slot,
+                expert,
+                experts,
+            },
+            Error::NotLive {
+                rank, slot, expert, ..
+            } => Error::NotLive {
+                layer: layer as u16,
+                rank,
+                slot,
+                expert,
+            },
+            other => other,
+        })?;
+        Ok(Self {
+            shape,
+            layer,
+            slots,
+        })
+    }
+
     /// The layer index.
     pub fn index(&self) -> usize {
         self.layer
@@ -207,7 +251,11 @@ impl<'a> LayerPlacement<'a> {
     /// Writes `log2phy` of `rank` into `out` (`[N]`): the physical id `holder * S + slot` this
     /// rank routes each logical expert to, chosen among the distinct holders in ascending rank
     /// order by `choice` (the slot is the holder's last slot of that expert, as its expert map
-    /// keeps). `O(R * S^2 + N)`, no scratch.
+    /// keeps). An expert with no copy (only in an elastic placement, whose [`EMPTY`] slots
+    /// hold nothing) gets [`NO_COPY`]. `O(R * S^2 + N)`, no scratch.
+    ///
+    /// [`EMPTY`]: crate::live::EMPTY
+    /// [`NO_COPY`]: crate::live::NO_COPY
     pub fn log2phy(
         &self,
         rank: usize,
@@ -228,9 +276,14 @@ impl<'a> LayerPlacement<'a> {
                 }
             }
         }
-        // Pass 2: the replica index to pick, as a countdown.
+        // Pass 2: the replica index to pick, as a countdown; an expert without a copy (an
+        // elastic placement's lost expert) is marked found already, as `NO_COPY`.
         for (e, o) in out.iter_mut().enumerate() {
-            *o = choice.index(rank, e, *o as usize) as u32;
+            *o = if *o == 0 {
+                crate::live::NO_COPY
+            } else {
+                choice.index(rank, e, *o as usize) as u32
+            };
         }
         // Pass 3: walk holders in ascending rank order.
         for (h, row) in self.rows().enumerate() {
@@ -250,7 +303,7 @@ impl<'a> LayerPlacement<'a> {
                 }
             }
         }
-        for o in out.iter_mut() {
+        for o in out.iter_mut().filter(|o| **o != crate::live::NO_COPY) {
             *o &= !FOUND;
         }
         Ok(())
