@@ -170,7 +170,6 @@ pub fn fold_slot_heat(
         shape.slots_per_rank(),
         shape.experts(),
     );
-    let per_layer = shape.slots_per_layer();
     check_len(
         "placement [L][R][S]",
         shape.placement_len(),
@@ -192,12 +191,71 @@ pub fn fold_slot_heat(
         samples.len(),
     )?;
     check_len("heat loads [L][N]", l * n, loads.len())?;
+    fold_chunks(shape, placement, part, gathered, 0..r, samples, loads);
+    Ok(())
+}
+
+/// [`fold_slot_heat`] after a membership change: `gathered` holds the live ranks' heat only
+/// (`[R'][T][L][S]`, `R' = live.count()`, in ascending rank order, as a gather over the live
+/// ranks returns it), and `placement` may hold [`EMPTY`](crate::live::EMPTY) slots (checked by
+/// [`validate_elastic`](crate::live::validate_elastic)), which fold nothing.
+pub fn fold_live_slot_heat(
+    shape: &Shape,
+    placement: &[u16],
+    live: &crate::LiveSet,
+    windows: usize,
+    gathered: &[u64],
+    samples: &mut [f64],
+    loads: &mut [f64],
+) -> Result<(), Error> {
+    let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
+    crate::live::validate_elastic(shape, live, placement)?;
+    let overflow = Error::Overflow {
+        what: "heat windows [T]",
+    };
+    let part = windows.checked_mul(l * s).ok_or(overflow)?;
+    check_len(
+        "gathered slot heat of the live ranks [R'][T][L][S]",
+        part.checked_mul(live.count()).ok_or(overflow)?,
+        gathered.len(),
+    )?;
+    check_len(
+        "heat samples [T][L][N]",
+        windows.checked_mul(l * n).ok_or(overflow)?,
+        samples.len(),
+    )?;
+    check_len("heat loads [L][N]", l * n, loads.len())?;
+    fold_chunks(
+        shape,
+        placement,
+        part,
+        gathered,
+        live.iter(),
+        samples,
+        loads,
+    );
+    Ok(())
+}
+
+/// The fold of [`fold_slot_heat`] once every length is checked: chunk `i` of `gathered` is the
+/// heat of rank `ranks[i]`.
+fn fold_chunks(
+    shape: &Shape,
+    placement: &[u16],
+    part: usize,
+    gathered: &[u64],
+    ranks: impl Iterator<Item = usize>,
+    samples: &mut [f64],
+    loads: &mut [f64],
+) {
+    let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
+    let per_layer = shape.slots_per_layer();
     samples.fill(0.0);
     loads.fill(0.0);
     if part == 0 || s == 0 || n == 0 || l == 0 {
-        return Ok(());
+        return;
     }
-    for (rank, chunk) in gathered.chunks_exact(part).enumerate() {
+    for (rank, chunk) in ranks.zip(gathered.chunks_exact(part)) {
         let lo = rank * s;
         for (win, out) in chunk
             .chunks_exact(l * s)
@@ -218,7 +276,6 @@ pub fn fold_slot_heat(
             *a += b;
         }
     }
-    Ok(())
 }
 
 /// Every id of `placement` (`[L][R][S]`, length already checked) is below `N`.
@@ -394,5 +451,34 @@ mod tests {
         // T = 0: nothing gathered, everything zero.
         fold_slot_heat(&shape, &placement, 0, &[], &mut [], &mut loads).unwrap();
         assert!(loads.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn live_fold_equals_the_full_fold_with_the_dead_rank_silent() {
+        // 1 layer, 4 experts, 3 ranks x 2 slots; rank 1 gone (its slots EMPTY).
+        let shape = Shape::new(1, 4, 3, 2).unwrap();
+        let full = [0u16, 1, 2, 3, 3, 2];
+        let elastic = [0u16, 1, crate::EMPTY, crate::EMPTY, 3, 2];
+        let mut live = crate::LiveSet::all(3).unwrap();
+        live.remove(1).unwrap();
+        let (mut s1, mut l1) = (vec![0.0; 4], vec![0.0; 4]);
+        fold_slot_heat(&shape, &full, 1, &[5, 6, 0, 0, 7, 8], &mut s1, &mut l1).unwrap();
+        let (mut s2, mut l2) = (vec![0.0; 4], vec![0.0; 4]);
+        fold_live_slot_heat(&shape, &elastic, &live, 1, &[5, 6, 7, 8], &mut s2, &mut l2).unwrap();
+        assert_eq!((s1, l1), (s2.clone(), l2));
+        assert_eq!(s2, vec![5.0, 6.0, 8.0, 7.0]);
+        // The gather must hold the live ranks' words only.
+        assert!(
+            fold_live_slot_heat(
+                &shape,
+                &elastic,
+                &live,
+                1,
+                &[5, 6, 0, 0, 7, 8],
+                &mut s2,
+                &mut l1
+            )
+            .is_err()
+        );
     }
 }
