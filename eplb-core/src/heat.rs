@@ -465,7 +465,7 @@ mod tests {
         fold_slot_heat(&shape, &full, 1, &[5, 6, 0, 0, 7, 8], &mut s1, &mut l1).unwrap();
         let (mut s2, mut l2) = (vec![0.0; 4], vec![0.0; 4]);
         fold_live_slot_heat(&shape, &elastic, &live, 1, &[5, 6, 7, 8], &mut s2, &mut l2).unwrap();
-        assert_eq!((s1, l1), (s2.clone(), l2));
+        assert_eq!((s1, l1.clone()), (s2.clone(), l2));
         assert_eq!(s2, vec![5.0, 6.0, 8.0, 7.0]);
         // The gather must hold the live ranks' words only.
         assert!(
