@@ -19,7 +19,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use eplb_core::{Cycle, LayerPlacement, Placement, ReplicaChoice, Shape};
+use eplb_core::{Cycle, EMPTY, LayerPlacement, LiveSet, Placement, ReplicaChoice, Shape};
 
 use crate::planner::{Plan, PlanRequest, Planner};
 use crate::rank::{Action, Collective, LayerAction, PlanInput, PlannerAction, RankMachine, Reply};
@@ -105,6 +105,34 @@ impl<T: Transport> Controller<T> {
                  the second copy gets no tokens under log2phy routing"
             );
         }
+        Self::build(shape, placement, None, cfg, transport, planner)
+    }
+
+    /// The controller of a rank that comes back after membership changes (or of any rank of a
+    /// deployment whose live set is `live`): `placement` is the one the ranks of `live` hold,
+    /// with [`EMPTY`] slots on the ranks outside it. A rank outside `live` serves nothing and
+    /// takes part in no collective until every rank is told a set that holds it
+    /// ([`Controller::set_membership`]); then it receives its weights from its peers layer by
+    /// layer, and no token reaches a slot before its weights are there.
+    pub fn new_elastic(
+        shape: Shape,
+        placement: Vec<u16>,
+        live: LiveSet,
+        cfg: ControllerConfig,
+        transport: T,
+        planner: Arc<Planner>,
+    ) -> Result<Self, MachineError> {
+        Self::build(shape, placement, Some(live), cfg, transport, planner)
+    }
+
+    fn build(
+        shape: Shape,
+        placement: Vec<u16>,
+        live: Option<LiveSet>,
+        cfg: ControllerConfig,
+        transport: T,
+        planner: Arc<Planner>,
+    ) -> Result<Self, MachineError> {
         if transport.ranks() != shape.ranks() || transport.rank() >= shape.ranks() {
             return Err(MachineError::Endpoint {
                 rank: transport.rank(),
@@ -112,15 +140,16 @@ impl<T: Transport> Controller<T> {
                 shape_ranks: shape.ranks(),
             });
         }
-        let machine = RankMachine::new(
-            shape,
-            transport.rank(),
-            &placement,
-            MachineConfig {
-                atomic_collectives: transport.atomic_collectives(),
-                ..cfg.machine
-            },
-        )?;
+        let mcfg = MachineConfig {
+            atomic_collectives: transport.atomic_collectives(),
+            ..cfg.machine
+        };
+        let machine = match live {
+            None => RankMachine::new(shape, transport.rank(), &placement, mcfg)?,
+            Some(live) => {
+                RankMachine::new_elastic(shape, transport.rank(), &placement, live, mcfg)?
+            }
+        };
         let gather_words = shape.ranks() * machine.max_gather_words();
         let mut c = Self {
             machine,
@@ -216,6 +245,36 @@ impl<T: Transport> Controller<T> {
     pub fn resume(&mut self) {
         self.machine.handle_resume();
     }
+    /// The engine changes the membership ([`RankMachine::handle_membership`]): call it on every
+    /// rank of `live` at the same iteration, before its `after_forward`. The ranks agree on the
+    /// set over the transport (which then runs its collectives over `live` only), reroute (no
+    /// token to a rank outside it from then on) and plan over the live ranks from the next
+    /// cycle.
+    pub fn set_membership(&mut self, live: LiveSet) -> Result<(), MachineError> {
+        self.waiting_for = None;
+        self.launch_due = None;
+        self.machine.handle_membership(live)
+    }
+    /// [`Controller::set_membership`] with `gone` removed from the live set.
+    pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
+        let mut live = *self.machine.live();
+        for &r in gone {
+            live.remove(r)?;
+        }
+        self.set_membership(live)
+    }
+    /// [`Controller::set_membership`] with `back` added to the live set.
+    pub fn add_ranks(&mut self, back: &[usize]) -> Result<(), MachineError> {
+        let mut live = *self.machine.live();
+        for &r in back {
+            live.insert(r)?;
+        }
+        self.set_membership(live)
+    }
+    /// The ranks that serve.
+    pub fn live(&self) -> &LiveSet {
+        self.machine.live()
+    }
     /// The plan of the current cycle, once taken.
     pub fn current_plan(&self) -> Option<&Plan> {
         self.plan.as_deref().and_then(|o| o.as_ref().ok())
@@ -237,7 +296,12 @@ impl<T: Transport> Controller<T> {
                 index: layer,
                 bound: shape.layers(),
             })?;
-        let lp = LayerPlacement::new(shape, layer, rows)?;
+        let live = self.machine.live();
+        let lp = if live.is_all() && !rows.contains(&EMPTY) {
+            LayerPlacement::new(shape, layer, rows)?
+        } else {
+            LayerPlacement::new_elastic(shape, layer, rows, live)?
+        };
         if let Some(m) = self.expert_map.get_mut(layer * n..(layer + 1) * n) {
             lp.expert_map(rank, m)?;
         }
@@ -369,27 +433,42 @@ impl<T: Transport> Controller<T> {
         };
         self.waiting_for = None;
         match outcome.as_ref() {
-            Ok(plan) => match Placement::new(*self.machine.shape(), &plan.placement) {
-                Ok(p) => {
-                    self.machine.handle_plan(cycle, Some(p));
-                    self.plan = Some(Arc::clone(&outcome));
-                }
-                Err(e) => {
-                    log::error!("eplb: cycle {cycle}: the planner's placement: {e}");
-                    self.machine.handle_plan(cycle, None);
-                }
+            Ok(plan) => match self.machine.handle_elastic_plan(cycle, Some(&plan.placement)) {
+                Ok(()) => self.plan = Some(Arc::clone(&outcome)),
+                Err(e) => log::error!("eplb: cycle {cycle}: the planner's placement: {e}"),
             },
-            Err(_) => self.machine.handle_plan(cycle, None),
+            Err(_) => {
+                let _ = self.machine.handle_elastic_plan(cycle, None);
+            }
         }
     }
 
     /// Executes the machine's actions until it has none.
     fn drive(&mut self) -> Result<(), MachineError> {
         let rank = self.machine.rank();
-        while let Some(action) = self.machine.poll() {
+        loop {
+            // The ranks the next collective runs over (a membership change alters it).
+            let members = self.machine.collective_ranks().count();
+            let Some(action) = self.machine.poll() else {
+                break;
+            };
             match action {
+                Action::Members { live } => {
+                    if let Err(e) = self.transport.set_live(live) {
+                        log::error!(
+                            "eplb rank {rank}: the transport cannot run over {live:?}: {e}; the \
+                             membership agreement will fail"
+                        );
+                    }
+                }
+                Action::Reroute => {
+                    for l in 0..self.machine.shape().layers() {
+                        self.refresh_maps(l)?;
+                    }
+                }
                 Action::Collective(c) => {
-                    let reply = collective(&mut self.transport, &mut self.gathered, rank, c);
+                    let reply =
+                        collective(&mut self.transport, &mut self.gathered, rank, members, c);
                     self.machine.handle_collective(reply)?;
                 }
                 Action::Planner(PlannerAction::Submit(input)) => {
@@ -431,6 +510,15 @@ impl<T: Transport> Controller<T> {
         let rank = self.machine.rank();
         match step {
             LayerAction::Launch { layer } => self.launch_due = Some(layer),
+            LayerAction::Load { layer } => {
+                let loaded = self
+                    .rank_plan(layer)
+                    .and_then(|plan| self.transport.load(&plan));
+                if let Err(e) = &loaded {
+                    log::error!("eplb rank {rank}: layer {layer} load: {e}");
+                }
+                self.machine.handle_loaded(layer, loaded.is_ok());
+            }
             LayerAction::SendOnly { layer } => {
                 // The kept exchange stays in flight: send this layer's part, receive nothing.
                 let sent = self
@@ -511,6 +599,7 @@ fn collective<'g, T: Transport>(
     transport: &mut T,
     gathered: &'g mut Vec<u64>,
     rank: usize,
+    members: usize,
     c: Collective<'_>,
 ) -> Option<Reply<'g>> {
     match c {
@@ -523,7 +612,7 @@ fn collective<'g, T: Transport>(
         },
         Collective::AllGather { of, send } => {
             gathered.clear();
-            gathered.resize(transport.ranks() * send.len(), 0);
+            gathered.resize(members * send.len(), 0);
             match transport.all_gather(send, gathered) {
                 Ok(()) => Some(Reply::Words(gathered)),
                 Err(e) => {
@@ -540,6 +629,7 @@ fn request(input: &PlanInput<'_>) -> PlanRequest {
     PlanRequest {
         cycle: input.cycle,
         current: input.current.to_vec(),
+        live: (!input.live.is_all()).then_some(*input.live),
         loads: input.loads.to_vec(),
         samples: Some((input.windows, input.samples.to_vec())),
         seed: input.seed,

@@ -37,6 +37,7 @@ fn the_planner_waits_with_duration_max() {
     planner.submit(PlanRequest {
         cycle: 1,
         current,
+        live: None,
         loads: vec![4.0, 3.0, 2.0, 1.0],
         samples: None,
         seed: 0,
@@ -70,6 +71,7 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
     let req = |current: Vec<u16>| PlanRequest {
         cycle: 1,
         current,
+        live: None,
         loads: loads.clone(),
         samples: None,
         seed: 3,

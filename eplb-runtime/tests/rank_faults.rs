@@ -64,6 +64,7 @@ fn target_of(e: Entered) -> Option<Target> {
             Gather::Digest => Target::Digest,
             Gather::Vote { .. } => Target::Vote,
             Gather::Placement => Target::Placement,
+            Gather::Members => return None,
         }),
         Entered::AllAnd => None,
     }
@@ -171,6 +172,8 @@ impl World {
                     taken,
                     resync,
                 })) => self.hosts[r].settle(cycle, taken, resync),
+                Some(Action::Members { live }) => self.net.set_live(live),
+                Some(Action::Reroute) => {}
                 Some(Action::Layer(LayerAction::Launch { layer })) => {
                     self.launched[r] = Some(layer)
                 }

@@ -115,7 +115,8 @@ impl Cluster {
                 Some(Action::Layer(LayerAction::Commit { layer })) => {
                     m.handle_committed(layer, true)
                 }
-                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
+                Some(Action::Members { live }) => self.net.set_live(live),
+                Some(Action::Record { .. }) | Some(Action::Reroute) | Some(Action::Layer(_)) => {}
             }
         }
     }

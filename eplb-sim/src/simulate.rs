@@ -570,7 +570,9 @@ impl SimWorld {
                 Some(Action::Layer(LayerAction::Commit { layer })) => {
                     m.handle_committed(layer, true)
                 }
-                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
+                Some(Action::Members { live }) => self.net.set_live(live),
+                Some(Action::Layer(LayerAction::Load { layer })) => m.handle_loaded(layer, true),
+                Some(Action::Record { .. }) | Some(Action::Reroute) | Some(Action::Layer(_)) => {}
             }
         }
     }

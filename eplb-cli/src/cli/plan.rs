@@ -95,6 +95,7 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let req = PlanRequest {
         cycle: 1,
         current,
+        live: None,
         loads: heat.summed(),
         samples,
         seed: a.seed,

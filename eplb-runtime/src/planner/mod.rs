@@ -34,6 +34,9 @@ pub struct PlanRequest {
     pub cycle: u64,
     /// The live placement the heat was measured on, `[L][R][S]`.
     pub current: Vec<u16>,
+    /// The ranks that serve, when not every rank does (the slots of the others in `current`
+    /// are [`EMPTY`](eplb_core::EMPTY)): the plan may use only them.
+    pub live: Option<eplb_core::LiveSet>,
     /// Logical loads `[L][N]`, summed over the heat interval.
     pub loads: Vec<f64>,
     /// Per-window logical loads `(T, [T][L][N])`, oldest first.

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use eplb_core::LiveSet;
+
 #[cfg(doc)]
 use super::{AGREE_WORDS, FAILED_PLAN, RankMachine, agree_tag, outcome, seal};
 
@@ -21,6 +23,16 @@ pub enum Action<'a> {
         /// The cycle.
         cycle: u64,
     },
+    /// A membership change: run every collective from now on over `live` only (the transport
+    /// learns the set); no answer.
+    Members {
+        /// The ranks the collectives run over.
+        live: &'a LiveSet,
+    },
+    /// The ranks agreed on a new live set: rebuild the routing tables (`log2phy`, expert maps)
+    /// from [`RankMachine::placement`], whose slots of the ranks that left are
+    /// [`EMPTY`](eplb_core::EMPTY), so that no token goes to them; no weight moves. No answer.
+    Reroute,
 }
 
 /// A collective, entered by every rank in the same order.
@@ -72,6 +84,10 @@ pub enum Gather {
         /// The layer.
         layer: u16,
     },
+    /// A membership change: `a` is the digest of the proposed live set, `live` the rank's
+    /// placement hash; gathered over the proposed set. The set is adopted only when every word
+    /// carries this rank's digest ([`RankMachine::handle_membership`]).
+    Members,
     /// At the end of a layer walk, after a resynchronization and on resume: `live` is the hash of
     /// the rank's live placement. The ranks adopt the highest cycle among the tags; a rank on
     /// another placement than the majority's repairs it (commits the layer it kept, or drops
@@ -86,6 +102,7 @@ impl fmt::Display for Gather {
             Gather::Ready => f.write_str("plan-ready agreement"),
             Gather::Digest => f.write_str("digest agreement"),
             Gather::Vote { layer } => write!(f, "layer {layer} vote"),
+            Gather::Members => f.write_str("membership agreement"),
             Gather::Placement => f.write_str("placement check"),
         }
     }
@@ -107,8 +124,11 @@ pub struct PlanInput<'a> {
     pub cycle: u64,
     /// Seed for randomised policies.
     pub seed: u64,
-    /// The live placement the heat was measured on, `[L][R][S]`.
+    /// The live placement the heat was measured on, `[L][R][S]` (the slots of ranks outside
+    /// `live` are [`EMPTY`](eplb_core::EMPTY)).
     pub current: &'a [u16],
+    /// The ranks that serve: the plan may use only them.
+    pub live: &'a LiveSet,
     /// `T`: heat windows in `samples`.
     pub windows: usize,
     /// Logical loads `[L][N]`, summed over the heat interval.
@@ -165,6 +185,14 @@ pub enum LayerAction {
         /// The layer.
         layer: u16,
     },
+    /// Before `layer`'s exchange: load this rank's new experts of `layer` that no live rank
+    /// holds (they lost every copy when ranks left) from storage or a host backup into receive
+    /// buffers; answer [`RankMachine::handle_loaded`]. A failed load makes this rank vote no on
+    /// the layer, which then keeps its rows on every rank.
+    Load {
+        /// The layer.
+        layer: u16,
+    },
 }
 
 /// The name of a gather's reply buffer, for errors.
@@ -174,6 +202,7 @@ pub(super) fn gather_what(of: Gather) -> &'static str {
         Gather::Ready => "gathered plan-ready words [R][5]",
         Gather::Digest => "gathered plan digests [R][5]",
         Gather::Vote { .. } => "gathered layer votes [R][5]",
+        Gather::Members => "gathered membership words [R'][5]",
         Gather::Placement => "gathered placement digests [R][5]",
     }
 }

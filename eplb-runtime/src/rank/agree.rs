@@ -23,6 +23,7 @@ const STEP_READY: u64 = 1;
 const STEP_DIGEST: u64 = 2;
 const STEP_VOTE: u64 = 3;
 const STEP_PLACEMENT: u64 = 4;
+const STEP_MEMBERS: u64 = 5;
 /// Mixed into [`seal`] so that a word of zeros does not pass its check.
 const SEAL_KEY: u64 = 0x5EA1_ED00_E91B_2700;
 
@@ -35,6 +36,7 @@ pub fn agree_tag(of: Gather, cycle: u64) -> u64 {
         Gather::Digest => (STEP_DIGEST, 0),
         Gather::Vote { layer } => (STEP_VOTE, layer),
         Gather::Placement => (STEP_PLACEMENT, 0),
+        Gather::Members => (STEP_MEMBERS, 0),
     };
     (cycle << 24) | (step << 16) | u64::from(layer)
 }
@@ -47,6 +49,7 @@ pub fn tag_gather(tag: u64) -> Option<(Gather, u64)> {
         STEP_DIGEST => Gather::Digest,
         STEP_VOTE => Gather::Vote { layer },
         STEP_PLACEMENT => Gather::Placement,
+        STEP_MEMBERS => Gather::Members,
         _ => return None,
     };
     Some((of, tag >> 24))
@@ -96,6 +99,8 @@ pub(super) enum Awaiting {
     Gather(Gather),
     /// The driver's install of a layer ([`RankMachine::handle_committed`]).
     Committed(u16),
+    /// The driver's load of a layer's lost experts ([`RankMachine::handle_loaded`]).
+    Loaded(u16),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +162,38 @@ impl RankMachine {
     /// The planner's answer for `cycle`: the plan's placement, or `None` when the policy failed.
     /// Answers for another cycle are ignored.
     pub fn handle_plan(&mut self, cycle: u64, plan: Option<Placement<'_>>) {
+        self.take_plan(cycle, plan.map(|p| (*p.shape(), p.as_slice())));
+    }
+
+    /// [`RankMachine::handle_plan`] for a plan after membership changes: `plan` is `[L][R][S]`
+    /// with [`EMPTY`](eplb_core::EMPTY) slots on the ranks outside the live set
+    /// ([`validate_elastic`](eplb_core::live::validate_elastic)). A plan that is not valid for
+    /// the live set is an error and counts as a failed plan.
+    pub fn handle_elastic_plan(
+        &mut self,
+        cycle: u64,
+        plan: Option<&[u16]>,
+    ) -> Result<(), super::MachineError> {
+        let checked = match plan {
+            Some(p) => eplb_core::live::validate_elastic(&self.shape, &self.live, p).map(|()| p),
+            None => {
+                self.take_plan(cycle, None);
+                return Ok(());
+            }
+        };
+        match checked {
+            Ok(p) => {
+                self.take_plan(cycle, Some((self.shape, p)));
+                Ok(())
+            }
+            Err(e) => {
+                self.take_plan(cycle, None);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn take_plan(&mut self, cycle: u64, plan: Option<(Shape, &[u16])>) {
         if cycle != self.cycle_no
             || !self.agree.submitted
             || self.agree.plan_slot != PlanSlot::Missing
@@ -164,8 +201,8 @@ impl RankMachine {
             return;
         }
         self.agree.plan_slot = match plan {
-            Some(p) if *p.shape() == self.shape => {
-                self.plan.copy_from_slice(p.as_slice());
+            Some((shape, p)) if shape == self.shape && p.len() == self.plan.len() => {
+                self.plan.copy_from_slice(p);
                 PlanSlot::Ready(placement_hash(&self.plan))
             }
             Some(_) => {
@@ -183,7 +220,11 @@ impl RankMachine {
     pub(super) fn sent_len(&self, of: Gather) -> usize {
         match of {
             Gather::Heat => self.heat.held().len(),
-            Gather::Ready | Gather::Digest | Gather::Vote { .. } | Gather::Placement => AGREE_WORDS,
+            Gather::Ready
+            | Gather::Digest
+            | Gather::Vote { .. }
+            | Gather::Members
+            | Gather::Placement => AGREE_WORDS,
         }
     }
 
@@ -204,6 +245,8 @@ impl RankMachine {
             in_step &= match of {
                 // Any cycle: the check is where the ranks adopt one.
                 Gather::Placement => tag_gather(tag).map(|(g, _)| g) == Some(Gather::Placement),
+                // Any cycle: a rank that joins adopts its peers'.
+                Gather::Members => tag_gather(tag).map(|(g, _)| g) == Some(Gather::Members),
                 Gather::Ready => tag == my_tag && live == my_live,
                 Gather::Heat | Gather::Digest | Gather::Vote { .. } => tag == my_tag,
             };
@@ -244,7 +287,7 @@ impl RankMachine {
     /// cycle there.
     pub(super) fn on_heat(&mut self, all: Option<&[u64]>) -> Result<(), super::MachineError> {
         let folded = match all {
-            Some(words) => self.heat.fold(&self.shape, &self.placement, words),
+            Some(words) => self.heat.fold(&self.shape, &self.placement, &self.live, words),
             None => Ok(()),
         };
         let ok = all.is_some() && folded.is_ok();
@@ -421,7 +464,8 @@ impl RankMachine {
                 live
             };
         }
-        let (agreed, holders) = majority_of(&self.post);
+        let members = self.net.count();
+        let (agreed, holders) = majority_of(self.post.get(..members).unwrap_or(&self.post));
         let mut mine = placement_hash(&self.placement);
         if let Some(l) = self.walk.unsure {
             let open = self.agree.sent.get(1).copied().unwrap_or_default();
@@ -432,13 +476,12 @@ impl RankMachine {
             self.walk.settle_unsure(l, committed);
         }
         if mine == agreed {
-            if holders < self.shape.ranks() {
+            if holders < members {
                 log::warn!(
-                    "eplb rank {}: {} of {} ranks hold another placement than {agreed:016x}; \
-                     each repairs it or stops",
+                    "eplb rank {}: {} of {members} ranks hold another placement than \
+                     {agreed:016x}; each repairs it or stops",
                     self.rank,
-                    self.shape.ranks() - holders,
-                    self.shape.ranks()
+                    members - holders,
                 );
             }
             return;
@@ -448,7 +491,7 @@ impl RankMachine {
              {} ranks hold ({agreed:016x}) and it cannot repair it; balancing stopped on this \
              rank until the engine resumes it",
             self.rank,
-            self.shape.ranks()
+            self.net.count()
         );
         self.health = Health::Diverged;
         self.abandon_cycle();
@@ -502,6 +545,9 @@ impl RankMachine {
         let task = core::mem::replace(&mut self.agree.task, Task::Idle);
         match task {
             Task::Idle => {
+                if self.members != super::members::MemberStep::Idle {
+                    return self.poll_members();
+                }
                 if !core::mem::take(&mut self.agree.check) || self.health != Health::Running {
                     return None;
                 }
@@ -521,6 +567,7 @@ impl RankMachine {
                 cycle: self.cycle_no,
                 seed: self.cfg.seed.wrapping_add(self.cycle_no),
                 current: &self.placement,
+                live: &self.live,
                 windows: self.heat.folded_windows(),
                 loads: self.heat.loads(),
                 samples: self.heat.samples(),

@@ -26,6 +26,25 @@ pub enum MachineError {
         /// The reply it got.
         got: &'static str,
     },
+    /// A membership change whose live set does not hold this rank, or is drawn from another
+    /// number of ranks.
+    NotMember {
+        /// This rank.
+        rank: usize,
+        /// Live ranks in the set.
+        live: usize,
+        /// Ranks the set is drawn from.
+        ranks: usize,
+    },
+    /// A membership change to fewer live slots than experts: some expert could have no copy.
+    TooFewLiveSlots {
+        /// Live ranks.
+        live: usize,
+        /// Slots per rank.
+        slots_per_rank: usize,
+        /// Logical experts.
+        experts: usize,
+    },
     /// The transport endpoint does not match the shape.
     Endpoint {
         /// The endpoint's rank.
@@ -49,6 +68,20 @@ impl fmt::Display for MachineError {
             MachineError::Reply { expected, got } => {
                 write!(f, "collective reply: expected {expected}, got {got}")
             }
+            MachineError::NotMember { rank, live, ranks } => write!(
+                f,
+                "membership: rank {rank} is not in the live set ({live} of {ranks} ranks; the set \
+                 must be drawn from the shape's ranks and hold this rank)"
+            ),
+            MachineError::TooFewLiveSlots {
+                live,
+                slots_per_rank,
+                experts,
+            } => write!(
+                f,
+                "membership: {live} live ranks x {slots_per_rank} slots cannot hold {experts} \
+                 experts"
+            ),
             MachineError::Endpoint {
                 rank,
                 ranks,

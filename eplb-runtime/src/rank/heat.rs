@@ -6,8 +6,8 @@
 //! Forms, once each: u64 `[W][L][S]` (this rank's ring) → u64 `[R][T][L][S]` (the gather, the
 //! driver's buffer) → f64 `[T][L][N]` (`samples`) → f64 `[L][N]` (`loads`, the sum over `T`).
 
-use eplb_core::heat::{fold_slot_heat, layout_for_interval, ring_len};
-use eplb_core::{Error, HeatRing, Shape};
+use eplb_core::heat::{fold_live_slot_heat, fold_slot_heat, layout_for_interval, ring_len};
+use eplb_core::{EMPTY, Error, HeatRing, LiveSet, Shape};
 
 use super::{MachineError, check};
 
@@ -68,20 +68,22 @@ impl SlotHeat {
         self.ring.reset();
     }
 
-    /// Folds the gathered slot heat (`[R][T][L][S]`, rank-major, `T` the windows this rank
-    /// holds, at least 1) through `placement` into `samples` and their sum `loads`
-    /// ([`fold_slot_heat`]). A rank that does not fold only checks the gather's length.
+    /// Folds the gathered slot heat (`[R'][T][L][S]`, rank-major over the `R'` live ranks, `T`
+    /// the windows this rank holds, at least 1) through `placement` into `samples` and their sum
+    /// `loads` ([`fold_slot_heat`], or [`fold_live_slot_heat`] after a membership change). A
+    /// rank that does not fold only checks the gather's length.
     pub(super) fn fold(
         &mut self,
         shape: &Shape,
         placement: &[u16],
+        live: &LiveSet,
         gathered: &[u64],
     ) -> Result<(), MachineError> {
         let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
         let t = self.ring.windows().max(1);
         check(
-            "gathered slot heat [R][T][L][S]",
-            shape.ranks() * t * l * s,
+            "gathered slot heat [R'][T][L][S]",
+            live.count() * t * l * s,
             gathered.len(),
         )?;
         if !self.folds {
@@ -94,7 +96,11 @@ impl SlotHeat {
                 got: t,
             });
         };
-        fold_slot_heat(shape, placement, t, gathered, samples, &mut self.loads)?;
+        if live.is_all() && !placement.contains(&EMPTY) {
+            fold_slot_heat(shape, placement, t, gathered, samples, &mut self.loads)?;
+        } else {
+            fold_live_slot_heat(shape, placement, live, t, gathered, samples, &mut self.loads)?;
+        }
         self.folded = t;
         Ok(())
     }

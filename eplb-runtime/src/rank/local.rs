@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use eplb_core::LiveSet;
+
 use super::{Collective, Gather, MachineError, RankMachine, Reply};
 
 /// A collective as one rank entered it.
@@ -101,6 +103,8 @@ pub struct LocalCollective {
     faults: Vec<Option<LocalFault>>,
     failing: bool,
     lenient: bool,
+    /// The ranks the collectives run over (`None`: every rank).
+    live: Option<LiveSet>,
 }
 
 impl LocalCollective {
@@ -125,6 +129,28 @@ impl LocalCollective {
             faults: vec![None; r],
             failing: false,
             lenient: false,
+            live: None,
+        }
+    }
+
+    /// From now on the collectives run over the ranks of `live` only (a driver's answer to
+    /// [`Action::Members`](super::Action::Members)): their words, rank-major in ascending rank
+    /// order; a rank outside it cannot enter one, and [`LocalCollective::answer`] skips its
+    /// machine.
+    pub fn set_live(&mut self, live: &LiveSet) {
+        self.live = (!live.is_all()).then_some(*live);
+    }
+
+    /// Whether `rank` takes part in the collectives.
+    fn member(&self, rank: usize) -> bool {
+        self.live.is_none_or(|l| l.contains(rank))
+    }
+
+    /// Where `rank`'s words go in a gather: its position among the members.
+    fn position(&self, rank: usize) -> Option<usize> {
+        match &self.live {
+            None => Some(rank),
+            Some(l) => l.position(rank),
         }
     }
 
@@ -153,6 +179,9 @@ impl LocalCollective {
 
     /// `rank` enters `c`: its words are copied in.
     pub fn enter(&mut self, rank: usize, c: Collective<'_>) -> Result<(), DriveError> {
+        let Some(pos) = self.position(rank) else {
+            return Err(DriveError::Rank { rank });
+        };
         let (Some(slot @ None), Some(flag)) =
             (self.entered.get_mut(rank), self.flags.get_mut(rank))
         else {
@@ -166,7 +195,7 @@ impl LocalCollective {
             Collective::AllGather { of, send } => {
                 let n = send.len();
                 *slot = Some(Entered::AllGather { of, words: n });
-                match self.words.get_mut(rank * n..(rank + 1) * n) {
+                match self.words.get_mut(pos * n..(pos + 1) * n) {
                     Some(d) => d.copy_from_slice(send),
                     None => return Err(DriveError::Rank { rank }),
                 }
@@ -183,6 +212,7 @@ impl LocalCollective {
         let Some(first) = first else {
             return Ok(false);
         };
+        let members: Vec<bool> = (0..self.entered.len()).map(|r| self.member(r)).collect();
         let words_of = |e: &Entered| match e {
             Entered::AllGather { words, .. } => Some(*words),
             Entered::AllAnd => None,
@@ -191,7 +221,12 @@ impl LocalCollective {
             (Some(e), true) => words_of(e) == words_of(&first),
             (e, _) => *e == Some(first),
         };
-        let timeout = match self.entered.iter().position(|e| !same(e)) {
+        let timeout = match self
+            .entered
+            .iter()
+            .zip(&members)
+            .position(|(e, &m)| m && !same(e))
+        {
             Some(rank) if !self.lenient => {
                 return Err(DriveError::Mismatch {
                     first: self.entered.first().copied().flatten(),
@@ -202,10 +237,18 @@ impl LocalCollective {
             Some(_) => true,
             None => false,
         };
-        let all = self.flags.iter().all(|&f| f);
-        let len = words_of(&first).unwrap_or(0) * machines.len();
+        let all = self
+            .flags
+            .iter()
+            .zip(&members)
+            .all(|(&f, &m)| f || !m);
+        let count = members.iter().filter(|&&m| m).count();
+        let len = words_of(&first).unwrap_or(0) * count;
         for m in machines.iter_mut() {
             let r = m.rank();
+            if !members.get(r).copied().unwrap_or(false) {
+                continue;
+            }
             let (Some(entered), Some(fault)) = (self.entered.get_mut(r), self.faults.get_mut(r))
             else {
                 return Err(DriveError::Rank { rank: r });

@@ -74,9 +74,10 @@ mod agree;
 mod error;
 mod heat;
 mod local;
+mod members;
 mod walk;
 
-use eplb_core::{Cycle, Error, HeatStage, Placement, Shape, StageClassifier, Step};
+use eplb_core::{Cycle, Error, HeatStage, LiveSet, Placement, Shape, StageClassifier, Step};
 
 use action::gather_what;
 pub use action::{Action, Collective, Gather, LayerAction, PlanInput, PlannerAction, Reply};
@@ -85,6 +86,7 @@ use agree::{Agree, Awaiting, Task};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
+use members::MemberStep;
 pub use local::{DriveError, Entered, LocalCollective, LocalFault};
 pub use walk::outcome;
 use walk::{LayerStep, Walk};
@@ -162,6 +164,14 @@ pub struct MachineStats {
     pub resyncs: u64,
     /// Layer installs that failed on this rank (each retried; see [`RankMachine::handle_committed`]).
     pub commit_failures: u64,
+    /// Membership changes adopted ([`RankMachine::handle_membership`]).
+    pub membership_changes: u64,
+    /// Membership changes refused: the ranks were told different sets.
+    pub membership_refused: u64,
+    /// Layers whose lost experts this rank loaded from storage ([`LayerAction::Load`]).
+    pub loads: u64,
+    /// Loads that failed (the layer kept its rows).
+    pub load_failures: u64,
 }
 
 /// What happened since the last [`RankMachine::take_events`] (one forward, for a driver that
@@ -183,6 +193,8 @@ pub struct Events {
     /// Balancing is suspended or stopped ([`Health`] is not `Running`) until the engine resumes
     /// it.
     pub suspended: bool,
+    /// The ranks agreed on a new live set ([`RankMachine::handle_membership`]).
+    pub membership: bool,
 }
 
 /// One rank's cycle.
@@ -207,6 +219,13 @@ pub struct RankMachine {
     consecutive_failures: u32,
     health: Health,
     stats: MachineStats,
+    /// The ranks that serve (agreed).
+    live: LiveSet,
+    /// The ranks the collectives run over: `live`, or a proposed set being agreed.
+    net: LiveSet,
+    /// The set a membership change proposes.
+    proposed: LiveSet,
+    members: MemberStep,
 }
 
 impl RankMachine {
@@ -218,6 +237,33 @@ impl RankMachine {
         cfg: MachineConfig,
     ) -> Result<Self, MachineError> {
         Placement::new(shape, placement)?;
+        Self::build(shape, rank, placement, LiveSet::all(shape.ranks())?, cfg)
+    }
+
+    /// The machine of `rank` after membership changes: `placement` is the one the ranks of
+    /// `live` hold (the slots of ranks outside it [`EMPTY`](eplb_core::EMPTY),
+    /// [`validate_elastic`](eplb_core::live::validate_elastic)). A rank that is not in `live`
+    /// (one that comes back) does nothing until the engine tells every rank a set that holds it
+    /// ([`RankMachine::handle_membership`]); its rows stay empty, so no token reaches it, until
+    /// a layer walk brings its weights from its peers.
+    pub fn new_elastic(
+        shape: Shape,
+        rank: usize,
+        placement: &[u16],
+        live: LiveSet,
+        cfg: MachineConfig,
+    ) -> Result<Self, MachineError> {
+        eplb_core::live::validate_elastic(&shape, &live, placement)?;
+        Self::build(shape, rank, placement, live, cfg)
+    }
+
+    fn build(
+        shape: Shape,
+        rank: usize,
+        placement: &[u16],
+        live: LiveSet,
+        cfg: MachineConfig,
+    ) -> Result<Self, MachineError> {
         if rank >= shape.ranks() {
             return Err(Error::Index {
                 what: "rank",
@@ -247,6 +293,10 @@ impl RankMachine {
             consecutive_failures: 0,
             health: Health::Running,
             stats: MachineStats::default(),
+            live,
+            net: live,
+            proposed: live,
+            members: MemberStep::Idle,
         })
     }
 
@@ -321,7 +371,7 @@ impl RankMachine {
             slot_counts.len(),
         )?;
         self.walk.after_forward(self.rank);
-        if self.health != Health::Running {
+        if self.health != Health::Running || !self.live.contains(self.rank) {
             return Ok(());
         }
         let matched = self
@@ -378,7 +428,7 @@ impl RankMachine {
                 let words = match reply {
                     None => Ok(None),
                     Some(Reply::Words(w)) => {
-                        let want = self.shape.ranks() * self.sent_len(of);
+                        let want = self.net.count() * self.sent_len(of);
                         check(gather_what(of), want, w.len()).map(|()| Some(w))
                     }
                     Some(Reply::Flag(_)) => Err(MachineError::Reply {
@@ -408,10 +458,14 @@ impl RankMachine {
                         self.on_placements(words);
                         Ok(())
                     }
+                    Gather::Members => {
+                        self.on_members(words);
+                        Ok(())
+                    }
                 };
                 bad.and(folded)
             }
-            Awaiting::Nothing | Awaiting::Committed(_) => Err(MachineError::Reply {
+            Awaiting::Nothing | Awaiting::Committed(_) | Awaiting::Loaded(_) => Err(MachineError::Reply {
                 expected: "no collective reply (none was asked for)",
                 got,
             }),
@@ -438,6 +492,10 @@ impl RankMachine {
     /// The next action, or `None` when there is nothing to do or an answer is outstanding.
     pub fn poll(&mut self) -> Option<Action<'_>> {
         if self.agree.awaiting != Awaiting::Nothing {
+            return None;
+        }
+        if !self.live.contains(self.rank) && self.members == MemberStep::Idle {
+            // A rank that comes back waits for the engine's membership change.
             return None;
         }
         match self.next_layer_step() {

@@ -25,8 +25,11 @@ pub mod outcome {
 pub(super) enum LayerJob {
     Idle,
     Launched(u16),
-    /// Not exchanged (a previous layer's outcome is unknown here): votes no after the forward.
+    /// Not exchanged (a previous layer's outcome is unknown here, or its load failed): votes no
+    /// after the forward.
     Skipped(u16),
+    /// Loading the layer's lost experts (the driver answers [`RankMachine::handle_loaded`]).
+    Loading(u16),
     Exchanged(u16, bool),
     Commit(u16),
     Abort(u16),
@@ -51,6 +54,9 @@ pub(super) struct Walk {
     last_outcome: u64,
     /// Failed installs of the layer in hand.
     pub(super) commit_tries: u32,
+    /// The layer whose lost experts were loaded (`true`) or failed to load (`false`), to launch
+    /// or skip next.
+    loaded: Option<(u16, bool)>,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
     pub(super) walking: bool,
@@ -67,6 +73,7 @@ impl Walk {
             resolved: None,
             last_outcome: outcome::UNKNOWN,
             commit_tries: 0,
+            loaded: None,
             walking: false,
         }
     }
@@ -114,6 +121,30 @@ impl Walk {
 }
 
 impl RankMachine {
+    /// The load of `layer`'s lost experts finished ([`LayerAction::Load`]): `ok` when every one
+    /// is in its receive buffer. A failed load is logged; this rank then sends its part of the
+    /// exchange, receives nothing and votes no, so the layer keeps its rows on every rank (the
+    /// next cycle's plan tries again).
+    pub fn handle_loaded(&mut self, layer: u16, ok: bool) {
+        if self.agree.awaiting != Awaiting::Loaded(layer) {
+            return;
+        }
+        self.agree.awaiting = Awaiting::Nothing;
+        if ok {
+            self.stats.loads += 1;
+        } else {
+            self.stats.load_failures += 1;
+            log::error!(
+                "eplb rank {}: layer {layer}: loading the experts that lost every copy failed; \
+                 this rank votes no and the layer keeps its rows on every rank",
+                self.rank
+            );
+        }
+        self.walk.job = LayerJob::Idle;
+        self.walk.loaded = Some((layer, ok));
+        self.walk.due = Some(layer);
+    }
+
     /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
     pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
         if self.walk.job == LayerJob::Launched(layer) {
@@ -279,9 +310,13 @@ impl RankMachine {
             LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => {
                 self.walk.job = self.abort_or_drop(l);
             }
-            LayerJob::Skipped(_) => self.walk.job = LayerJob::Idle,
+            LayerJob::Skipped(_) | LayerJob::Loading(_) => self.walk.job = LayerJob::Idle,
             _ => {}
         }
+        if matches!(self.agree.awaiting, Awaiting::Loaded(_)) {
+            self.agree.awaiting = Awaiting::Nothing;
+        }
+        self.walk.loaded = None;
         self.walk.due = None;
         self.walk.walking = false;
     }
@@ -319,18 +354,26 @@ impl RankMachine {
             }
             LayerJob::Idle => {
                 let layer = self.walk.due.take()?;
-                if self.walk.unsure.is_some() {
-                    // No receive while a layer's outcome is unknown: send only, vote "no"
-                    // after the forward, when the peers vote.
+                let loaded = match self.walk.loaded.take() {
+                    Some((l, ok)) if l == layer => Some(ok),
+                    _ => None,
+                };
+                if self.walk.unsure.is_some() || loaded == Some(false) {
+                    // No receive while a layer's outcome is unknown (or its load failed): send
+                    // only, vote "no" after the forward, when the peers vote.
                     self.walk.job = LayerJob::Skipped(layer);
                     Some(LayerStep::Do(LayerAction::SendOnly { layer }))
+                } else if loaded.is_none() && self.needs_load(layer) {
+                    self.walk.job = LayerJob::Loading(layer);
+                    self.agree.awaiting = Awaiting::Loaded(layer);
+                    Some(LayerStep::Do(LayerAction::Load { layer }))
                 } else {
                     self.walk.job = LayerJob::Launched(layer);
                     self.walk.launched = Some(layer);
                     Some(LayerStep::Do(LayerAction::Launch { layer }))
                 }
             }
-            LayerJob::Launched(_) | LayerJob::Skipped(_) => None,
+            LayerJob::Launched(_) | LayerJob::Skipped(_) | LayerJob::Loading(_) => None,
         }
     }
 }
