@@ -167,7 +167,10 @@ fn compact_scratch<P: Policy + ?Sized>(policy: &P, c: &Shape) -> usize {
 
 /// The largest `(scratch, state)` words over every live count the shape allows.
 fn live_words<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> (usize, usize) {
-    let min_live = shape.experts().div_ceil(shape.slots_per_rank().max(1)).max(1);
+    let min_live = shape
+        .experts()
+        .div_ceil(shape.slots_per_rank().max(1))
+        .max(1);
     let mut scratch = 0usize;
     let mut state = policy.state_len(shape);
     for live in min_live..=shape.ranks() {

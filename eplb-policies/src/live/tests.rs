@@ -145,7 +145,10 @@ fn check_plan(kind: PolicyKind, input: &LiveInput<'_>, run: &Run) -> usize {
         run.summary.reloads,
         expected_reloads(&shape, live, input.current(), &run.placement)
     );
-    assert!(run.summary.reloads >= lost_total, "{kind}: a lost expert not reloaded");
+    assert!(
+        run.summary.reloads >= lost_total,
+        "{kind}: a lost expert not reloaded"
+    );
     assert_eq!(
         run.summary.moves,
         eplb_core::metrics::moves(input.current(), &run.placement, s)
@@ -211,7 +214,10 @@ fn dead_ranks_for(kind: PolicyKind) {
     let run = run_live(&mut policy, &input, &mut state).unwrap();
     check_plan(kind, &input, &run);
     for layer in run.placement.chunks_exact(shape.slots_per_layer()) {
-        assert!(!layer[6..9].contains(&EMPTY), "{kind}: joined rank not filled");
+        assert!(
+            !layer[6..9].contains(&EMPTY),
+            "{kind}: joined rank not filled"
+        );
     }
 }
 
