@@ -57,6 +57,18 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// Too few live ranks to hold every expert once: `live * slots_per_rank < experts` (or no
+    /// live rank, or more than `ranks`).
+    TooFewLiveRanks {
+        /// Live ranks.
+        live: usize,
+        /// Ranks of the full shape.
+        ranks: usize,
+        /// Slots per rank.
+        slots_per_rank: usize,
+        /// Logical experts.
+        experts: usize,
+    },
 }
 
 impl From<eplb_core::Error> for Error {
@@ -88,6 +100,15 @@ impl fmt::Display for Error {
                 needed,
                 limit,
             } => write!(f, "{what}: {needed} is over the supported limit of {limit}"),
+            Error::TooFewLiveRanks {
+                live,
+                ranks,
+                slots_per_rank,
+                experts,
+            } => write!(
+                f,
+                "{live} live ranks of {ranks} with {slots_per_rank} slots each cannot hold {experts} experts"
+            ),
             Error::UnknownPolicy => f.write_str(
                 "unknown policy: expected 0..4 or one of random, default, swift, flashlb, incremental, deepseek",
             ),

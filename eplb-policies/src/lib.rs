@@ -10,6 +10,9 @@
 //! of the shape, so a host allocates them once and an AICPU uses static buffers. Buffers are
 //! `u64` words so that any carve-out ([`Arena`]) is aligned for `f64`.
 //!
+//! After a membership change (elastic EP), [`rebalance_live`] plans any policy over the live
+//! ranks only ([`live`]).
+//!
 //! **Invariant:** `no_std`, no allocation, no `unsafe`, no panics on input: a bad input or too
 //! small a buffer is an [`Error`].
 //!
@@ -44,6 +47,7 @@ pub mod flashlb;
 mod heap;
 pub mod incremental;
 mod kind;
+pub mod live;
 mod params;
 mod policy;
 pub mod random;
@@ -56,6 +60,10 @@ pub use arena::{Arena, Words, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use fixed::Static;
 pub use kind::PolicyKind;
+pub use live::{
+    LiveInput, LiveSet, compact_shape, live_buffer_lens, live_scratch_len, lost_experts,
+    rebalance_live,
+};
 pub use params::{ParamError, ParamInfo};
 pub use policy::{
     BufferLens, Input, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output, Policy, Samples,

@@ -61,6 +61,37 @@ impl<'a> Samples<'a> {
     }
 }
 
+/// The load checks of [`Input::new`]: `loads` is `[L][N]`, finite and `>= 0`, and `samples`
+/// (if any) have the shape's layers and experts.
+pub(crate) fn check_loads_and_samples(
+    shape: &Shape,
+    loads: &[f64],
+    samples: Option<&Samples<'_>>,
+) -> Result<(), Error> {
+    if loads.len() != shape.loads_len() {
+        return Err(eplb_core::Error::Length {
+            what: "logical loads [L][N]",
+            expected: shape.loads_len(),
+            got: loads.len(),
+        }
+        .into());
+    }
+    for (l, w) in loads.chunks_exact(shape.experts()).enumerate() {
+        metrics::check_loads(l, w)?;
+    }
+    if let Some(s) = samples
+        && (s.layers != shape.layers() || s.experts != shape.experts())
+    {
+        return Err(eplb_core::Error::Length {
+            what: "heat samples layers x experts",
+            expected: shape.loads_len(),
+            got: s.layers * s.experts,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// What a policy is given.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
@@ -79,28 +110,7 @@ impl<'a> Input<'a> {
         samples: Option<Samples<'a>>,
         seed: u64,
     ) -> Result<Self, Error> {
-        let shape = current.shape();
-        if loads.len() != shape.loads_len() {
-            return Err(eplb_core::Error::Length {
-                what: "logical loads [L][N]",
-                expected: shape.loads_len(),
-                got: loads.len(),
-            }
-            .into());
-        }
-        for (l, w) in loads.chunks_exact(shape.experts()).enumerate() {
-            metrics::check_loads(l, w)?;
-        }
-        if let Some(s) = &samples
-            && (s.layers != shape.layers() || s.experts != shape.experts())
-        {
-            return Err(eplb_core::Error::Length {
-                what: "heat samples layers x experts",
-                expected: shape.loads_len(),
-                got: s.layers * s.experts,
-            }
-            .into());
-        }
+        check_loads_and_samples(current.shape(), loads, samples.as_ref())?;
         Ok(Self {
             current,
             loads,
@@ -162,6 +172,10 @@ pub struct Summary {
     pub before: eplb_core::Hotness,
     /// Mean and max PAR after (the hotness log's "updated").
     pub after: eplb_core::Hotness,
+    /// (rank, expert) copies in the new placement of experts that had no copy on a live rank
+    /// in the current one: they must be loaded from storage, not from a peer. Always 0 from
+    /// [`rebalance`] (every expert has a copy); see [`crate::rebalance_live`].
+    pub reloads: usize,
 }
 
 /// A placement policy. Implementations are `no_std` and allocation-free.
@@ -479,5 +493,6 @@ pub fn rebalance<P: Policy + ?Sized>(
         colocated_rows,
         before,
         after,
+        reloads: 0,
     })
 }

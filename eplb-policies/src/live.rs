@@ -1,0 +1,471 @@
+//! Planning over the live ranks only: [`rebalance_live`], one mechanism for every policy.
+//!
+//! After a membership change (elastic EP) some ranks are gone: their slots are [`EMPTY`] in the
+//! current placement, and an expert whose every copy sat on them is *lost* (it must be loaded
+//! from storage). A rank that joined is live with an all-[`EMPTY`] row. [`rebalance_live`]
+//! plans a placement that uses only the live ranks, in three steps:
+//!
+//! 1. **Compact.** The live ranks, in ascending order, form the shape
+//!    `(L, N, R' = live ranks, S)` ([`compact_shape`]). Its topology keeps `ranks_per_node` when
+//!    it divides `R'`, else it is one node (`ranks_per_node = R'`); it keeps the expert groups
+//!    unless they would make an invalid hierarchical topology (groups divisible by the nodes but
+//!    experts not divisible by the groups), then it has one group. DeepSeek's hierarchical mode
+//!    falls back to its global mode on such a shape as it does on any other. With every rank
+//!    live the compact shape is the shape itself.
+//! 2. **Servable current.** Per layer, deterministically: first every lost expert (ascending id)
+//!    gets a slot: an [`EMPTY`] slot of a live rank if there is one (lowest rank, lowest slot),
+//!    else a slot of the expert with the most copies (more than one; ties: lowest load per copy,
+//!    then lowest id), on that expert's highest holding rank, its last slot (a lost expert is on
+//!    no live rank, so it never lands next to a copy of itself). Then every remaining
+//!    [`EMPTY`] slot gets the expert with the highest load per copy (load / copies) that its
+//!    rank does not hold yet (ties: lowest id). The result is a structurally valid placement of
+//!    the compact shape, and [`rebalance`] runs on it: its repair of co-located copies, its
+//!    output checks and its metrics all apply.
+//! 3. **Expand.** The live ranks' rows come from the compact result; every slot of a dead rank
+//!    is [`EMPTY`].
+//!
+//! The [`Summary`] counts `moves` against the real current placement (a copy on a slot that
+//! was [`EMPTY`], or of a lost expert, is a move) and `reloads`, the (rank, expert) copies of
+//! lost experts. `changed` compares the real current rows with the new ones; `par_before` and
+//! `par_after` are the PAR over the live ranks only (the compact shape's), `par_before` of the
+//! servable current of step 2.
+//!
+//! Policy state: a state buffer sized for the full shape ([`live_buffer_lens`]) serves every
+//! live set. The stateful policies (FlashLB, incremental) fingerprint the shape they last ran
+//! on, ranks included, so a state written for the full shape reads as fresh on a compact shape
+//! and the other way round. Compact shapes of equal size share their state: what it holds
+//! (per-expert estimates, load samples) does not depend on which ranks are live.
+
+use eplb_core::live::validate_elastic;
+use eplb_core::{Placement, Shape};
+
+use crate::arena::{Arena, Words, words_u16, words_u32};
+use crate::policy::{check_loads_and_samples, check_range, scratch_len};
+use crate::{
+    BufferLens, Error, Input, MAX_BUFFER_BYTES, Output, Policy, Samples, Summary, rebalance,
+};
+
+pub use eplb_core::live::{EMPTY, LiveSet, NO_COPY, lost_experts};
+
+/// What [`rebalance_live`] is given: an elastic current placement, the live ranks, loads.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveInput<'a> {
+    shape: Shape,
+    compact: Shape,
+    current: &'a [u16],
+    live: LiveSet,
+    loads: &'a [f64],
+    samples: Option<Samples<'a>>,
+    seed: u64,
+}
+
+impl<'a> LiveInput<'a> {
+    /// The full `shape`, the elastic `current` placement `[L][R][S]` (ids below `N` or
+    /// [`EMPTY`], every slot of a rank outside `live` [`EMPTY`]: see
+    /// [`eplb_core::live::validate_elastic`]), the `live` ranks (a set over exactly `R` ranks,
+    /// at least one live, with `live ranks * S >= N`), logical `loads` `[L][N]` (finite,
+    /// `>= 0`), optional per-window samples and a seed.
+    pub fn new(
+        shape: Shape,
+        current: &'a [u16],
+        live: LiveSet,
+        loads: &'a [f64],
+        samples: Option<Samples<'a>>,
+        seed: u64,
+    ) -> Result<Self, Error> {
+        validate_elastic(&shape, &live, current)?;
+        let compact = compact_shape(&shape, live.count())?;
+        check_loads_and_samples(&shape, loads, samples.as_ref())?;
+        Ok(Self {
+            shape,
+            compact,
+            current,
+            live,
+            loads,
+            samples,
+            seed,
+        })
+    }
+
+    /// The full shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+    /// The shape the policy plans on: the live ranks only ([`compact_shape`]).
+    pub fn compact_shape(&self) -> &Shape {
+        &self.compact
+    }
+    /// The current placement `[L][R][S]` (may hold [`EMPTY`]).
+    pub fn current(&self) -> &'a [u16] {
+        self.current
+    }
+    /// The live ranks.
+    pub fn live(&self) -> &LiveSet {
+        &self.live
+    }
+    /// Logical loads `[L][N]`.
+    pub fn loads(&self) -> &'a [f64] {
+        self.loads
+    }
+    /// Per-window samples, if given.
+    pub fn samples(&self) -> Option<&Samples<'a>> {
+        self.samples.as_ref()
+    }
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
+/// The shape of `live` ranks of `shape` (see the module documentation): `R' = live`, the node
+/// size kept when it divides `R'` (else one node), the groups kept unless they would make an
+/// invalid hierarchical topology (else one group); `shape` itself when `live == R`.
+/// [`Error::TooFewLiveRanks`] when `live * S < N` (or `live` is 0 or above `R`).
+pub fn compact_shape(shape: &Shape, live: usize) -> Result<Shape, Error> {
+    let (n, s) = (shape.experts(), shape.slots_per_rank());
+    if live == shape.ranks() {
+        return Ok(*shape);
+    }
+    let too_few = Error::TooFewLiveRanks {
+        live,
+        ranks: shape.ranks(),
+        slots_per_rank: s,
+        experts: n,
+    };
+    if live == 0 || live > shape.ranks() || live.saturating_mul(s) < n {
+        return Err(too_few);
+    }
+    let r = u16::try_from(live).map_err(|_| too_few)?;
+    let rpn = shape.ranks_per_node();
+    let rpn = if live.is_multiple_of(rpn) { rpn } else { live };
+    let nodes = live / rpn.max(1);
+    let g = shape.groups();
+    let g = if g.is_multiple_of(nodes.max(1)) && !n.is_multiple_of(g.max(1)) {
+        1
+    } else {
+        g
+    };
+    // Every dimension fits `u16`: they come from a valid shape.
+    let as16 = |v: usize| u16::try_from(v).unwrap_or(u16::MAX);
+    Ok(Shape::with_topology(
+        as16(shape.layers()),
+        as16(n),
+        r,
+        as16(s),
+        as16(rpn),
+        as16(g),
+    )?)
+}
+
+/// Scratch words of [`rebalance_live`] on the compact shape `c`: the servable current, two
+/// per-expert counters, and [`scratch_len`] of the policy on `c`.
+fn compact_scratch<P: Policy + ?Sized>(policy: &P, c: &Shape) -> usize {
+    (Words(words_u16(c.placement_len())) + 2 * Words(words_u32(c.experts())))
+        .get()
+        .saturating_add(scratch_len(policy, c))
+}
+
+/// The largest `(scratch, state)` words over every live count the shape allows.
+fn live_words<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> (usize, usize) {
+    let min_live = shape
+        .experts()
+        .div_ceil(shape.slots_per_rank().max(1))
+        .max(1);
+    let mut scratch = 0usize;
+    let mut state = policy.state_len(shape);
+    for live in min_live..=shape.ranks() {
+        if let Ok(c) = compact_shape(shape, live) {
+            scratch = scratch.max(compact_scratch(policy, &c));
+            state = state.max(policy.state_len(&c));
+        }
+    }
+    (scratch, state)
+}
+
+/// Scratch words (`u64`) [`rebalance_live`] needs for `policy` on `shape` with *any* live set
+/// (the most over every live count from `ceil(N / S)` to `R`): a caller sizes once for the full
+/// shape. `usize::MAX` when the size overflows ([`live_buffer_lens`] turns that into an error).
+pub fn live_scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
+    live_words(policy, shape).0
+}
+
+/// [`crate::buffer_lens`] for [`rebalance_live`]: checks the range and the policy's topology on
+/// the full shape, and returns [`live_scratch_len`] and the state words of the full shape (the
+/// most over every live count; for every policy here the full shape's
+/// [`Policy::state_len`]).
+pub fn live_buffer_lens<P: Policy + ?Sized>(
+    policy: &P,
+    shape: &Shape,
+) -> Result<BufferLens, Error> {
+    check_range(shape)?;
+    policy.check_shape(shape)?;
+    let (scratch, state) = live_words(policy, shape);
+    let bytes = scratch
+        .checked_add(state)
+        .and_then(|w| w.checked_mul(8))
+        .unwrap_or(usize::MAX);
+    if bytes > MAX_BUFFER_BYTES {
+        return Err(Error::TooLarge {
+            what: "scratch and state bytes",
+            needed: bytes,
+            limit: MAX_BUFFER_BYTES,
+        });
+    }
+    Ok(BufferLens { scratch, state })
+}
+
+/// Copies the live rows of the elastic `current` into `compact` (`[L][R'][S]`).
+fn gather(input: &LiveInput<'_>, compact: &mut [u16]) {
+    let s = input.shape.slots_per_rank().max(1);
+    let r = input.shape.ranks();
+    let mut dst = compact.chunks_exact_mut(s);
+    for (i, row) in input.current.chunks_exact(s).enumerate() {
+        if input.live.contains(i % r.max(1))
+            && let Some(d) = dst.next()
+        {
+            d.copy_from_slice(row);
+        }
+    }
+}
+
+/// Step 2 of the module documentation on one compact layer `lay` (`[R'][S]`, may hold
+/// [`EMPTY`]): every expert gets a slot, then every [`EMPTY`] slot an expert its rank lacks.
+/// `copies` and `mark` hold `N` counters each.
+fn make_servable(lay: &mut [u16], s: usize, loads: &[f64], copies: &mut [u32], mark: &mut [u32]) {
+    let load = |x: usize| loads.get(x).copied().unwrap_or(0.0);
+    copies.fill(0);
+    mark.fill(0);
+    for &e in lay.iter() {
+        if let Some(c) = copies.get_mut(usize::from(e)) {
+            *c += 1;
+        }
+    }
+    // Lost experts, ascending id.
+    for x in 0..copies.len() {
+        if copies.get(x).is_none_or(|&c| c > 0) {
+            continue;
+        }
+        let Ok(xid) = u16::try_from(x) else { break };
+        let slot = match lay.iter().position(|&e| e == EMPTY) {
+            Some(i) => Some(i),
+            None => {
+                // The donor: most copies (> 1), then lowest load per copy, then lowest id.
+                let mut best: Option<(usize, u32, f64)> = None;
+                for (y, &c) in copies.iter().enumerate() {
+                    if c < 2 {
+                        continue;
+                    }
+                    let per = load(y) / f64::from(c);
+                    if best.is_none_or(|(_, bc, bp)| c > bc || (c == bc && per < bp)) {
+                        best = Some((y, c, per));
+                    }
+                }
+                best.and_then(|(y, _, _)| {
+                    let i = lay.iter().rposition(|&e| usize::from(e) == y)?;
+                    if let Some(c) = copies.get_mut(y) {
+                        *c -= 1;
+                    }
+                    Some(i)
+                })
+            }
+        };
+        // Without an EMPTY slot some expert has two copies (`R' * S >= N`), so `slot` is set.
+        if let Some(v) = slot.and_then(|i| lay.get_mut(i)) {
+            *v = xid;
+            if let Some(c) = copies.get_mut(x) {
+                *c = 1;
+            }
+        }
+    }
+    // Remaining EMPTY slots, rank by rank.
+    for (r, row) in lay.chunks_exact_mut(s.max(1)).enumerate() {
+        if !row.contains(&EMPTY) {
+            continue;
+        }
+        let stamp = u32::try_from(r + 1).unwrap_or(u32::MAX);
+        for &e in row.iter() {
+            if let Some(m) = mark.get_mut(usize::from(e)) {
+                *m = stamp;
+            }
+        }
+        for j in 0..row.len() {
+            if row.get(j) != Some(&EMPTY) {
+                continue;
+            }
+            let mut best: Option<(usize, f64)> = None;
+            for (x, (&c, &m)) in copies.iter().zip(mark.iter()).enumerate() {
+                if m == stamp {
+                    continue;
+                }
+                let per = load(x) / f64::from(c.max(1));
+                if best.is_none_or(|(_, b)| per > b) {
+                    best = Some((x, per));
+                }
+            }
+            // A row with an EMPTY slot holds fewer than `S <= N` experts: `best` is set.
+            let Some((x, _)) = best else { continue };
+            let Ok(xid) = u16::try_from(x) else { continue };
+            if let Some(v) = row.get_mut(j) {
+                *v = xid;
+            }
+            if let Some(c) = copies.get_mut(x) {
+                *c += 1;
+            }
+            if let Some(m) = mark.get_mut(x) {
+                *m = stamp;
+            }
+        }
+    }
+}
+
+/// (rank, expert) copies in `new` (one compact layer) of the experts that have no copy on a
+/// live rank of `old` (one elastic layer, dead rows [`EMPTY`]). `copies` holds `N` counters.
+fn layer_reloads(old: &[u16], new: &[u16], s: usize, copies: &mut [u32]) -> usize {
+    copies.fill(0);
+    for &e in old {
+        if let Some(c) = copies.get_mut(usize::from(e)) {
+            *c += 1;
+        }
+    }
+    let mut reloads = 0;
+    for row in new.chunks_exact(s.max(1)) {
+        for (j, &e) in row.iter().enumerate() {
+            let first = row.get(..j).is_some_and(|head| !head.contains(&e));
+            if first && copies.get(usize::from(e)) == Some(&0) {
+                reloads += 1;
+            }
+        }
+    }
+    reloads
+}
+
+/// Writes the compact placement held in the front of `out` (`[L][R'][S]`) out to the full
+/// `[L][R][S]` in place: live rows from the compact rows, dead rows [`EMPTY`].
+fn expand(shape: &Shape, live: &LiveSet, out: &mut [u16]) {
+    let (r, s) = (shape.ranks(), shape.slots_per_rank());
+    let rows = shape.layers() * r;
+    let live_rows = live.count();
+    // Full row `j` of layer `l` takes compact row `l * R' + position(rank)`; that index is never
+    // above `j`, so walking down from the last row reads every compact row before it is written
+    // over.
+    for j in (0..rows).rev() {
+        let (l, rank) = (j / r.max(1), j % r.max(1));
+        let dst = j * s;
+        match live.position(rank) {
+            Some(p) => {
+                let src = (l * live_rows + p) * s;
+                if src != dst && src + s <= out.len() && dst + s <= out.len() {
+                    out.copy_within(src..src + s, dst);
+                }
+            }
+            None => {
+                if let Some(row) = out.get_mut(dst..dst + s) {
+                    row.fill(EMPTY);
+                }
+            }
+        }
+    }
+}
+
+/// [`rebalance`] over the live ranks of `input`: plans on the compact shape from a servable
+/// current (see the module documentation), then writes the full placement `[L][R][S]` into
+/// `out.placement` with every slot of a dead rank [`EMPTY`].
+///
+/// `scratch` holds at least the compact shape's need (size it with [`live_scratch_len`] of the
+/// full shape), `state` at least [`Policy::state_len`] of the compact shape (the full shape's
+/// is enough for every policy here). `out.changed`, `out.par_before` and `out.par_after` have
+/// `L` entries. On error `out.placement` holds the input's current placement (once its length
+/// is checked). With every rank live and no [`EMPTY`] slot the output is [`rebalance`]'s, bit
+/// for bit.
+pub fn rebalance_live<P: Policy + ?Sized>(
+    policy: &mut P,
+    input: &LiveInput<'_>,
+    scratch: &mut [u64],
+    state: &mut [u64],
+    out: Output<'_>,
+) -> Result<Summary, Error> {
+    let shape = input.shape;
+    let compact = input.compact;
+    crate::check_out_len(&shape, out.placement)?;
+    check_range(&shape)?;
+    let needed = compact_scratch(policy, &compact);
+    if scratch.len() < needed {
+        return Err(Error::Scratch {
+            needed,
+            got: scratch.len(),
+        });
+    }
+    let (mine, rest) = scratch.split_at_mut(needed.saturating_sub(scratch_len(policy, &compact)));
+    let mut arena = Arena::new(mine);
+    let cur = arena.u16s(compact.placement_len())?;
+    let copies = arena.u32s(shape.experts())?;
+    let mark = arena.u32s(shape.experts())?;
+    gather(input, cur);
+    let (n, s) = (shape.experts(), shape.slots_per_rank());
+    for (l, lay) in cur.chunks_exact_mut(compact.slots_per_layer()).enumerate() {
+        let loads = input.loads.get(l * n..(l + 1) * n).unwrap_or(&[]);
+        make_servable(lay, s, loads, copies, mark);
+    }
+    let planned = Placement::new(compact, cur)
+        .map_err(Error::InvalidOutput)
+        .and_then(|p| Input::new(p, input.loads, input.samples, input.seed))
+        .and_then(|inp| {
+            let small = out.placement.get_mut(..compact.placement_len()).ok_or(
+                eplb_core::Error::Length {
+                    what: "new placement [L][R][S]",
+                    expected: compact.placement_len(),
+                    got: 0,
+                },
+            )?;
+            rebalance(
+                policy,
+                &inp,
+                rest,
+                state,
+                Output {
+                    placement: small,
+                    changed: &mut *out.changed,
+                    par_before: &mut *out.par_before,
+                    par_after: &mut *out.par_after,
+                },
+            )
+        });
+    let summary = match planned {
+        Ok(sm) => sm,
+        Err(e) => {
+            out.placement.copy_from_slice(input.current);
+            return Err(e);
+        }
+    };
+
+    let mut reloads = 0;
+    let (full_layer, small_layer) = (shape.slots_per_layer(), compact.slots_per_layer());
+    for (old, new) in input
+        .current
+        .chunks_exact(full_layer)
+        .zip(out.placement.chunks_exact(small_layer))
+    {
+        reloads += layer_reloads(old, new, s, copies);
+    }
+    expand(&shape, &input.live, out.placement);
+
+    let mut changed_layers = 0;
+    for ((c, old), new) in out
+        .changed
+        .iter_mut()
+        .zip(input.current.chunks_exact(full_layer))
+        .zip(out.placement.chunks_exact(full_layer))
+    {
+        *c = old != new;
+        changed_layers += usize::from(*c);
+    }
+    Ok(Summary {
+        changed_layers,
+        moves: eplb_core::metrics::moves(input.current, out.placement, s),
+        reloads,
+        ..summary
+    })
+}
+
+#[cfg(test)]
+mod tests;
