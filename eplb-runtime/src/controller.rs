@@ -433,7 +433,10 @@ impl<T: Transport> Controller<T> {
         };
         self.waiting_for = None;
         match outcome.as_ref() {
-            Ok(plan) => match self.machine.handle_elastic_plan(cycle, Some(&plan.placement)) {
+            Ok(plan) => match self
+                .machine
+                .handle_elastic_plan(cycle, Some(&plan.placement))
+            {
                 Ok(()) => self.plan = Some(Arc::clone(&outcome)),
                 Err(e) => log::error!("eplb: cycle {cycle}: the planner's placement: {e}"),
             },

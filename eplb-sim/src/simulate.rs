@@ -16,7 +16,7 @@ use eplb_core::metrics::{self, Routing};
 use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
 
 use eplb_policies::PolicyKind;
-use eplb_runtime::planner::{PolicyHost, policy_input};
+use eplb_runtime::planner::{PolicyHost, policy_input, policy_live_input};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
     Action, LayerAction, LocalCollective, MachineConfig, PlanInput, PlannerAction, RankMachine,
@@ -623,14 +623,11 @@ impl SimWorld {
         if !self.asked.iter().any(|&a| a) {
             return Ok(());
         }
-        let plan = if ok {
-            Some(Placement::new(self.shape, &self.plan).map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
+        let plan = ok.then_some(self.plan.as_slice());
         for (m, asked) in machines.iter_mut().zip(self.asked.iter_mut()) {
             if core::mem::take(asked) {
-                m.handle_plan(cycle, plan);
+                m.handle_elastic_plan(cycle, plan)
+                    .map_err(|e| format!("simulation: cycle {cycle}: the plan: {e}"))?;
             }
         }
         Ok(())
@@ -639,14 +636,21 @@ impl SimWorld {
     fn compute(&mut self, input: &PlanInput<'_>) -> Result<bool, String> {
         let cycle = input.cycle;
         let shape = self.shape;
-        let outcome = policy_input(
-            &shape,
-            input.current,
-            input.loads,
-            Some((input.windows, input.samples)),
-            input.seed,
-        )
-        .and_then(|i| self.host.plan(cycle, &i));
+        let samples = Some((input.windows, input.samples));
+        let outcome = if input.live.is_all() && !input.current.contains(&eplb_core::EMPTY) {
+            policy_input(&shape, input.current, input.loads, samples, input.seed)
+                .and_then(|i| self.host.plan(cycle, &i))
+        } else {
+            policy_live_input(
+                &shape,
+                input.current,
+                *input.live,
+                input.loads,
+                samples,
+                input.seed,
+            )
+            .and_then(|i| self.host.plan_live(cycle, &i))
+        };
         match outcome {
             Ok(plan) => {
                 self.plan_time = plan.elapsed.as_secs_f64();

@@ -6,7 +6,10 @@ use std::time::Instant;
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
 use eplb_core::time::gate::Gate;
-use eplb_policies::{BufferLens, Input, Output, Policy, buffer_lens, rebalance};
+use eplb_policies::{
+    BufferLens, Input, LiveInput, Output, Policy, Summary, buffer_lens, live_buffer_lens,
+    rebalance, rebalance_live,
+};
 
 use super::{Outcome, Plan, PlanFailure};
 
@@ -119,18 +122,78 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     /// [`rebalance`]; a panic becomes [`PlanFailure::Panicked`]). The copy waits for
     /// [`PolicyHost::settle`].
     pub fn plan(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
+        self.check_input_shape(input.shape())?;
+        let mut plan = self.run(cycle, |policy, scratch, state, out| {
+            rebalance(policy, input, scratch, state, out)
+        })?;
+        if let Some(g) = self.gate.as_mut() {
+            g.apply(input, &mut plan).map_err(PlanFailure::input)?;
+        }
+        Ok(plan)
+    }
+
+    /// [`PolicyHost::plan`] over the live ranks of `input` only (after a membership change:
+    /// [`rebalance_live`]). The scratch grows once to what any live set needs. The pay-off gate
+    /// does not apply here: a plan after a membership change restores every expert and the
+    /// balance over the ranks left, which no saving estimate should hold back.
+    pub fn plan_live(&mut self, cycle: u64, input: &LiveInput<'_>) -> Outcome {
+        self.check_input_shape(input.shape())?;
+        let lens =
+            live_buffer_lens(self.policy.as_ref(), &self.shape).map_err(PlanFailure::Shape)?;
+        if self.scratch.len() < lens.scratch {
+            self.scratch.resize(lens.scratch, 0);
+        }
+        if self.state.len() < lens.state {
+            self.state.resize(lens.state, 0);
+            self.working.resize(lens.state, 0);
+        }
+        self.run(cycle, |policy, scratch, state, out| {
+            rebalance_live(policy, input, scratch, state, out)
+        })
+    }
+
+    /// Plans `req` ([`PolicyHost::plan`], or [`PolicyHost::plan_live`] when it names a live
+    /// set or its placement holds [`EMPTY`](eplb_core::EMPTY) slots).
+    pub fn plan_request(&mut self, req: &super::PlanRequest) -> Outcome {
+        if req.live.is_none() && !req.current.contains(&eplb_core::EMPTY) {
+            let input = req.input(&self.shape)?;
+            return self.plan(req.cycle, &input);
+        }
+        let live = match req.live {
+            Some(l) => l,
+            None => eplb_core::LiveSet::all(self.shape.ranks()).map_err(PlanFailure::input)?,
+        };
+        let input = req.live_input(&self.shape, live)?;
+        self.plan_live(req.cycle, &input)
+    }
+
+    fn check_input_shape(&self, shape: &Shape) -> Result<(), PlanFailure> {
         if let Err(e) = &self.lens {
             return Err(PlanFailure::Shape(*e));
         }
-        if *input.shape() != self.shape {
+        if *shape != self.shape {
             return Err(PlanFailure::Input(eplb_policies::Error::Core(
                 eplb_core::Error::Length {
                     what: "placement [L][R][S] of the host's shape",
                     expected: self.shape.placement_len(),
-                    got: input.shape().placement_len(),
+                    got: shape.placement_len(),
                 },
             )));
         }
+        Ok(())
+    }
+
+    /// Runs `call` on a working copy of the state, catching a panic.
+    fn run(
+        &mut self,
+        cycle: u64,
+        call: impl FnOnce(
+            &mut P,
+            &mut [u64],
+            &mut [u64],
+            Output<'_>,
+        ) -> Result<Summary, eplb_policies::Error>,
+    ) -> Outcome {
         self.working.copy_from_slice(&self.state);
         self.pending = Some(cycle);
         let l = self.shape.layers();
@@ -140,9 +203,8 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
         let (policy, scratch, working) = (&mut self.policy, &mut self.scratch, &mut self.working);
         let started = Instant::now();
         let summary = catch_unwind(AssertUnwindSafe(|| {
-            rebalance(
+            call(
                 policy.as_mut(),
-                input,
                 scratch,
                 working,
                 Output {
@@ -162,7 +224,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
             PlanFailure::Panicked(msg)
         })?
         .map_err(PlanFailure::Policy)?;
-        let mut plan = Plan {
+        Ok(Plan {
             cycle,
             placement,
             changed,
@@ -171,11 +233,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
             summary,
             elapsed: started.elapsed(),
             gate: None,
-        };
-        if let Some(g) = self.gate.as_mut() {
-            g.apply(input, &mut plan).map_err(PlanFailure::input)?;
-        }
-        Ok(plan)
+        })
     }
 
     /// Every rank took `cycle` (`taken`) or abandoned it: the state advances to the working
@@ -205,6 +263,14 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     /// succeeded (one-shot callers: the Python `Policy`, `eplb plan`).
     pub fn plan_and_take(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
         let outcome = self.plan(cycle, input);
+        self.settle(cycle, outcome.is_ok(), false);
+        outcome
+    }
+
+    /// [`PolicyHost::plan_request`], then settle at once (one-shot callers).
+    pub fn plan_request_and_take(&mut self, req: &super::PlanRequest) -> Outcome {
+        let cycle = req.cycle;
+        let outcome = self.plan_request(req);
         self.settle(cycle, outcome.is_ok(), false);
         outcome
     }

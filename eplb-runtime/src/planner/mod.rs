@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use eplb_core::time::gate::GateSummary;
 use eplb_core::{Placement, Shape};
-use eplb_policies::{Input, Samples, Summary};
+use eplb_policies::{Input, LiveInput, Samples, Summary};
 
 mod host;
 mod thread;
@@ -51,6 +51,17 @@ impl PlanRequest {
         let samples = self.samples.as_ref().map(|(t, data)| (*t, data.as_slice()));
         policy_input(shape, &self.current, &self.loads, samples, self.seed)
     }
+
+    /// The policy's input over the live ranks `live` ([`eplb_policies::rebalance_live`]),
+    /// checked.
+    pub fn live_input(
+        &self,
+        shape: &Shape,
+        live: eplb_core::LiveSet,
+    ) -> Result<LiveInput<'_>, PlanFailure> {
+        let samples = self.samples.as_ref().map(|(t, data)| (*t, data.as_slice()));
+        policy_live_input(shape, &self.current, live, &self.loads, samples, self.seed)
+    }
 }
 
 /// The policy's input for `shape`, checked: the placement `current` (`[L][R][S]`), the loads
@@ -69,6 +80,23 @@ pub fn policy_input<'a>(
         None => None,
     };
     Input::new(current, loads, samples, seed).map_err(PlanFailure::Input)
+}
+
+/// [`policy_input`] over the live ranks `live` ([`eplb_policies::rebalance_live`]): `current`
+/// may hold [`EMPTY`](eplb_core::EMPTY) slots (every slot of a rank outside `live` must be).
+pub fn policy_live_input<'a>(
+    shape: &Shape,
+    current: &'a [u16],
+    live: eplb_core::LiveSet,
+    loads: &'a [f64],
+    samples: Option<(usize, &'a [f64])>,
+    seed: u64,
+) -> Result<LiveInput<'a>, PlanFailure> {
+    let samples = match samples {
+        Some((t, data)) => Some(Samples::new(shape, t, data).map_err(PlanFailure::Input)?),
+        None => None,
+    };
+    LiveInput::new(*shape, current, live, loads, samples, seed).map_err(PlanFailure::Input)
 }
 
 /// A computed plan.

@@ -199,6 +199,7 @@ fn fingerprint(req: &PlanRequest) -> u64 {
         h.words(s.iter().map(|v| v.to_bits()));
     }
     h.word(req.seed);
+    h.word(req.live.map_or(0, |l| l.digest()));
     h.finish()
 }
 
@@ -224,7 +225,7 @@ fn run(
             Msg::Plan(req) => req,
         };
         let cycle = req.cycle;
-        let outcome = req.input(&shape).and_then(|input| host.plan(cycle, &input));
+        let outcome = host.plan_request(&req);
         if let Err(e) = &outcome {
             log::error!("eplb planner: cycle {cycle}: {e}; the placement stays as it is");
         }
@@ -244,6 +245,5 @@ fn run(
 /// Runs `policy` once on a request, outside any thread, and takes the cycle (one-shot callers:
 /// `eplb plan`, tests).
 pub fn plan_once<P: Policy + ?Sized>(host: &mut PolicyHost<P>, req: &PlanRequest) -> Outcome {
-    let input = req.input(host.shape())?;
-    host.plan_and_take(req.cycle, &input)
+    host.plan_request_and_take(req)
 }

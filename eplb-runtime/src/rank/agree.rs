@@ -287,7 +287,9 @@ impl RankMachine {
     /// cycle there.
     pub(super) fn on_heat(&mut self, all: Option<&[u64]>) -> Result<(), super::MachineError> {
         let folded = match all {
-            Some(words) => self.heat.fold(&self.shape, &self.placement, &self.live, words),
+            Some(words) => self
+                .heat
+                .fold(&self.shape, &self.placement, &self.live, words),
             None => Ok(()),
         };
         let ok = all.is_some() && folded.is_ok();

@@ -99,7 +99,15 @@ impl SlotHeat {
         if live.is_all() && !placement.contains(&EMPTY) {
             fold_slot_heat(shape, placement, t, gathered, samples, &mut self.loads)?;
         } else {
-            fold_live_slot_heat(shape, placement, live, t, gathered, samples, &mut self.loads)?;
+            fold_live_slot_heat(
+                shape,
+                placement,
+                live,
+                t,
+                gathered,
+                samples,
+                &mut self.loads,
+            )?;
         }
         self.folded = t;
         Ok(())

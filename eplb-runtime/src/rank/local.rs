@@ -237,11 +237,7 @@ impl LocalCollective {
             Some(_) => true,
             None => false,
         };
-        let all = self
-            .flags
-            .iter()
-            .zip(&members)
-            .all(|(&f, &m)| f || !m);
+        let all = self.flags.iter().zip(&members).all(|(&f, &m)| f || !m);
         let count = members.iter().filter(|&&m| m).count();
         let len = words_of(&first).unwrap_or(0) * count;
         for m in machines.iter_mut() {

@@ -86,8 +86,8 @@ use agree::{Agree, Awaiting, Task};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
-use members::MemberStep;
 pub use local::{DriveError, Entered, LocalCollective, LocalFault};
+use members::MemberStep;
 pub use walk::outcome;
 use walk::{LayerStep, Walk};
 
@@ -371,7 +371,7 @@ impl RankMachine {
             slot_counts.len(),
         )?;
         self.walk.after_forward(self.rank);
-        if self.health != Health::Running || !self.live.contains(self.rank) {
+        if self.health != Health::Running || !self.takes_part() {
             return Ok(());
         }
         let matched = self
@@ -465,10 +465,12 @@ impl RankMachine {
                 };
                 bad.and(folded)
             }
-            Awaiting::Nothing | Awaiting::Committed(_) | Awaiting::Loaded(_) => Err(MachineError::Reply {
-                expected: "no collective reply (none was asked for)",
-                got,
-            }),
+            Awaiting::Nothing | Awaiting::Committed(_) | Awaiting::Loaded(_) => {
+                Err(MachineError::Reply {
+                    expected: "no collective reply (none was asked for)",
+                    got,
+                })
+            }
         }
     }
 
@@ -494,7 +496,7 @@ impl RankMachine {
         if self.agree.awaiting != Awaiting::Nothing {
             return None;
         }
-        if !self.live.contains(self.rank) && self.members == MemberStep::Idle {
+        if !self.takes_part() {
             // A rank that comes back waits for the engine's membership change.
             return None;
         }
@@ -509,6 +511,12 @@ impl RankMachine {
             Some(LayerStep::Do(a)) => Some(Action::Layer(a)),
             None => self.poll_task(),
         }
+    }
+
+    /// Whether this rank is live, or is being let in by a membership change under way.
+    fn takes_part(&self) -> bool {
+        self.live.contains(self.rank)
+            || (self.members != MemberStep::Idle && self.proposed.contains(self.rank))
     }
 
     /// Books a collective's outcome; on failure abandons the cycle (and suspends balancing after

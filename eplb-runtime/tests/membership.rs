@@ -1,0 +1,551 @@
+//! Elastic membership on the rank machine alone: eight machines in lock step over an in-memory
+//! collective, a policy host per rank (every policy), a rank that stops answering between
+//! cycles, mid-gather and mid-walk, a second failure during the recovery, and a rank that comes
+//! back. After every iteration the live ranks hold one placement, no live rank routes a token to
+//! a rank that left, and once the recovery's plan is walked every expert is served again.
+
+mod common;
+
+use eplb_core::{
+    EMPTY, HeatStage, LayerPlacement, LiveSet, NO_COPY, Placement, ReplicaChoice, Shape,
+    StageClassifier,
+};
+use eplb_policies::PolicyKind;
+use eplb_runtime::planner::{PlanRequest, PolicyHost};
+use eplb_runtime::policies::policy_for;
+use eplb_runtime::rank::{
+    Action, Health, LayerAction, LocalCollective, MachineConfig, PlannerAction, RankMachine,
+    RunMode,
+};
+
+const H: u32 = 4;
+const A: u32 = 2;
+const POLICIES: [PolicyKind; 6] = [
+    PolicyKind::Random,
+    PolicyKind::Default,
+    PolicyKind::Swift,
+    PolicyKind::FlashLb,
+    PolicyKind::Incremental,
+    PolicyKind::DeepSeek,
+];
+
+fn cfg() -> MachineConfig {
+    MachineConfig {
+        heat_interval: H,
+        algo_interval: A,
+        stage: HeatStage::All,
+        classifier: StageClassifier::new(1, 0),
+        mode: RunMode::Dynamic,
+        seed: 7,
+        max_collective_failures: 3,
+        atomic_collectives: false,
+    }
+}
+
+/// `R` machines (a rank that stopped answering is no longer driven), a policy host each, one
+/// lenient collective (a rank that does not enter makes its peers' collective fail, as a
+/// timeout would).
+struct Cluster {
+    shape: Shape,
+    kind: PolicyKind,
+    machines: Vec<RankMachine>,
+    hosts: Vec<PolicyHost>,
+    net: LocalCollective,
+    /// Ranks still driven (a dead rank is not).
+    driven: Vec<bool>,
+    launched: Vec<Option<u16>>,
+    /// Loads asked for, per rank; `fail_loads` makes them fail.
+    loads_asked: Vec<u64>,
+    fail_loads: bool,
+    reroutes: Vec<u64>,
+    iter: usize,
+}
+
+impl Cluster {
+    fn new(kind: PolicyKind) -> Self {
+        let shape = common::small_shape();
+        let p = common::default_layout(&shape);
+        let machines: Vec<RankMachine> = (0..shape.ranks())
+            .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
+            .collect();
+        let mut net = LocalCollective::new(&machines);
+        net.set_lenient(true);
+        Self {
+            shape,
+            kind,
+            hosts: (0..shape.ranks())
+                .map(|_| PolicyHost::new(policy_for(kind), shape))
+                .collect(),
+            net,
+            machines,
+            driven: vec![true; shape.ranks()],
+            launched: vec![None; shape.ranks()],
+            loads_asked: vec![0; shape.ranks()],
+            fail_loads: false,
+            reroutes: vec![0; shape.ranks()],
+            iter: 0,
+        }
+    }
+
+    /// Skewed per-slot counts of `rank` under its live placement; an EMPTY slot gets none.
+    fn counts(&self, rank: usize) -> Vec<u32> {
+        let (s, per) = (self.shape.slots_per_rank(), self.shape.slots_per_layer());
+        let p = self.machines[rank].placement();
+        let mut out = Vec::new();
+        for l in 0..self.shape.layers() {
+            for slot in 0..s {
+                let e = p[l * per + rank * s + slot];
+                out.push(if e == EMPTY {
+                    0
+                } else if (usize::from(e) + l).is_multiple_of(5) {
+                    40
+                } else {
+                    3 + (self.iter % 3) as u32
+                });
+            }
+        }
+        out
+    }
+
+    /// One forward on every driven rank, then every action until all are idle; then checks
+    /// that the live ranks hold one placement and route nothing to a rank outside their set.
+    fn iterate(&mut self) {
+        self.iter += 1;
+        for r in 0..self.machines.len() {
+            if !self.driven[r] {
+                continue;
+            }
+            let counts = self.counts(r);
+            let m = &mut self.machines[r];
+            if let Some(l) = self.launched[r].take() {
+                m.handle_exchanged(l, true);
+            }
+            m.handle_forward(&counts, 0).unwrap();
+        }
+        let mut settled = false;
+        for _round in 0..LocalCollective::MAX_ROUNDS {
+            for r in 0..self.machines.len() {
+                if self.driven[r] {
+                    self.run_local(r);
+                }
+            }
+            let driven = self.driven.clone();
+            let mut alive: Vec<RankMachine> = Vec::new();
+            // Answer the driven machines only (a dead rank's machine is frozen).
+            let mut idx = Vec::new();
+            for (r, m) in self.machines.iter().enumerate() {
+                if driven[r] {
+                    idx.push(r);
+                    alive.push(m.clone());
+                }
+            }
+            let answered = self.net.answer(&mut alive).unwrap();
+            for (m, r) in alive.into_iter().zip(idx) {
+                self.machines[r] = m;
+            }
+            if !answered {
+                settled = true;
+                break;
+            }
+        }
+        assert!(settled, "livelock: still exchanging after 16 collectives");
+        self.check_one_placement();
+    }
+
+    fn run_local(&mut self, r: usize) {
+        loop {
+            let m = &mut self.machines[r];
+            match m.poll() {
+                None => return,
+                Some(Action::Collective(c)) => {
+                    self.net.enter(r, c).unwrap();
+                    return;
+                }
+                Some(Action::Planner(PlannerAction::Submit(input))) => {
+                    let req = PlanRequest {
+                        cycle: input.cycle,
+                        current: input.current.to_vec(),
+                        live: (!input.live.is_all()).then_some(*input.live),
+                        loads: input.loads.to_vec(),
+                        samples: Some((input.windows, input.samples.to_vec())),
+                        seed: input.seed,
+                    };
+                    let cycle = req.cycle;
+                    match self.hosts[r].plan_request(&req) {
+                        Ok(p) => m.handle_elastic_plan(cycle, Some(&p.placement)).unwrap(),
+                        Err(e) => panic!("{:?}: rank {r}: cycle {cycle}: {e}", self.kind),
+                    }
+                }
+                Some(Action::Planner(PlannerAction::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                })) => self.hosts[r].settle(cycle, taken, resync),
+                Some(Action::Layer(LayerAction::Launch { layer })) => {
+                    self.launched[r] = Some(layer)
+                }
+                Some(Action::Layer(LayerAction::Commit { layer })) => {
+                    m.handle_committed(layer, true)
+                }
+                Some(Action::Layer(LayerAction::Load { layer })) => {
+                    self.loads_asked[r] += 1;
+                    m.handle_loaded(layer, !self.fail_loads)
+                }
+                Some(Action::Members { live }) => self.net.set_live(live),
+                Some(Action::Reroute) => self.reroutes[r] += 1,
+                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
+            }
+        }
+    }
+
+    fn live_ranks(&self) -> Vec<usize> {
+        (0..self.machines.len())
+            .filter(|&r| self.driven[r])
+            .collect()
+    }
+
+    /// No pair of live ranks serves on different placements, and no live rank routes a token to
+    /// a slot of a rank outside the agreed set.
+    fn check_one_placement(&self) {
+        let ranks = self.live_ranks();
+        let first = &self.machines[ranks[0]];
+        for &r in &ranks {
+            let m = &self.machines[r];
+            if !m.live().contains(r) {
+                continue; // a rank that waits to join serves nothing yet
+            }
+            assert_eq!(
+                m.placement(),
+                first.placement(),
+                "{:?}: iteration {}: rank {r} serves on another placement than rank {}",
+                self.kind,
+                self.iter,
+                ranks[0]
+            );
+            let live = m.live();
+            let (per, s) = (self.shape.slots_per_layer(), self.shape.slots_per_rank());
+            let mut out = vec![0u32; self.shape.experts()];
+            for (l, rows) in m.placement().chunks_exact(per).enumerate() {
+                let lp = LayerPlacement::new_elastic(self.shape, l, rows, live).unwrap();
+                lp.log2phy(r, ReplicaChoice::Plain, &mut out).unwrap();
+                for (e, &phy) in out.iter().enumerate() {
+                    if phy == NO_COPY {
+                        continue;
+                    }
+                    let holder = phy as usize / s;
+                    assert!(
+                        live.contains(holder) && rows[phy as usize] == e as u16,
+                        "{:?}: rank {r} routes expert {e} of layer {l} to rank {holder}",
+                        self.kind
+                    );
+                }
+            }
+        }
+    }
+
+    /// Iterates until every live machine is idle between cycles (at most `limit` iterations).
+    fn run(&mut self, iterations: usize) {
+        for _ in 0..iterations {
+            self.iterate();
+        }
+    }
+
+    /// Every live rank is told the live set at the same iteration.
+    fn membership(&mut self, live: LiveSet) {
+        for r in self.live_ranks() {
+            self.machines[r].handle_membership(live).unwrap();
+        }
+    }
+
+    /// The rank stops answering (its machine is no longer driven).
+    fn kill(&mut self, rank: usize) {
+        self.driven[rank] = false;
+    }
+
+    fn lost(&self) -> usize {
+        self.machines[self.live_ranks()[0]].lost_count()
+    }
+}
+
+fn without(ranks: usize, gone: &[usize]) -> LiveSet {
+    let mut l = LiveSet::all(ranks).unwrap();
+    for &g in gone {
+        l.remove(g).unwrap();
+    }
+    l
+}
+
+/// The rank whose death loses the most experts of the default layout (its copies are the only
+/// ones of some experts).
+fn victim(shape: &Shape) -> usize {
+    let p = common::default_layout(shape);
+    (0..shape.ranks())
+        .max_by_key(|&r| {
+            let mut lost = vec![false; shape.experts()];
+            p.chunks_exact(shape.slots_per_layer())
+                .map(|layer| {
+                    eplb_core::live::lost_experts(
+                        shape,
+                        layer,
+                        &without(shape.ranks(), &[r]),
+                        &mut lost,
+                    )
+                    .unwrap()
+                })
+                .sum::<usize>()
+        })
+        .unwrap()
+}
+
+#[test]
+fn between_cycles_the_survivors_agree_reroute_reload_and_balance_again_for_every_policy() {
+    for kind in POLICIES {
+        let mut c = Cluster::new(kind);
+        let shape = c.shape;
+        let dead = victim(&shape);
+        // Two cycles as usual.
+        c.run(2 * (H + A + 6) as usize);
+        // The rank stops answering; the engine tells the survivors at once.
+        c.kill(dead);
+        let live = without(shape.ranks(), &[dead]);
+        c.membership(live);
+        c.iterate();
+        for r in c.live_ranks() {
+            let m = &c.machines[r];
+            assert_eq!(*m.live(), live, "{kind:?}: rank {r}");
+            assert_eq!(m.stats().membership_changes, 1, "{kind:?}: rank {r}");
+            assert_eq!(c.reroutes[r], 1, "{kind:?}: rank {r} rerouted once");
+            // The routing-only step: the dead rank's slots are empty, nothing else moved.
+            let s = shape.slots_per_rank();
+            for layer in m.placement().chunks_exact(shape.slots_per_layer()) {
+                assert!(layer[dead * s..(dead + 1) * s].iter().all(|&e| e == EMPTY));
+            }
+        }
+        let lost_at_failure = c.lost();
+        assert!(
+            lost_at_failure > 0,
+            "{kind:?}: the victim held some only copies"
+        );
+        // Within one cycle (plus its walk) every expert is served again and the lost ones were
+        // loaded through the engine's answer.
+        c.run((H + A) as usize + 2 * shape.layers() + 2);
+        assert_eq!(c.lost(), 0, "{kind:?}: every expert has a live copy again");
+        let loads: u64 = c.loads_asked.iter().sum();
+        assert!(loads > 0, "{kind:?}: the lost experts were loaded");
+        for r in c.live_ranks() {
+            let m = &c.machines[r];
+            assert_eq!(m.health(), Health::Running, "{kind:?}: rank {r}");
+            assert!(m.stats().layers_committed > 0, "{kind:?}: rank {r}");
+            assert_eq!(m.stats().load_failures, 0);
+        }
+        // And it keeps balancing over the survivors.
+        let before = c.machines[0.max(c.live_ranks()[0])].stats().plans_taken;
+        c.run(2 * (H + A + 6) as usize);
+        assert!(
+            c.machines[c.live_ranks()[0]].stats().plans_taken >= before + 2,
+            "{kind:?}"
+        );
+        assert_eq!(c.lost(), 0, "{kind:?}");
+    }
+}
+
+#[test]
+fn a_failed_load_keeps_the_layer_everywhere_and_the_next_cycle_reloads() {
+    let mut c = Cluster::new(PolicyKind::Default);
+    let shape = c.shape;
+    let dead = victim(&shape);
+    c.run((H + A + 6) as usize);
+    c.kill(dead);
+    c.membership(without(shape.ranks(), &[dead]));
+    c.iterate();
+    let lost = c.lost();
+    assert!(lost > 0);
+    c.fail_loads = true;
+    c.run((H + A) as usize + 2 * shape.layers() + 2);
+    // Every layer that needed a load kept its rows on every rank (the loop checks they agree).
+    assert_eq!(
+        c.lost(),
+        lost,
+        "nothing lost was installed without its load"
+    );
+    let failures: u64 = c.machines.iter().map(|m| m.stats().load_failures).sum();
+    assert!(failures > 0);
+    c.fail_loads = false;
+    c.run(2 * ((H + A) as usize + 2 * shape.layers() + 2));
+    assert_eq!(c.lost(), 0);
+}
+
+#[test]
+fn a_rank_that_stops_mid_gather_or_mid_walk_then_a_second_failure_during_recovery() {
+    for kind in [
+        PolicyKind::Default,
+        PolicyKind::Incremental,
+        PolicyKind::FlashLb,
+    ] {
+        let mut c = Cluster::new(kind);
+        let shape = c.shape;
+        // Mid-walk: run until a layer walk is under way, then rank 6 stops answering. Its peers'
+        // next collective times out.
+        let mut guard = 0;
+        while !c.machines[0].is_updating() {
+            c.iterate();
+            guard += 1;
+            assert!(guard < 100, "{kind:?}: no walk started");
+        }
+        c.kill(6);
+        c.iterate();
+        c.membership(without(shape.ranks(), &[6]));
+        c.iterate();
+        // A second rank stops before the recovery's plan: mid-gather (at the next snapshot).
+        let mut guard = 0;
+        while c.machines[0].cycle().phase() != (eplb_core::Phase::Collecting { counted: H - 1 }) {
+            c.iterate();
+            guard += 1;
+            assert!(guard < 100, "{kind:?}: no snapshot");
+        }
+        c.kill(2);
+        c.iterate(); // the heat gather times out on the survivors
+        c.membership(without(shape.ranks(), &[2, 6]));
+        c.run(2 * ((H + A) as usize + 2 * shape.layers() + 2));
+        assert_eq!(c.lost(), 0, "{kind:?}");
+        for r in c.live_ranks() {
+            let m = &c.machines[r];
+            assert_eq!(m.stats().membership_changes, 2, "{kind:?}: rank {r}");
+            assert_eq!(m.health(), Health::Running, "{kind:?}: rank {r}");
+            assert_eq!(m.live().count(), 6);
+        }
+    }
+}
+
+#[test]
+fn a_returning_rank_gets_its_weights_from_its_peers_before_it_serves() {
+    for kind in POLICIES {
+        let mut c = Cluster::new(kind);
+        let shape = c.shape;
+        let dead = 3;
+        c.run((H + A + 6) as usize);
+        c.kill(dead);
+        let without3 = without(shape.ranks(), &[dead]);
+        c.membership(without3);
+        c.run((H + A) as usize + 2 * shape.layers() + 2);
+        assert_eq!(c.lost(), 0, "{kind:?}");
+        // Rank 3 restarts from the survivors' placement (its rows empty) and waits to join.
+        let survivors = c.machines[0].placement().to_vec();
+        c.machines[dead] =
+            RankMachine::new_elastic(shape, dead, &survivors, without3, cfg()).unwrap();
+        c.hosts[dead] = PolicyHost::new(policy_for(kind), shape);
+        c.driven[dead] = true;
+        c.iterate(); // it does nothing until told
+        assert_eq!(c.machines[dead].stats().collectives, 0);
+        // The engine hands it the placement its peers hold when it is let in (they may have
+        // walked a layer meanwhile).
+        let survivors = c.machines[0].placement().to_vec();
+        c.machines[dead] =
+            RankMachine::new_elastic(shape, dead, &survivors, without3, cfg()).unwrap();
+        // Every rank, the returning one too, is told the full set.
+        let all = LiveSet::all(shape.ranks()).unwrap();
+        c.membership(all);
+        c.iterate();
+        assert_eq!(*c.machines[dead].live(), all, "{kind:?}");
+        // Until a walk fills its rows, it holds nothing (so nothing is routed to it).
+        let s = shape.slots_per_rank();
+        let rows = |c: &Cluster| {
+            c.machines[0]
+                .placement()
+                .chunks_exact(shape.slots_per_layer())
+                .map(|l| l[dead * s..(dead + 1) * s].to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert!(rows(&c).iter().flatten().all(|&e| e == EMPTY), "{kind:?}");
+        c.run(2 * ((H + A) as usize + 2 * shape.layers() + 2));
+        // Filled from its peers: a full, strictly valid placement again, on every rank.
+        assert!(
+            rows(&c).iter().flatten().all(|&e| e != EMPTY),
+            "{kind:?}: {:?} {:?} {:?}",
+            rows(&c),
+            c.machines[dead].stats(),
+            c.machines[0].stats()
+        );
+        let p = c.machines[dead].placement().to_vec();
+        Placement::new(shape, &p).unwrap();
+        assert!(c.machines.iter().all(|m| m.placement() == p.as_slice()));
+        assert_eq!(c.machines[dead].stats().load_failures, 0);
+    }
+}
+
+#[test]
+fn ranks_told_different_sets_adopt_nothing_and_say_so() {
+    use eplb_runtime::rank::{AGREE_WORDS, Collective, Gather, Reply, agree_tag, seal};
+    let shape = common::small_shape();
+    let p = common::default_layout(&shape);
+    let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();
+    let mine = without(shape.ranks(), &[7]);
+    let theirs = without(shape.ranks(), &[6, 7]);
+    m.handle_membership(mine).unwrap();
+    assert!(matches!(m.poll(), Some(Action::Members { live }) if *live == mine));
+    let sent = match m.poll() {
+        Some(Action::Collective(Collective::AllGather {
+            of: Gather::Members,
+            send,
+        })) => send.to_vec(),
+        other => panic!("expected the members gather, got {other:?}"),
+    };
+    assert_eq!(sent[1], mine.digest());
+    // Seven words: rank 3 says another set.
+    let mut words = Vec::new();
+    for r in 0..7 {
+        let digest = if r == 3 {
+            theirs.digest()
+        } else {
+            mine.digest()
+        };
+        let w = [sent[0], digest, 0, sent[3]];
+        words.extend_from_slice(&w);
+        words.push(seal(w));
+    }
+    assert_eq!(words.len(), 7 * AGREE_WORDS);
+    m.handle_collective(Some(Reply::Words(&words))).unwrap();
+    assert_eq!(m.stats().membership_changes, 0);
+    assert_eq!(m.stats().membership_refused, 1);
+    assert!(matches!(m.health(), Health::Suspended { .. }));
+    assert_eq!(m.placement(), p.as_slice(), "nothing retired");
+    assert_eq!(*m.live(), LiveSet::all(8).unwrap());
+    // The same words with rank 3 agreeing: adopted, and the dead rank's slots are empty.
+    m.handle_membership(mine).unwrap();
+    let _ = m.poll();
+    let sent = match m.poll() {
+        Some(Action::Collective(Collective::AllGather { send, .. })) => send.to_vec(),
+        other => panic!("expected the members gather, got {other:?}"),
+    };
+    let mut words = Vec::new();
+    for _ in 0..7 {
+        let w = [sent[0], mine.digest(), 0, sent[3]];
+        words.extend_from_slice(&w);
+        words.push(seal(w));
+    }
+    assert_eq!(agree_tag(Gather::Members, 0), sent[0]);
+    m.handle_collective(Some(Reply::Words(&words))).unwrap();
+    assert_eq!(m.stats().membership_changes, 1);
+    assert_eq!(*m.live(), mine);
+    let s = shape.slots_per_rank();
+    assert!(
+        m.placement()
+            .chunks_exact(shape.slots_per_layer())
+            .all(|l| l[7 * s..8 * s].iter().all(|&e| e == EMPTY))
+    );
+    assert!(matches!(
+        m.poll(),
+        Some(Action::Planner(PlannerAction::Settle { resync: true, .. }))
+    ));
+    assert!(matches!(m.poll(), Some(Action::Reroute)));
+    // A bad set is refused up front.
+    assert!(m.handle_membership(without(shape.ranks(), &[0])).is_err());
+    assert!(m.handle_membership(LiveSet::all(4).unwrap()).is_err());
+    // 16 experts need at least 6 ranks of 3 slots.
+    assert!(
+        m.handle_membership(without(shape.ranks(), &[1, 2, 3]))
+            .unwrap_err()
+            .to_string()
+            .contains("cannot hold 16 experts")
+    );
+}
