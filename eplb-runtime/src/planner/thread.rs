@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// A message to the planner thread.
 #[derive(Debug)]
 enum Msg {
-    Plan(PlanRequest),
+    Plan(Box<PlanRequest>),
     Settle {
         cycle: u64,
         taken: bool,
@@ -111,7 +111,7 @@ impl Planner {
         let sent = self
             .tx
             .as_ref()
-            .is_some_and(|tx| tx.send(Msg::Plan(req)).is_ok());
+            .is_some_and(|tx| tx.send(Msg::Plan(Box::new(req))).is_ok());
         if !sent {
             let mut sh = self.lock();
             sh.results

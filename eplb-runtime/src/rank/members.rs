@@ -236,7 +236,6 @@ impl RankMachine {
         ) else {
             return false;
         };
-        new.iter()
-            .any(|&e| e != EMPTY && !old.iter().any(|&x| x == e))
+        new.iter().any(|&e| e != EMPTY && !old.contains(&e))
     }
 }
