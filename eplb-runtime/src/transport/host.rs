@@ -52,6 +52,9 @@ struct Message {
     layer: usize,
     expert: u16,
     bytes: Vec<u8>,
+    /// The sender's next collective (generation, sequence) when it launched: an abort after a
+    /// vote drops only messages sent before that vote, never a peer's retry sent after it.
+    sent_at: Key,
 }
 
 #[derive(Debug, Default)]
@@ -293,6 +296,16 @@ impl HostTransport {
             .map_or(rank < self.world.ranks, |l| l.contains(rank))
     }
 
+    /// The round this endpoint's next collective enters: its own next one, or the floor of its
+    /// generation when that is later.
+    fn next_key(&self, st: &State) -> Key {
+        if st.floor.0 == self.generation {
+            (self.generation, self.seq.max(st.floor.1))
+        } else {
+            (self.generation, self.seq)
+        }
+    }
+
     fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
         let world = Arc::clone(&self.world);
         let need = self.live_count();
@@ -300,12 +313,8 @@ impl HostTransport {
         // A round some rank gave up on is closed: a rank that missed it (it was late, or never
         // entered it) joins the first open round of its generation, where its peers meet it
         // (their words tell the rank machines whether they are at one step).
-        let seq = if st.floor.0 == self.generation {
-            self.seq.max(st.floor.1)
-        } else {
-            self.seq
-        };
-        let key = (self.generation, seq);
+        let key = self.next_key(&st);
+        let seq = key.1;
         let at = Site::new(op, self.rank).seq(seq);
         self.seq = seq + 1;
         st.rounds
@@ -532,6 +541,7 @@ impl Transport for HostTransport {
             });
         }
         let mut st = self.world.lock();
+        let sent_at = self.next_key(&st);
         for op in &plan.sends {
             let bytes = self
                 .slots
@@ -551,6 +561,7 @@ impl Transport for HostTransport {
                     layer: plan.layer,
                     expert: op.expert,
                     bytes,
+                    sent_at,
                 });
         }
         self.world.cv.notify_all();
@@ -699,10 +710,13 @@ impl Transport for HostTransport {
         if self.loaded.as_ref().is_some_and(|(l, _)| *l == plan.layer) {
             self.loaded = None;
         }
+        // Only what was sent before this rank's last collective (the vote that failed): a peer
+        // that aborted first may already have launched its retry of the same layer.
         let mut st = self.world.lock();
+        let now = self.next_key(&st);
         for op in &plan.recvs {
             if let Some(q) = st.mail.get_mut(&(usize::from(op.peer), self.rank)) {
-                q.retain(|m| m.layer != plan.layer);
+                q.retain(|m| m.layer != plan.layer || m.sent_at >= now);
             }
         }
     }
