@@ -359,6 +359,7 @@ impl<T: Transport> Controller<T> {
                     layer: usize::from(layer),
                     sends: Vec::new(),
                     recvs: Vec::new(),
+                    loads: Vec::new(),
                     new_row: Vec::new(),
                     install: Vec::new(),
                 };

@@ -6,10 +6,17 @@
 //! between two ranks are ordered by ascending expert id on both sides, so a receiver can match
 //! them by position, as HCCL requires. A rank receives at most `S` experts per layer (it has `S`
 //! receive buffers); experts it keeps but moves to another slot are copied locally at commit.
+//!
+//! Elastic membership: an [`EMPTY`] slot of the old layer holds nothing and is never a source (a
+//! rank that left has only such rows); an [`EMPTY`] slot of the new layer needs nothing (it is
+//! left as it is and not routed to). An expert of the new layer that no rank holds in the old one
+//! (its every copy was on ranks that left) is a **load**: each rank that needs it fills a receive
+//! buffer from storage or a host backup ([`crate::transport::Transport::load`]); load buffers
+//! are numbered after the receives, so receives and loads together fit the `S` buffers.
 
 use std::fmt;
 
-use eplb_core::Shape;
+use eplb_core::{EMPTY, Shape};
 
 /// One expert sent from one rank to another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -44,6 +51,25 @@ pub struct RecvOp {
     pub buffer: u16,
 }
 
+/// A load of this rank: `expert`, which no rank holds, is read from storage or a host backup into
+/// receive buffer `buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOp {
+    /// Logical expert.
+    pub expert: u16,
+    /// Receive buffer index (`recvs.len() + i` for the `i`-th load, `< S`).
+    pub buffer: u16,
+}
+
+/// One expert loaded from storage by one rank (an expert that lost its last copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Load {
+    /// The rank that loads it.
+    pub rank: u16,
+    /// Logical expert.
+    pub expert: u16,
+}
+
 /// Where a slot's new content comes from at commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotSource {
@@ -59,6 +85,12 @@ pub enum SlotSource {
         /// The receive buffer.
         buffer: u16,
     },
+    /// The expert was loaded from storage or a host backup into a receive buffer
+    /// ([`crate::transport::Transport::load`]).
+    Loaded {
+        /// The receive buffer.
+        buffer: u16,
+    },
 }
 
 /// One rank's part of one layer's plan.
@@ -70,6 +102,9 @@ pub struct RankPlan {
     pub sends: Vec<SendOp>,
     /// Receives, ordered by (peer, expert); buffer `i` for the `i`-th.
     pub recvs: Vec<RecvOp>,
+    /// Loads of experts no rank holds, ordered by expert; buffer `recvs.len() + i` for the
+    /// `i`-th.
+    pub loads: Vec<LoadOp>,
     /// The rank's new row `[S]`.
     pub new_row: Vec<u16>,
     /// Per slot, where its new content comes from.
@@ -81,6 +116,7 @@ impl RankPlan {
     pub fn is_empty(&self) -> bool {
         self.sends.is_empty()
             && self.recvs.is_empty()
+            && self.loads.is_empty()
             && self.install.iter().all(|s| *s == SlotSource::Unchanged)
     }
 }
@@ -92,6 +128,8 @@ pub struct LayerPlan {
     pub layer: usize,
     /// Every transfer, ordered by (src, dst, expert).
     pub transfers: Vec<Transfer>,
+    /// Every load of an expert no rank holds, ordered by (rank, expert).
+    pub loads: Vec<Load>,
     /// Per rank.
     pub ranks: Vec<RankPlan>,
 }
@@ -109,7 +147,8 @@ pub enum PlanError {
         /// Given.
         got: usize,
     },
-    /// The new placement needs an expert that no rank holds now.
+    /// The new placement needs an expert that no rank holds now. No longer returned by
+    /// [`plan_layer`] (such an expert is a [`Load`]); kept so that matches on it still compile.
     NoSource {
         /// Layer.
         layer: usize,
@@ -142,7 +181,8 @@ impl fmt::Display for PlanError {
 
 impl std::error::Error for PlanError {}
 
-/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape.
+/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape, [`EMPTY`] for a slot
+/// that holds (`old`) or needs (`new`) nothing.
 pub fn plan_layer(
     shape: &Shape,
     layer: usize,
@@ -167,9 +207,13 @@ pub fn plan_layer(
     let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
     let mut sends_so_far = vec![0usize; r];
     let mut transfers = Vec::new();
+    let mut loads = Vec::new();
     for (dst, (nrow, orow)) in new_rows.iter().zip(&old_rows).enumerate() {
         for (i, &e) in nrow.iter().enumerate() {
-            if nrow.get(..i).is_some_and(|seen| seen.contains(&e)) || orow.contains(&e) {
+            if e == EMPTY
+                || nrow.get(..i).is_some_and(|seen| seen.contains(&e))
+                || orow.contains(&e)
+            {
                 continue;
             }
             // Tier 0: drops e; tier 1: same node; tier 2: any holder.
@@ -188,12 +232,15 @@ pub fn plan_layer(
                         2
                     };
                     (tier, sends_so_far.get(h).copied().unwrap_or(0), h)
-                })
-                .ok_or(PlanError::NoSource {
-                    layer,
-                    expert: e,
+                });
+            let Some(src) = src else {
+                // Lost: every copy was on ranks that left.
+                loads.push(Load {
                     rank: dst as u16,
-                })?;
+                    expert: e,
+                });
+                continue;
+            };
             if let Some(n) = sends_so_far.get_mut(src) {
                 *n += 1;
             }
@@ -205,6 +252,7 @@ pub fn plan_layer(
         }
     }
     transfers.sort_unstable();
+    loads.sort_unstable();
     let mut ranks = Vec::with_capacity(r);
     for (rank, (orow, nrow)) in old_rows.iter().zip(&new_rows).enumerate() {
         let sends = transfers
@@ -230,16 +278,27 @@ pub fn plan_layer(
                 buffer: i as u16,
             })
             .collect();
+        let rank_loads: Vec<LoadOp> = loads
+            .iter()
+            .filter(|l| usize::from(l.rank) == rank)
+            .enumerate()
+            .map(|(i, l)| LoadOp {
+                expert: l.expert,
+                buffer: (recvs.len() + i) as u16,
+            })
+            .collect();
         let install = nrow
             .iter()
             .enumerate()
             .map(|(slot, &e)| {
-                if orow.get(slot) == Some(&e) {
+                if e == EMPTY || orow.get(slot) == Some(&e) {
                     SlotSource::Unchanged
                 } else if let Some(from) = orow.iter().rposition(|&x| x == e) {
                     SlotSource::Local {
                         from_slot: from as u16,
                     }
+                } else if let Some(ld) = rank_loads.iter().find(|ld| ld.expert == e) {
+                    SlotSource::Loaded { buffer: ld.buffer }
                 } else {
                     let buffer = recvs
                         .iter()
@@ -253,6 +312,7 @@ pub fn plan_layer(
             layer,
             sends,
             recvs,
+            loads: rank_loads,
             new_row: nrow.to_vec(),
             install,
         });
@@ -260,6 +320,7 @@ pub fn plan_layer(
     Ok(LayerPlan {
         layer,
         transfers,
+        loads,
         ranks,
     })
 }
@@ -328,15 +389,181 @@ mod tests {
             ]
         );
         assert!(plan.ranks[1].is_empty());
-        // An old layer that lacks expert 4 (not a valid placement) has no source for it.
+        // An old layer that lacks expert 4 has no source for it: rank 0 loads it (this was
+        // `PlanError::NoSource` before elastic membership).
         let shape = Shape::new(1, 5, 2, 3).unwrap();
+        let plan = plan_layer(&shape, 3, &[0, 1, 2, 3, 0, 1], &[4, 1, 2, 3, 0, 1]).unwrap();
+        assert_eq!(plan.loads, vec![Load { rank: 0, expert: 4 }]);
         assert_eq!(
-            plan_layer(&shape, 3, &[0, 1, 2, 3, 0, 1], &[4, 1, 2, 3, 0, 1]),
-            Err(PlanError::NoSource {
-                layer: 3,
+            plan.ranks[0].loads,
+            vec![LoadOp {
                 expert: 4,
-                rank: 0
-            })
+                buffer: 0
+            }]
         );
+        assert_eq!(plan.ranks[0].install[0], SlotSource::Loaded { buffer: 0 });
+        assert!(!plan.ranks[0].is_empty());
+        assert!(plan.ranks[1].is_empty());
+    }
+
+    const E: u16 = EMPTY;
+
+    /// Every source of `plan` holds its expert in `old`, and no rank sends from an EMPTY slot.
+    fn check_sources(shape: &Shape, old: &[u16], plan: &LayerPlan) {
+        let s = shape.slots_per_rank();
+        for t in &plan.transfers {
+            let row = &old[usize::from(t.src) * s..(usize::from(t.src) + 1) * s];
+            assert!(row.contains(&t.expert), "{t:?} from a rank without it");
+        }
+        for (rank, rp) in plan.ranks.iter().enumerate() {
+            for op in &rp.sends {
+                assert_eq!(old[rank * s + usize::from(op.slot)], op.expert, "{op:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_dead_ranks_empty_rows_are_never_sources() {
+        // 8 experts, 4 ranks x 3 slots; rank 2 is gone (EMPTY row). Experts 0..=3 have copies on
+        // live ranks; the new layer spreads them over the three live ranks.
+        let shape = Shape::new(1, 8, 4, 3).unwrap();
+        #[rustfmt::skip]
+        let old = [
+            0, 1, 4,
+            2, 3, 5,
+            E, E, E,
+            0, 6, 7,
+        ];
+        #[rustfmt::skip]
+        let new = [
+            0, 1, 7,
+            2, 3, 6,
+            E, E, E,
+            4, 5, 0,
+        ];
+        let plan = plan_layer(&shape, 0, &old, &new).unwrap();
+        check_sources(&shape, &old, &plan);
+        assert!(plan.transfers.iter().all(|t| t.src != 2 && t.dst != 2));
+        assert!(plan.loads.is_empty());
+        assert!(plan.ranks[2].is_empty());
+        assert_eq!(plan.ranks[2].install, vec![SlotSource::Unchanged; 3]);
+        let t = |src, dst, expert| Transfer { src, dst, expert };
+        assert_eq!(
+            plan.transfers,
+            vec![t(0, 3, 4), t(1, 3, 5), t(3, 0, 7), t(3, 1, 6)]
+        );
+    }
+
+    #[test]
+    fn a_lost_expert_becomes_a_load_on_each_rank_that_needs_it() {
+        // Rank 1 held the only copies of experts 2 and 3 and is gone. The new layer puts 2 on
+        // ranks 0 and 2, and 3 on rank 2; rank 2 also receives expert 0 from rank 0.
+        let shape = Shape::new(1, 5, 3, 3).unwrap();
+        #[rustfmt::skip]
+        let old = [
+            0, 1, 4,
+            E, E, E,
+            1, 4, E,
+        ];
+        #[rustfmt::skip]
+        let new = [
+            0, 1, 2,
+            E, E, E,
+            3, 0, 2,
+        ];
+        let plan = plan_layer(&shape, 2, &old, &new).unwrap();
+        check_sources(&shape, &old, &plan);
+        assert_eq!(
+            plan.loads,
+            vec![
+                Load { rank: 0, expert: 2 },
+                Load { rank: 2, expert: 2 },
+                Load { rank: 2, expert: 3 }
+            ]
+        );
+        assert_eq!(
+            plan.transfers,
+            vec![Transfer {
+                src: 0,
+                dst: 2,
+                expert: 0
+            }]
+        );
+        let r0 = &plan.ranks[0];
+        assert!(r0.recvs.is_empty());
+        assert_eq!(
+            r0.loads,
+            vec![LoadOp {
+                expert: 2,
+                buffer: 0
+            }]
+        );
+        assert_eq!(r0.install[2], SlotSource::Loaded { buffer: 0 });
+        // Rank 2: one receive (buffer 0), then its loads by expert (buffers 1 and 2).
+        let r2 = &plan.ranks[2];
+        assert_eq!(r2.recvs.len(), 1);
+        assert_eq!(
+            r2.loads,
+            vec![
+                LoadOp {
+                    expert: 2,
+                    buffer: 1
+                },
+                LoadOp {
+                    expert: 3,
+                    buffer: 2
+                }
+            ]
+        );
+        assert_eq!(
+            r2.install,
+            vec![
+                SlotSource::Loaded { buffer: 2 },
+                SlotSource::Received { buffer: 0 },
+                SlotSource::Loaded { buffer: 1 }
+            ]
+        );
+        assert!(r2.recvs.len() + r2.loads.len() <= shape.slots_per_rank());
+        assert!(plan.ranks[1].is_empty());
+    }
+
+    #[test]
+    fn a_joining_rank_receives_its_whole_new_row_from_peers() {
+        // Rank 1 joins with an EMPTY row and takes a copy of 0 and 3 and the only slot of 5's
+        // second copy; every expert it needs is held by a peer.
+        let shape = Shape::new(1, 6, 3, 3).unwrap();
+        #[rustfmt::skip]
+        let old = [
+            0, 1, 2,
+            E, E, E,
+            3, 4, 5,
+        ];
+        #[rustfmt::skip]
+        let new = [
+            0, 1, 2,
+            3, 0, 5,
+            3, 4, 5,
+        ];
+        let plan = plan_layer(&shape, 0, &old, &new).unwrap();
+        check_sources(&shape, &old, &plan);
+        assert!(plan.loads.is_empty());
+        let r1 = &plan.ranks[1];
+        let mut got: Vec<u16> = r1.recvs.iter().map(|r| r.expert).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![0, 3, 5]);
+        assert!(r1.sends.is_empty());
+        assert!(
+            r1.install
+                .iter()
+                .all(|s| matches!(s, SlotSource::Received { .. }))
+        );
+        // Each received expert installs from the buffer that carries it.
+        for (slot, src) in r1.install.iter().enumerate() {
+            let SlotSource::Received { buffer } = *src else {
+                unreachable!()
+            };
+            assert_eq!(r1.recvs[usize::from(buffer)].expert, new[3 + slot]);
+        }
+        assert!(plan.ranks[0].recvs.is_empty() && plan.ranks[2].recvs.is_empty());
     }
 }

@@ -18,10 +18,25 @@
 //!
 //! Every wait is bounded: an exchange by [`HcclConfig::timeout`], a collective by twice that;
 //! after a failed wait the stream is drained again before the next use of its buffers.
+//!
+//! Elastic membership needs no new HCCL call. `HcclAllGather` runs over the whole communicator,
+//! so once [`Transport::set_live`] has been called the gather is point to point instead: one
+//! `HcclBatchSendRecv` per collective in which each live rank sends its words (one block, `UINT64`)
+//! to every other live rank and receives theirs into its place of the rank-major output. It stays
+//! point to point even when every rank is live again: a rank that was gone may have missed
+//! collectives, and a point-to-point round needs no shared collective count (HCCL matches sends
+//! and receives per pair, in posting order; `research/cann-hccl.md`, `HcclBatchSendRecv`).
+//! The communicator itself is kept: on real HCCL a dead peer can leave it unusable (its async
+//! error then fails every call, reported as such), which needs a new communicator, not this.
+//! [`Transport::load`] copies experts from a host backup the engine registers
+//! ([`HcclTransport::set_backup`]) into a load arena (host to device, the synchronous ACL copy
+//! of [`HcclTransport::load_slot`]); `commit` installs them like received ones.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+use eplb_core::LiveSet;
 
 pub use eplb_ascend_sys as sys;
 use sys::types::HcclDataType;
@@ -98,6 +113,16 @@ struct InFlight {
     waited: bool,
 }
 
+/// The engine's host backup of expert weights: `(layer, expert, out)` fills `out` (one expert's
+/// `expert_bytes`) and returns `true`, or returns `false` when it has no copy (the load failed).
+pub type Backup = Box<dyn FnMut(usize, u16, &mut [u8]) -> bool + Send>;
+
+#[derive(Debug)]
+struct Loaded {
+    layer: usize,
+    buffers: Vec<u16>,
+}
+
 /// One rank's HCCL endpoint, holding that rank's expert weights in device memory.
 pub struct HcclTransport {
     // Field order is drop order: the workspace drains its stream and frees its buffers before
@@ -116,6 +141,13 @@ pub struct HcclTransport {
     gather_recv: Arena,
     in_flight: Option<InFlight>,
     timeout: Duration,
+    /// The live ranks once [`Transport::set_live`] was called (collectives then go point to
+    /// point); `None` before (every rank, `HcclAllGather`).
+    live: Option<LiveSet>,
+    backup: Option<Backup>,
+    /// `S` load buffers, `stride` apart (buffer `i` at `i * stride`).
+    load_arena: Arena,
+    loaded: Option<Loaded>,
 }
 
 impl fmt::Debug for HcclTransport {
@@ -125,6 +157,9 @@ impl fmt::Debug for HcclTransport {
             .field("ranks", &self.ranks)
             .field("layout", &self.layout)
             .field("in_flight", &self.in_flight.as_ref().map(|i| i.layer))
+            .field("live", &self.live)
+            .field("backup", &self.backup.is_some())
+            .field("loaded", &self.loaded)
             .finish_non_exhaustive()
     }
 }
@@ -224,7 +259,28 @@ impl HcclTransport {
             gather_recv: Arena::default(),
             in_flight: None,
             timeout: cfg.timeout,
+            live: None,
+            backup: None,
+            load_arena: Arena::default(),
+            loaded: None,
         })
+    }
+
+    /// Registers the host backup that [`Transport::load`] copies lost experts from (replacing any
+    /// earlier one).
+    pub fn set_backup(&mut self, backup: Backup) {
+        self.backup = Some(backup);
+    }
+
+    /// Live ranks (every rank until [`Transport::set_live`]).
+    fn live_count(&self) -> usize {
+        self.live.as_ref().map_or(self.ranks, LiveSet::count)
+    }
+
+    fn is_live(&self, rank: usize) -> bool {
+        self.live
+            .as_ref()
+            .map_or(rank < self.ranks, |l| l.contains(rank))
     }
 
     /// The slot layout.
@@ -343,7 +399,7 @@ impl HcclTransport {
         } else {
             local.iter().flat_map(|v| v.to_le_bytes()).collect()
         };
-        let recv_len = send.len() * self.ranks;
+        let recv_len = send.len() * self.live_count();
         let t = self.timeout;
         let s = Self::ensure(&mut self.ws, &mut self.gather_send, send.len(), t)
             .map_err(|e| failed(at, "", &e))?;
@@ -351,9 +407,45 @@ impl HcclTransport {
             .map_err(|e| failed(at, "", &e))?;
         let (sr, rr) = (Region::new(s, 0, send.len()), Region::new(r, 0, recv_len));
         self.ws.write(sr, &send).map_err(|e| failed(at, "", &e))?;
-        self.ws
-            .all_gather(&mut self.comm, sr, rr, HcclDataType::UINT64)
-            .map_err(|e| failed(at, "", &e))?;
+        match self.live {
+            None => self
+                .ws
+                .all_gather(&mut self.comm, sr, rr, HcclDataType::UINT64)
+                .map_err(|e| failed(at, "", &e))?,
+            Some(live) => {
+                // Point to point over the live ranks: this rank's words go to its own place
+                // directly, to every live peer as one block, and each peer's land in its place.
+                let n = send.len();
+                let me = live
+                    .position(self.rank)
+                    .ok_or_else(|| invalid(at, "this rank is not live".into()))?;
+                self.ws
+                    .write(Region::new(r, me * n, n), &send)
+                    .map_err(|e| failed(at, "", &e))?;
+                let mut items = Vec::with_capacity(2 * live.count());
+                for (i, peer) in live.iter().enumerate() {
+                    if peer == self.rank {
+                        continue;
+                    }
+                    let peer = peer as u32;
+                    items.push(P2p {
+                        kind: P2pKind::Send,
+                        peer,
+                        region: sr,
+                        dtype: HcclDataType::UINT64,
+                    });
+                    items.push(P2p {
+                        kind: P2pKind::Recv,
+                        peer,
+                        region: Region::new(r, i * n, n),
+                        dtype: HcclDataType::UINT64,
+                    });
+                }
+                self.ws
+                    .batch_send_recv(&mut self.comm, &items)
+                    .map_err(|e| failed(at, "", &e))?;
+            }
+        }
         self.sync(at, self.timeout.saturating_mul(2))?;
         let mut bytes = vec![0u8; recv_len];
         self.ws
@@ -401,7 +493,7 @@ impl HcclTransport {
             return Err(invalid(at, "out of range".into()));
         }
         let me = self.rank as u16;
-        let peer_ok = |p: u16| usize::from(p) < self.ranks && p != me;
+        let peer_ok = |p: u16| p != me && self.is_live(usize::from(p));
         let sends = by_peer(&plan.sends, |o| (o.peer, o.expert))
             .map_err(|i| invalid(at, format!("send #{i} out of (peer, expert) order")))?;
         let recvs = by_peer(&plan.recvs, |o| (o.peer, o.expert))
@@ -424,7 +516,10 @@ impl HcclTransport {
         let mut off = 0usize;
         for (peer, ops) in &sends {
             if !peer_ok(*peer) {
-                return Err(invalid(at, format!("send to rank {peer}")));
+                return Err(invalid(
+                    at,
+                    format!("send to rank {peer} (self, gone or out of range)"),
+                ));
             }
             for op in ops {
                 self.slot_region(layer, usize::from(op.slot))?;
@@ -438,7 +533,10 @@ impl HcclTransport {
         off = 0;
         for (peer, ops) in &recvs {
             if !peer_ok(*peer) {
-                return Err(invalid(at, format!("receive from rank {peer}")));
+                return Err(invalid(
+                    at,
+                    format!("receive from rank {peer} (self, gone or out of range)"),
+                ));
             }
             let h = header_len(ops.len());
             for (k, op) in ops.iter().enumerate() {
@@ -610,6 +708,23 @@ impl HcclTransport {
                         .ok_or_else(|| invalid(at, "receive arena missing".into()))?;
                     Region::new(rbuf, offset, self.layout.expert_bytes)
                 }
+                SlotSource::Loaded { buffer } => {
+                    let loaded = self
+                        .loaded
+                        .as_ref()
+                        .is_some_and(|l| l.layer == layer && l.buffers.contains(&buffer));
+                    let lbuf = self.load_arena.buf.filter(|_| loaded).ok_or_else(|| {
+                        invalid(
+                            at,
+                            format!("receive buffer {buffer} was not loaded (call load first)"),
+                        )
+                    })?;
+                    Region::new(
+                        lbuf,
+                        usize::from(buffer) * self.stride,
+                        self.layout.expert_bytes,
+                    )
+                }
             };
             if let Some(x) = stage.get_mut(slot) {
                 *x = true;
@@ -682,13 +797,14 @@ impl Transport for HcclTransport {
     }
 
     fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
-        if Some(out.len()) != local.len().checked_mul(self.ranks) {
+        let live = self.live_count();
+        if Some(out.len()) != local.len().checked_mul(live) {
             return Err(invalid(
                 Site::new(Op::AllGather, self.rank),
                 format!(
-                    "the output holds {} values, needs {}",
+                    "the output holds {} values, needs {} ({live} live ranks)",
                     out.len(),
-                    local.len().saturating_mul(self.ranks)
+                    local.len().saturating_mul(live)
                 ),
             ));
         }
@@ -705,7 +821,91 @@ impl Transport for HcclTransport {
 
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError> {
         let all = self.collective(Op::AllAgree, &[u64::from(flag)])?;
-        Ok(all.len() == self.ranks && all.iter().all(|&v| v == 1))
+        Ok(all.len() == self.live_count() && all.iter().all(|&v| v == 1))
+    }
+
+    fn set_live(&mut self, live: &LiveSet) -> Result<(), TransportError> {
+        let at = Site::new(Op::SetLive, self.rank);
+        if live.ranks() != self.ranks {
+            return Err(invalid(
+                at,
+                format!(
+                    "a live set of {} ranks for a world of {}",
+                    live.ranks(),
+                    self.ranks
+                ),
+            ));
+        }
+        if !live.contains(self.rank) {
+            return Err(invalid(
+                at,
+                format!("this rank is not in the live set {live:?}"),
+            ));
+        }
+        self.live = Some(*live);
+        Ok(())
+    }
+
+    fn live(&self) -> Option<LiveSet> {
+        self.live.or_else(|| LiveSet::all(self.ranks).ok())
+    }
+
+    fn load(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        let layer = plan.layer;
+        let at = Site::new(Op::Load, self.rank).layer(layer);
+        if layer >= self.layout.layers {
+            return Err(invalid(at, "out of range".into()));
+        }
+        self.loaded = None;
+        let s = self.layout.slots_per_rank;
+        for (i, op) in plan.loads.iter().enumerate() {
+            if usize::from(op.buffer) >= s
+                || plan.loads.iter().take(i).any(|o| o.buffer == op.buffer)
+            {
+                return Err(invalid(
+                    at.expert(op.expert),
+                    format!("receive buffer {} reused or out of range", op.buffer),
+                ));
+            }
+        }
+        let mut buffers = Vec::with_capacity(plan.loads.len());
+        if !plan.loads.is_empty() {
+            let Some(backup) = self.backup.as_mut() else {
+                return Err(invalid(
+                    at,
+                    "no host backup registered (HcclTransport::set_backup)".into(),
+                ));
+            };
+            let len = self
+                .stride
+                .checked_mul(s)
+                .ok_or_else(|| invalid(at, "load arena size overflows".into()))?;
+            let abuf = Self::ensure(&mut self.ws, &mut self.load_arena, len, self.timeout)
+                .map_err(|e| failed(at, "load arena", &e))?;
+            let mut host = vec![0u8; self.layout.expert_bytes];
+            for op in &plan.loads {
+                let at = at.expert(op.expert);
+                host.fill(0);
+                if !backup(layer, op.expert, &mut host) {
+                    return Err(TransportError::Failed {
+                        at,
+                        code: 0,
+                        detail: "the host backup has no copy of the expert".into(),
+                    });
+                }
+                let r = Region::new(
+                    abuf,
+                    usize::from(op.buffer) * self.stride,
+                    self.layout.expert_bytes,
+                );
+                self.ws
+                    .write(r, &host)
+                    .map_err(|e| failed(at, "copying to the device", &e))?;
+                buffers.push(op.buffer);
+            }
+        }
+        self.loaded = Some(Loaded { layer, buffers });
+        Ok(())
     }
 
     fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
@@ -752,14 +952,19 @@ impl Transport for HcclTransport {
             // The old layer is live again and the received data still in the arena: keep the
             // exchange, so that the install can be tried again (or the exchange aborted).
             self.in_flight = Some(fl);
+        } else {
+            self.loaded = None;
         }
         done
     }
 
-    fn abort(&mut self, _plan: &RankPlan) {
-        // Live slots were never touched; forget the exchange. A stream that still holds work is
-        // drained before its buffers are used again.
+    fn abort(&mut self, plan: &RankPlan) {
+        // Live slots were never touched; forget the exchange and the layer's loads. A stream
+        // that still holds work is drained before its buffers are used again.
         self.in_flight = None;
+        if self.loaded.as_ref().is_some_and(|l| l.layer == plan.layer) {
+            self.loaded = None;
+        }
     }
 }
 

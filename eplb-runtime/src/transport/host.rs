@@ -8,20 +8,35 @@
 //! whether the ranks that meet there are at one step); point-to-point
 //! messages go through per-pair mailboxes in posting order (each message carries its layer and
 //! expert, which the receiver checks). Faults can be injected per (layer, rank): the exchange
-//! fails, or its receives time out.
+//! fails, or its receives time out, or its loads fail ([`HostWorld::fail_loads`]).
+//!
+//! Membership: the world numbers its live sets in the order the ranks first adopt them
+//! (generations; generation 0 is every rank), and a round is keyed by (generation, sequence
+//! number in it). [`Transport::set_live`] moves an endpoint to the first later generation of that
+//! set, or opens a new one, at sequence 0; a round completes when every rank of its generation has
+//! contributed, so a rank that left and never calls again blocks nobody, and a rank that joins
+//! meets its peers at the start of the new generation whatever it missed before. The floor is
+//! per generation. [`Transport::load`] is the "host backup": it writes the canonical bytes of
+//! the expert ([`canonical_expert_bytes`] or [`canonical_payload_bytes`], what a checkpoint holds)
+//! into the receive buffer.
 //!
 //! A slot is one contiguous blob: either `expert_bytes` opaque bytes ([`HostTransport::new`]) or
 //! the concatenated tensors of an [`ExpertPayload`] ([`HostTransport::with_payload`]): weights,
 //! scales and offsets of one expert travel in one message and are installed by one copy, so a
 //! commit never installs weights without their scales.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use eplb_core::LiveSet;
 
 use super::{Op, Site, Transport, TransportError};
 use crate::payload::ExpertPayload;
 use crate::transfer::{RankPlan, SlotSource};
+
+/// A round's key: (membership generation, sequence number in it).
+type Key = (u64, u64);
 
 /// An injected fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +52,9 @@ struct Message {
     layer: usize,
     expert: u16,
     bytes: Vec<u8>,
+    /// The sender's next collective (generation, sequence) when it launched: an abort after a
+    /// vote drops only messages sent before that vote, never a peer's retry sent after it.
+    sent_at: Key,
 }
 
 #[derive(Debug, Default)]
@@ -45,15 +63,26 @@ struct Round {
     read: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    rounds: BTreeMap<u64, Round>,
-    /// The lowest round any rank may still enter: one past the last round some rank gave up on.
-    /// A rank that missed rounds (it timed out alone, or skipped a collective its peers entered)
-    /// joins at the floor, so the ranks' rounds realign after a one-sided timeout.
-    floor: u64,
+    rounds: BTreeMap<Key, Round>,
+    /// The lowest round any rank of the floor's generation may still enter: one past the last
+    /// round some rank gave up on. A rank that missed rounds (it timed out alone, or skipped a
+    /// collective its peers entered) joins at the floor, so the ranks' rounds realign after a
+    /// one-sided timeout.
+    floor: Key,
+    /// The live set of each membership generation (`None`: every rank), in the order the ranks
+    /// first adopted them; generation 0 is every rank.
+    gens: Vec<Option<LiveSet>>,
     mail: BTreeMap<(usize, usize), VecDeque<Message>>,
     faults: BTreeMap<(usize, usize), Fault>,
+    /// (layer, rank) whose loads fail.
+    load_faults: BTreeSet<(usize, usize)>,
+}
+
+/// Whether generation set `g` (`None`: every rank) is `live`.
+fn same_set(g: Option<&LiveSet>, live: &LiveSet) -> bool {
+    g.map_or(live.is_all(), |g| g == live)
 }
 
 /// The meeting point of the ranks of one process.
@@ -71,7 +100,14 @@ impl HostWorld {
         Arc::new(Self {
             ranks,
             timeout,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                rounds: BTreeMap::new(),
+                floor: (0, 0),
+                gens: vec![None],
+                mail: BTreeMap::new(),
+                faults: BTreeMap::new(),
+                load_faults: BTreeSet::new(),
+            }),
             cv: Condvar::new(),
         })
     }
@@ -82,9 +118,17 @@ impl HostWorld {
         self.lock().faults.insert((layer, rank), fault);
     }
 
-    /// Removes every injected fault.
+    /// Makes every [`Transport::load`] of `layer` on `rank` fail (the host backup has no copy),
+    /// until cleared.
+    pub fn fail_loads(&self, layer: usize, rank: usize) {
+        self.lock().load_faults.insert((layer, rank));
+    }
+
+    /// Removes every injected fault (load failures included).
     pub fn clear_faults(&self) {
-        self.lock().faults.clear();
+        let mut st = self.lock();
+        st.faults.clear();
+        st.load_faults.clear();
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -146,6 +190,10 @@ pub fn canonical_payload_bytes(layer: usize, expert: u16, payload: &ExpertPayloa
 pub struct HostTransport {
     world: Arc<HostWorld>,
     rank: usize,
+    /// This endpoint's membership generation (an index into the world's `gens`).
+    generation: u64,
+    /// Its live set (`None`: every rank).
+    live: Option<LiveSet>,
     seq: u64,
     expert_bytes: usize,
     /// The tensors of a slot, when built with [`HostTransport::with_payload`].
@@ -154,6 +202,8 @@ pub struct HostTransport {
     slots: Vec<Vec<Vec<u8>>>,
     /// `S` receive buffers.
     buffers: Vec<Vec<u8>>,
+    /// The layer whose loads filled receive buffers, and those buffers.
+    loaded: Option<(usize, Vec<u16>)>,
 }
 
 impl HostTransport {
@@ -203,11 +253,14 @@ impl HostTransport {
         Self {
             world,
             rank,
+            generation: 0,
+            live: None,
             seq: 0,
             expert_bytes,
             payload,
             slots,
             buffers: vec![vec![0; expert_bytes]; s],
+            loaded: None,
         }
     }
 
@@ -232,39 +285,62 @@ impl HostTransport {
         self.slot(layer, slot)?.get(t.range())
     }
 
+    /// Live ranks (every rank until [`Transport::set_live`]).
+    fn live_count(&self) -> usize {
+        self.live.as_ref().map_or(self.world.ranks, LiveSet::count)
+    }
+
+    fn is_live(&self, rank: usize) -> bool {
+        self.live
+            .as_ref()
+            .map_or(rank < self.world.ranks, |l| l.contains(rank))
+    }
+
+    /// The round this endpoint's next collective enters: its own next one, or the floor of its
+    /// generation when that is later.
+    fn next_key(&self, st: &State) -> Key {
+        if st.floor.0 == self.generation {
+            (self.generation, self.seq.max(st.floor.1))
+        } else {
+            (self.generation, self.seq)
+        }
+    }
+
     fn collective(&mut self, op: Op, local: &[u64]) -> Result<Vec<Vec<u64>>, TransportError> {
         let world = Arc::clone(&self.world);
+        let need = self.live_count();
         let mut st = world.lock();
         // A round some rank gave up on is closed: a rank that missed it (it was late, or never
-        // entered it) joins the first open round, where its peers meet it (their words tell
-        // the rank machines whether they are at one step).
-        let seq = self.seq.max(st.floor);
+        // entered it) joins the first open round of its generation, where its peers meet it
+        // (their words tell the rank machines whether they are at one step).
+        let key = self.next_key(&st);
+        let seq = key.1;
         let at = Site::new(op, self.rank).seq(seq);
         self.seq = seq + 1;
         st.rounds
-            .entry(seq)
+            .entry(key)
             .or_default()
             .parts
             .insert(self.rank, local.to_vec());
         world.cv.notify_all();
         let deadline = Deadline::after(world.timeout);
         loop {
-            let arrived = st.rounds.get(&seq).map_or(0, |r| r.parts.len());
-            if arrived == world.ranks {
+            let arrived = st.rounds.get(&key).map_or(0, |r| r.parts.len());
+            if arrived >= need {
                 break;
             }
             let Some(left) = deadline.left() else {
                 // Withdraw, so that no rank can complete this round without us: a collective
                 // fails on every rank or on none.
-                if let Some(round) = st.rounds.get_mut(&seq) {
+                if let Some(round) = st.rounds.get_mut(&key) {
                     round.parts.remove(&self.rank);
                     if round.parts.is_empty() {
-                        st.rounds.remove(&seq);
+                        st.rounds.remove(&key);
                     }
                 }
                 // Close this round (and any before it) for every rank: a peer that never came
                 // enters the next one, where the ranks meet again.
-                st.floor = st.floor.max(seq + 1);
+                st.floor = st.floor.max((self.generation, seq + 1));
                 let floor = st.floor;
                 st.rounds.retain(|&k, r| k >= floor || r.read > 0);
                 return Err(TransportError::Timeout {
@@ -278,14 +354,23 @@ impl HostTransport {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        let round = st.rounds.get_mut(&seq).ok_or(TransportError::Protocol {
+        let round = st.rounds.get_mut(&key).ok_or(TransportError::Protocol {
             at,
             detail: "the round vanished".into(),
         })?;
+        if round.parts.len() != need {
+            return Err(TransportError::Protocol {
+                at,
+                detail: format!(
+                    "{} ranks met in a round of {need} live ranks",
+                    round.parts.len()
+                ),
+            });
+        }
         let parts: Vec<Vec<u64>> = round.parts.values().cloned().collect();
         round.read += 1;
-        if round.read == world.ranks {
-            st.rounds.remove(&seq);
+        if round.read == need {
+            st.rounds.remove(&key);
         }
         Ok(parts)
     }
@@ -312,13 +397,14 @@ impl Transport for HostTransport {
     }
 
     fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError> {
-        if out.len() != local.len() * self.world.ranks {
+        let need = local.len().saturating_mul(self.live_count());
+        if out.len() != need {
             return Err(TransportError::Invalid {
                 at: Site::new(Op::AllGather, self.rank),
                 detail: format!(
-                    "the output holds {} values, needs {}",
+                    "the output holds {} values, needs {need} ({} live ranks)",
                     out.len(),
-                    local.len() * self.world.ranks
+                    self.live_count()
                 ),
             });
         }
@@ -332,6 +418,96 @@ impl Transport for HostTransport {
             }
             chunk.copy_from_slice(part);
         }
+        Ok(())
+    }
+
+    fn set_live(&mut self, live: &LiveSet) -> Result<(), TransportError> {
+        let at = Site::new(Op::SetLive, self.rank);
+        if live.ranks() != self.world.ranks {
+            return Err(TransportError::Invalid {
+                at,
+                detail: format!(
+                    "a live set of {} ranks for a world of {}",
+                    live.ranks(),
+                    self.world.ranks
+                ),
+            });
+        }
+        if !live.contains(self.rank) {
+            return Err(TransportError::Invalid {
+                at,
+                detail: format!("this rank is not in the live set {live:?}"),
+            });
+        }
+        let mut st = self.world.lock();
+        let latest = st.gens.len().saturating_sub(1) as u64;
+        // The first later generation of this set (peers that got there first), else a new one;
+        // a call that changes nothing (this set, and no later generation) keeps the sequence.
+        let found = st
+            .gens
+            .iter()
+            .enumerate()
+            .skip(self.generation as usize + 1)
+            .find(|(_, g)| same_set(g.as_ref(), live))
+            .map(|(g, _)| g as u64);
+        let generation = match found {
+            Some(g) => g,
+            None if self.generation == latest && same_set(self.live.as_ref(), live) => {
+                return Ok(());
+            }
+            None => {
+                st.gens.push(Some(*live));
+                latest + 1
+            }
+        };
+        self.generation = generation;
+        self.seq = 0;
+        self.live = Some(*live);
+        Ok(())
+    }
+
+    fn live(&self) -> Option<LiveSet> {
+        self.live.or_else(|| LiveSet::all(self.world.ranks).ok())
+    }
+
+    fn load(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        self.check_layer(Op::Load, plan.layer)?;
+        let at = Site::new(Op::Load, self.rank).layer(plan.layer);
+        self.loaded = None;
+        let fails = self
+            .world
+            .lock()
+            .load_faults
+            .contains(&(plan.layer, self.rank));
+        let mut filled = Vec::with_capacity(plan.loads.len());
+        for op in &plan.loads {
+            if fails {
+                return Err(TransportError::Failed {
+                    at: at.expert(op.expert),
+                    code: -1,
+                    detail: "injected: the host backup has no copy of the expert".into(),
+                });
+            }
+            let bytes = match &self.payload {
+                Some(p) => canonical_payload_bytes(plan.layer, op.expert, p),
+                None => canonical_expert_bytes(plan.layer, op.expert, self.expert_bytes),
+            };
+            let n = self.buffers.len();
+            let buf = self
+                .buffers
+                .get_mut(usize::from(op.buffer))
+                .filter(|_| !filled.contains(&op.buffer))
+                .ok_or_else(|| TransportError::Invalid {
+                    at: at.expert(op.expert),
+                    detail: format!(
+                        "receive buffer {} reused or out of range ({n} buffers)",
+                        op.buffer
+                    ),
+                })?;
+            buf.copy_from_slice(&bytes);
+            filled.push(op.buffer);
+        }
+        self.loaded = Some((plan.layer, filled));
         Ok(())
     }
 
@@ -352,7 +528,20 @@ impl Transport for HostTransport {
 
     fn launch(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
         self.check_layer(Op::Launch, plan.layer)?;
+        if let Some(op) = plan
+            .sends
+            .iter()
+            .find(|o| !self.is_live(usize::from(o.peer)))
+        {
+            return Err(TransportError::Invalid {
+                at: Site::new(Op::Launch, self.rank)
+                    .layer(plan.layer)
+                    .message(op.peer, op.expert),
+                detail: "a send to a rank that is not live".into(),
+            });
+        }
         let mut st = self.world.lock();
+        let sent_at = self.next_key(&st);
         for op in &plan.sends {
             let bytes = self
                 .slots
@@ -372,6 +561,7 @@ impl Transport for HostTransport {
                     layer: plan.layer,
                     expert: op.expert,
                     bytes,
+                    sent_at,
                 });
         }
         self.world.cv.notify_all();
@@ -399,6 +589,16 @@ impl Transport for HostTransport {
                 });
             }
             None => {}
+        }
+        if let Some(op) = plan
+            .recvs
+            .iter()
+            .find(|o| !self.is_live(usize::from(o.peer)))
+        {
+            return Err(TransportError::Invalid {
+                at: at.message(op.peer, op.expert),
+                detail: "a receive from a rank that is not live".into(),
+            });
         }
         if plan.recvs.len() > self.buffers.len() {
             return Err(TransportError::Invalid {
@@ -471,6 +671,21 @@ impl Transport for HostTransport {
                 ),
             });
         }
+        // Every loaded slot's buffer must hold this layer's load: never install stale bytes.
+        for src in &plan.install {
+            if let SlotSource::Loaded { buffer } = *src {
+                let ok = self
+                    .loaded
+                    .as_ref()
+                    .is_some_and(|(l, bufs)| *l == plan.layer && bufs.contains(&buffer));
+                if !ok {
+                    return Err(TransportError::Invalid {
+                        at: Site::new(Op::Commit, self.rank).layer(plan.layer),
+                        detail: format!("receive buffer {buffer} was not loaded (call load first)"),
+                    });
+                }
+            }
+        }
         let old = live.clone();
         for (slot, src) in live.iter_mut().zip(&plan.install) {
             match *src {
@@ -480,21 +695,28 @@ impl Transport for HostTransport {
                         slot.copy_from_slice(b);
                     }
                 }
-                SlotSource::Received { buffer } => {
+                SlotSource::Received { buffer } | SlotSource::Loaded { buffer } => {
                     if let Some(b) = self.buffers.get(usize::from(buffer)) {
                         slot.copy_from_slice(b);
                     }
                 }
             }
         }
+        self.loaded = None;
         Ok(())
     }
 
     fn abort(&mut self, plan: &RankPlan) {
+        if self.loaded.as_ref().is_some_and(|(l, _)| *l == plan.layer) {
+            self.loaded = None;
+        }
+        // Only what was sent before this rank's last collective (the vote that failed): a peer
+        // that aborted first may already have launched its retry of the same layer.
         let mut st = self.world.lock();
+        let now = self.next_key(&st);
         for op in &plan.recvs {
             if let Some(q) = st.mail.get_mut(&(usize::from(op.peer), self.rank)) {
-                q.retain(|m| m.layer != plan.layer);
+                q.retain(|m| m.layer != plan.layer || m.sent_at >= now);
             }
         }
     }

@@ -2,12 +2,24 @@
 //! transport behind the `ascend` feature.
 //!
 //! Every rank owns one endpoint. Collectives ([`Transport::all_gather`],
-//! [`Transport::all_agree`]) must be called by every rank in the same order. One layer's
+//! [`Transport::all_agree`]) must be called by every live rank in the same order. One layer's
 //! exchange is split in three so that it overlaps a forward: [`Transport::launch`] before the
 //! forward, [`Transport::wait`] after it, then [`Transport::commit`] (or [`Transport::abort`]) once
 //! every rank agreed that its exchange succeeded.
+//!
+//! **Elastic membership.** An endpoint starts with every rank live. When ranks leave or join, the
+//! live ranks agree on the new set (with collectives over the old one) and each calls
+//! [`Transport::set_live`] at the same point of its collective sequence; from then on the
+//! collectives run over the live ranks only (a rank that left and never calls again blocks
+//! nobody), and [`Transport::ranks`] still counts every rank. The layer plans of that membership
+//! never send to or receive from a rank outside it (its rows are [`eplb_core::EMPTY`]); an expert
+//! that lost its last copy is filled into a receive buffer by [`Transport::load`] (from storage or
+//! a host backup) before the exchange, and installed by `commit` like a received one. A failed
+//! load is voted like a failed exchange: every rank then aborts and keeps the layer as it was.
 
 use std::fmt;
+
+use eplb_core::LiveSet;
 
 use crate::transfer::RankPlan;
 
@@ -33,6 +45,10 @@ pub enum Op {
     Abort,
     /// Setting the endpoint up or tearing it down.
     Setup,
+    /// [`Transport::set_live`].
+    SetLive,
+    /// [`Transport::load`].
+    Load,
 }
 
 impl Op {
@@ -46,6 +62,8 @@ impl Op {
             Op::Commit => "commit",
             Op::Abort => "abort",
             Op::Setup => "setup",
+            Op::SetLive => "set_live",
+            Op::Load => "load",
         }
     }
 }
@@ -93,6 +111,14 @@ impl Site {
     pub fn message(self, peer: u16, expert: u16) -> Self {
         Self {
             peer: Some(peer),
+            expert: Some(expert),
+            ..self
+        }
+    }
+
+    /// With the expert (of a load, which has no peer).
+    pub fn expert(self, expert: u16) -> Self {
+        Self {
             expert: Some(expert),
             ..self
         }
@@ -202,15 +228,48 @@ pub trait Transport: Send {
     /// This rank.
     fn rank(&self) -> usize;
 
-    /// Number of ranks.
+    /// Number of ranks, `R`: every rank of the world, gone ones included.
     fn ranks(&self) -> usize;
 
-    /// Gathers every rank's `local` (all the same length) into `out`, rank-major
-    /// (`out.len() == ranks * local.len()`).
+    /// Gathers every live rank's `local` (all the same length) into `out`, rank-major over the
+    /// live ranks in ascending order (`out.len() == live * local.len()`, `live` = every rank
+    /// until [`Transport::set_live`] says otherwise).
     fn all_gather(&mut self, local: &[u64], out: &mut [u64]) -> Result<(), TransportError>;
 
-    /// `true` iff every rank passed `true`.
+    /// `true` iff every live rank passed `true`.
     fn all_agree(&mut self, flag: bool) -> Result<bool, TransportError>;
+
+    /// From now on the collectives run over `live` only. `live` draws from [`Transport::ranks`]
+    /// ranks and holds this rank ([`TransportError::Invalid`] otherwise); every rank of `live`
+    /// calls it at the same point of its collective sequence (a rank that joins calls it before
+    /// its first collective with the others). It changes nothing else: a plan of that membership
+    /// sends to and receives from live ranks only. The default refuses
+    /// ([`TransportError::Invalid`]): the transport cannot change its membership.
+    fn set_live(&mut self, live: &LiveSet) -> Result<(), TransportError> {
+        let _ = live;
+        Err(TransportError::Invalid {
+            at: Site::new(Op::SetLive, self.rank()),
+            detail: "this transport cannot change its membership".into(),
+        })
+    }
+
+    /// The ranks the collectives run over, or `None` when this transport does not track
+    /// membership (then every rank is live).
+    fn live(&self) -> Option<LiveSet> {
+        None
+    }
+
+    /// Fills the receive buffers of `plan.loads` from storage or a host backup (experts that no
+    /// rank holds). Called before [`Transport::launch`] of the same layer; `commit` then installs
+    /// them ([`crate::transfer::SlotSource::Loaded`]), `abort` forgets them. A failure names
+    /// [`Op::Load`], the rank, the layer and the expert; live slots are never touched. The default
+    /// refuses ([`TransportError::Invalid`]): there is no backup to load from.
+    fn load(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
+        Err(TransportError::Invalid {
+            at: Site::new(Op::Load, self.rank()).layer(plan.layer),
+            detail: "this transport has no storage or host backup to load experts from".into(),
+        })
+    }
 
     /// Whether a collective fails on every rank or on none. Backends that cannot promise it
     /// (a rank may see a timeout after its peers saw success) keep the default `false`, and the
