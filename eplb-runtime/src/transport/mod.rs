@@ -298,22 +298,4 @@ pub trait Transport: Send {
 
     /// Forgets a failed exchange of `plan`'s layer; live slots stay as they were.
     fn abort(&mut self, plan: &RankPlan);
-
-    /// From now on the collectives run over the ranks of `live` only (PLACEHOLDER until the
-    /// transport branch lands).
-    fn set_live(&mut self, live: &eplb_core::LiveSet) -> Result<(), TransportError> {
-        let _ = live;
-        Err(TransportError::Invalid {
-            at: Site::new(Op::Setup, self.rank()),
-            detail: "this transport cannot change its membership".into(),
-        })
-    }
-
-    /// Fills the receive buffers of `plan`'s loads from storage (PLACEHOLDER).
-    fn load(&mut self, plan: &RankPlan) -> Result<(), TransportError> {
-        Err(TransportError::Invalid {
-            at: Site::new(Op::Launch, self.rank()).layer(plan.layer),
-            detail: "this transport has no backup to load experts from".into(),
-        })
-    }
 }
