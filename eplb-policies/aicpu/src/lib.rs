@@ -1184,6 +1184,14 @@ fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, F
         EPLB_AICPU_FIELD_POLICY,
         u64::from(a.policy),
     ))?;
+    let elastic = !a.live.is_null();
+    if elastic && a.payoff_gate != 0 {
+        return Err(fail(
+            EPLB_AICPU_E_LIVE,
+            EPLB_AICPU_FIELD_PAYOFF_GATE,
+            u64::from(a.payoff_gate),
+        ));
+    }
     let gate = match a.payoff_gate {
         0 => None,
         1 => Some(gate_of(&a.gate, &shape)?),
@@ -1195,10 +1203,6 @@ fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, F
             ));
         }
     };
-    let elastic = !a.live.is_null();
-    if elastic && gate.is_some() {
-        return Err(fail(EPLB_AICPU_E_LIVE, EPLB_AICPU_FIELD_PAYOFF_GATE, 1));
-    }
     let mut policy = AnyPolicy::new(kind);
     let (policy_scratch, policy_state) = if elastic {
         (
@@ -1371,17 +1375,25 @@ fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, F
         par_after,
     };
     if elastic {
-        let summary = run_live(&mut policy, shape, current, live_flags, loads, samples, a.seed)
-            .and_then(|input| {
-                eplb_policies::rebalance_live(
-                    &mut policy,
-                    &input,
-                    scratch,
-                    state,
-                    out_of(out_placement, changed, par_before, par_after),
-                )
-                .map_err(|e| rebalance_fail(&e, n))
-            })?;
+        let summary = run_live(
+            &mut policy,
+            shape,
+            current,
+            live_flags,
+            loads,
+            samples,
+            a.seed,
+        )
+        .and_then(|input| {
+            eplb_policies::rebalance_live(
+                &mut policy,
+                &input,
+                scratch,
+                state,
+                out_of(out_placement, changed, par_before, par_after),
+            )
+            .map_err(|e| rebalance_fail(&e, n))
+        })?;
         return Ok(Done {
             result: result_of(&summary),
             gate: EplbAicpuGateResult::default(),
@@ -1603,9 +1615,9 @@ fn apply_gate(
 /// `uint32_t Fn(void *args)`.
 ///
 /// Checks, in this order: `args` non-null and 8-byte aligned, `version` and `struct_size`
-/// (3 and 432, 2 and 408, or 1 and 248), the shape, the policy number, the pay-off gate
-/// (version 2: `payoff_gate`, then with it on each field of `gate`), the gate not combined with
-/// a live set (version 3), then each buffer (`current`, `loads`, `samples`, `out_placement`,
+/// (3 and 432, 2 and 408, or 1 and 248), the shape, the policy number, `payoff_gate` not set
+/// with a live set (version 3), the pay-off gate (version 2: `payoff_gate`, then with it on
+/// each field of `gate`), then each buffer (`current`, `loads`, `samples`, `out_placement`,
 /// `out_changed`, `out_par_before`, `out_par_after`, `scratch`, `state`, `live`: null,
 /// alignment, length; scratch and state sized with the gate's words when it is on, for any
 /// live set when `live` is set), overlaps, the samples, with `live` set the live bytes and the

@@ -673,7 +673,12 @@ fn a_live_set_plans_over_the_live_ranks_as_the_rust_api() {
         a.live = flags.as_ptr();
         a.live_len = flags.len() as u64;
         a.reloads = 0xDEAD;
-        assert_eq!(call(&mut a), EPLB_AICPU_OK, "policy {policy}: {:?}", a.result);
+        assert_eq!(
+            call(&mut a),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            a.result
+        );
 
         let mut p = AnyPolicy::new(policy_kind(policy).unwrap());
         let lens = eplb_policies::live_buffer_lens(&p, &shape).unwrap();
@@ -731,7 +736,10 @@ fn bad_live_sets_give_their_status() {
     flags[2] = 2;
     with(&mut a, &flags);
     assert_eq!(call(&mut a), EPLB_AICPU_E_LIVE);
-    assert_eq!((a.result.field, a.result.detail), (EPLB_AICPU_FIELD_LIVE, 2));
+    assert_eq!(
+        (a.result.field, a.result.detail),
+        (EPLB_AICPU_FIELD_LIVE, 2)
+    );
     assert_eq!(a.reloads, 0);
     // Too few live ranks: 2 x 3 slots < 8 experts (ranks 1 and 2 gone).
     flags[2] = 0;
@@ -783,7 +791,12 @@ fn a_version_2_block_behaves_as_before_and_touches_nothing_beyond_it() {
         a2.live = ptr::dangling();
         a2.live_len = 1;
         a2.reloads = 0xBEEF;
-        assert_eq!(call(&mut a2), EPLB_AICPU_OK, "policy {policy}: {:?}", a2.result);
+        assert_eq!(
+            call(&mut a2),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            a2.result
+        );
         assert_eq!(a2.reloads, 0xBEEF);
         assert_eq!(a2.result, a3.result);
         assert_eq!((b2.out, b2.changed), (b3.out, b3.changed));
