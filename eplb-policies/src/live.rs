@@ -384,9 +384,42 @@ pub fn rebalance_live<P: Policy + ?Sized>(
     state: &mut [u64],
     out: Output<'_>,
 ) -> Result<Summary, Error> {
+    crate::check_out_len(&input.shape, out.placement)?;
+    let Output {
+        placement,
+        changed,
+        par_before,
+        par_after,
+    } = out;
+    let planned = plan_live(
+        policy,
+        input,
+        scratch,
+        state,
+        Output {
+            placement: &mut *placement,
+            changed,
+            par_before,
+            par_after,
+        },
+    );
+    if planned.is_err() {
+        placement.copy_from_slice(input.current);
+    }
+    planned
+}
+
+/// [`rebalance_live`] after the placement's length check; the caller restores the current
+/// placement on error.
+fn plan_live<P: Policy + ?Sized>(
+    policy: &mut P,
+    input: &LiveInput<'_>,
+    scratch: &mut [u64],
+    state: &mut [u64],
+    out: Output<'_>,
+) -> Result<Summary, Error> {
     let shape = input.shape;
     let compact = input.compact;
-    crate::check_out_len(&shape, out.placement)?;
     check_range(&shape)?;
     let needed = compact_scratch(policy, &compact);
     if scratch.len() < needed {
@@ -430,13 +463,7 @@ pub fn rebalance_live<P: Policy + ?Sized>(
                 },
             )
         });
-    let summary = match planned {
-        Ok(sm) => sm,
-        Err(e) => {
-            out.placement.copy_from_slice(input.current);
-            return Err(e);
-        }
-    };
+    let summary = planned?;
 
     let mut reloads = 0;
     let (full_layer, small_layer) = (shape.slots_per_layer(), compact.slots_per_layer());

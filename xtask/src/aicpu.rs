@@ -58,12 +58,14 @@ const ARM_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 const ARM_PACKAGES: &str = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user";
 
 /// Functions the archive must export.
-const EXPORTS: [&str; 6] = [
+const EXPORTS: [&str; 8] = [
     "eplb_aicpu_rebalance",
     "eplb_aicpu_scratch_len",
     "eplb_aicpu_state_len",
     "eplb_aicpu_scratch_len_v2",
     "eplb_aicpu_state_len_v2",
+    "eplb_aicpu_scratch_len_v3",
+    "eplb_aicpu_state_len_v3",
     "eplb_aicpu_abi_version",
 ];
 

@@ -6,11 +6,25 @@
  * Ascend AICPU kernel signature `uint32_t Fn(void *args)`.
  *
  * Versions. The argument block starts with version and struct_size in every version. This
- * header describes version 2 (408 bytes): version 1 (the first 248 bytes, up to and including
- * `result`) plus the pay-off gate (payoff_gate, gate, gate_result). The library accepts both:
- * a caller built against the version 1 header passes version = 1, struct_size = 248, and the
- * call behaves exactly as before, reading and writing nothing beyond those 248 bytes. A
- * version 2 block with payoff_gate = 0 behaves as version 1 and writes gate_result as zeros.
+ * header describes version 3 (432 bytes): version 2 (the first 408 bytes, up to and including
+ * `gate_result`) plus the live ranks (live, live_len) and the reloads count; version 2 is
+ * version 1 (the first 248 bytes, up to and including `result`) plus the pay-off gate
+ * (payoff_gate, gate, gate_result). The library accepts all three: a caller built against an
+ * older header passes its version and size (1 and 248, or 2 and 408), and the call behaves
+ * exactly as before, reading and writing nothing beyond its block. A version 2 block with
+ * payoff_gate = 0 behaves as version 1 and writes gate_result as zeros; a version 3 block with
+ * live = NULL behaves as version 2 and writes reloads as 0.
+ *
+ * Live ranks (version 3, elastic EP). With live set ([R] bytes, 1 = live, 0 = gone) the call
+ * plans over the live ranks only (eplb_policies::rebalance_live): current may hold
+ * EPLB_AICPU_EMPTY (every slot of a dead rank must; a live rank that joined may be all EMPTY),
+ * the policy plans on the live ranks in ascending order (ranks_per_node kept when it divides
+ * their count, else one node), and out_placement has EPLB_AICPU_EMPTY on every slot of a dead
+ * rank and every expert on a live rank. reloads counts the (rank, expert) copies of experts
+ * that had no copy on a live rank (load them from storage); moves counts against the real
+ * current; out_par_before / out_par_after are over the live ranks. Size the buffers with
+ * eplb_aicpu_scratch_len_v3(..., 0, 1) / eplb_aicpu_state_len_v3(..., 0, 1): enough for any
+ * live set of the shape. Not combined with the pay-off gate (EPLB_AICPU_E_LIVE).
  *
  * The pay-off gate (docs/time-model.md, "The pay-off gate"). With payoff_gate = 1, after the
  * policy a changed layer keeps its new placement only when the time model predicts that its
@@ -52,15 +66,19 @@
 extern "C" {
 #endif
 
-/* Version of eplb_aicpu_args this header describes (the library also accepts version 1). */
-#define EPLB_AICPU_ABI_VERSION 2u
+/* Version of eplb_aicpu_args this header describes (the library also accepts versions 1, 2). */
+#define EPLB_AICPU_ABI_VERSION 3u
 /* struct_size of a version 1 block: the fields up to and including `result`. */
 #define EPLB_AICPU_ARGS_V1_SIZE 248u
+/* struct_size of a version 2 block: the fields up to and including `gate_result`. */
+#define EPLB_AICPU_ARGS_V2_SIZE 408u
+/* A slot that holds no expert (a dead rank's, or a joined rank's without weights yet). */
+#define EPLB_AICPU_EMPTY 65535u
 
 /* Status codes returned by eplb_aicpu_rebalance. */
 #define EPLB_AICPU_OK 0u                 /* outputs and args.result written */
 #define EPLB_AICPU_E_NULL_ARGS 1u        /* args is NULL; nothing written */
-#define EPLB_AICPU_E_VERSION 2u          /* not (2, 408) nor (1, 248); nothing written */
+#define EPLB_AICPU_E_VERSION 2u          /* not (3, 432), (2, 408) nor (1, 248); nothing written */
 #define EPLB_AICPU_E_NULL_POINTER 3u     /* a needed buffer is NULL (or wraps the address space) */
 #define EPLB_AICPU_E_MISALIGNED 4u       /* args (8 bytes) or a buffer misaligned for its type */
 #define EPLB_AICPU_E_TOO_SHORT 5u        /* a buffer is shorter than the shape needs; detail = elements needed */
@@ -79,6 +97,9 @@ extern "C" {
                                           * unknown dtype/routing, top_k > experts, both intervals 0;
                                           * field = EPLB_AICPU_FIELD_(PAYOFF_)GATE_*, detail = the
                                           * value (a double's IEEE-754 bits) */
+#define EPLB_AICPU_E_LIVE 17u            /* live ranks invalid (version 3): a byte not 0/1 (detail =
+                                          * rank), live * S < N (detail = live ranks), or live set
+                                          * with payoff_gate = 1 (field = PAYOFF_GATE) */
 
 /* Policy numbers (args.policy): vLLM-Ascend's eplb_policy_type 0..4, and 5 for DeepSeek's. */
 #define EPLB_AICPU_POLICY_RANDOM 0u
@@ -119,6 +140,7 @@ extern "C" {
 #define EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK 27u
 #define EPLB_AICPU_FIELD_GATE_EXPERT_BYTES 28u
 #define EPLB_AICPU_FIELD_GATE_INTERVALS 29u /* heat_interval + algo_interval = 0 */
+#define EPLB_AICPU_FIELD_LIVE 30u
 
 /* Compute dtypes (gate.dtype): the activation side of the quant type. */
 #define EPLB_AICPU_DTYPE_BF16 0u /* bf16 / fp16 */
@@ -181,13 +203,15 @@ typedef struct eplb_aicpu_gate_result {
 } eplb_aicpu_gate_result;
 
 /*
- * The argument block, version 2 (version 1: up to and including `result`). Lengths count elements (not bytes) and may exceed what the
+ * The argument block, version 3 (version 1: up to and including `result`; version 2: up to and
+ * including `gate_result`). Lengths count elements (not bytes) and may exceed what the
  * shape needs. ranks_per_node = 0 means one node (R); groups = 0 means one group; windows = 0
  * means no per-window samples. state may be NULL when eplb_aicpu_state_len() is 0. The first 8
  * bytes (version, struct_size) are the same in every version.
  *   placement length P = L * R * S (u16 expert ids, [L][R][S])
  *   loads length       L * N       (f64, finite, >= 0, [L][N])
  *   samples length     T * L * N   (f64, [T][L][N], oldest window first)
+ *   live length        R           (u8 0/1, [R]; version 3, when live is set)
  */
 typedef struct eplb_aicpu_args {
     uint32_t version;           /* EPLB_AICPU_ABI_VERSION */
@@ -215,9 +239,9 @@ typedef struct eplb_aicpu_args {
     uint64_t out_par_before_len;
     double *out_par_after;      /* written per layer, >= L */
     uint64_t out_par_after_len;
-    uint64_t *scratch;          /* per call, >= eplb_aicpu_scratch_len_v2() words */
+    uint64_t *scratch;          /* per call, >= eplb_aicpu_scratch_len_v3() words */
     uint64_t scratch_len;
-    uint64_t *state;            /* kept across calls, zeros = fresh, >= eplb_aicpu_state_len_v2() */
+    uint64_t *state;            /* kept across calls, zeros = fresh, >= eplb_aicpu_state_len_v3() */
     uint64_t state_len;
     eplb_aicpu_result result;   /* written by the call */
     /* version 2 */
@@ -225,6 +249,10 @@ typedef struct eplb_aicpu_args {
     uint32_t reserved;          /* set to 0 (not read) */
     eplb_aicpu_gate gate;       /* read when payoff_gate = 1 */
     eplb_aicpu_gate_result gate_result; /* written by the call */
+    /* version 3 */
+    const uint8_t *live;        /* read, >= R: 1 live, 0 gone; NULL: all live (version 2's call) */
+    uint64_t live_len;
+    uint64_t reloads;           /* written: copies of experts without a live copy (storage loads) */
 } eplb_aicpu_args;
 
 /* Layout, asserted with the same numbers in src/lib.rs. Valid C11 and C++11. */
@@ -282,7 +310,7 @@ EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_gate_result, saving_ms_per_iter) ==
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_gate_result, stall_ms) == 24, "stall_ms");
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_gate_result, forgone_ms_per_iter) == 32, "forgone_ms_per_iter");
 
-EPLB_AICPU_STATIC_ASSERT(sizeof(eplb_aicpu_args) == 408, "eplb_aicpu_args size");
+EPLB_AICPU_STATIC_ASSERT(sizeof(eplb_aicpu_args) == 432, "eplb_aicpu_args size");
 EPLB_AICPU_STATIC_ASSERT(EPLB_AICPU_ALIGNOF(eplb_aicpu_args) == 8, "eplb_aicpu_args align");
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, version) == 0, "version");
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, struct_size) == 4, "struct_size");
@@ -318,6 +346,9 @@ EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, payoff_gate) == 248, "payoff_
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, reserved) == 252, "reserved");
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, gate) == 256, "gate");
 EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, gate_result) == 368, "gate_result");
+EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, live) == 408, "live");
+EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, live_len) == 416, "live_len");
+EPLB_AICPU_STATIC_ASSERT(offsetof(eplb_aicpu_args, reloads) == 424, "reloads");
 
 /*
  * Runs one rebalance and returns EPLB_AICPU_OK or an EPLB_AICPU_E_* status. args points to an
@@ -358,8 +389,22 @@ uint64_t eplb_aicpu_state_len_v2(uint16_t layers, uint16_t experts, uint16_t ran
                                  uint16_t slots_per_rank, uint16_t ranks_per_node,
                                  uint16_t groups, uint32_t policy, uint32_t payoff_gate);
 
+/*
+ * Version 3 sizing: as version 2, with live = 1 for a call with args.live set (enough for any
+ * live set of the shape: size once) and 0 without (then equal to the version 2 functions); 0
+ * when the shape, the policy number or a flag is invalid, or payoff_gate = 1 with live = 1.
+ */
+uint64_t eplb_aicpu_scratch_len_v3(uint16_t layers, uint16_t experts, uint16_t ranks,
+                                   uint16_t slots_per_rank, uint16_t ranks_per_node,
+                                   uint16_t groups, uint32_t policy, uint32_t payoff_gate,
+                                   uint32_t live);
+uint64_t eplb_aicpu_state_len_v3(uint16_t layers, uint16_t experts, uint16_t ranks,
+                                 uint16_t slots_per_rank, uint16_t ranks_per_node,
+                                 uint16_t groups, uint32_t policy, uint32_t payoff_gate,
+                                 uint32_t live);
+
 /* The newest ABI version the library implements (it accepts every version from 1 up to it);
- * a version 2 caller checks that it is at least EPLB_AICPU_ABI_VERSION. */
+ * a caller checks that it is at least the EPLB_AICPU_ABI_VERSION it was built with. */
 uint32_t eplb_aicpu_abi_version(void);
 
 #ifdef __cplusplus

@@ -15,6 +15,12 @@
 //! the caller's `state` buffer. A version 1 block (248 bytes) is still accepted and behaves as
 //! before; so does a version 2 block with `payoff_gate = 0`.
 //!
+//! Version 3 appends the live ranks (elastic EP): with `live` set (`[R]` bytes, 1 = live) the call
+//! runs `eplb_policies::rebalance_live` instead: the current placement may hold
+//! [`EPLB_AICPU_EMPTY`] slots (every slot of a dead rank is one), the new placement uses only
+//! the live ranks, and `reloads` counts the copies of experts that had no copy on a live rank.
+//! A null `live` (and every version 2 or 1 block) behaves as version 2.
+//!
 //! **Invariant:** `no_std` and no allocation: every byte it reads or writes is in the buffers the
 //! caller passes (and the output fields of the argument struct, within its version's size).
 //!
@@ -56,10 +62,16 @@ use eplb_policies::{
 };
 
 /// Version of [`EplbAicpuArgs`] this library implements (and the header describes). The
-/// library also accepts version 1 blocks ([`EPLB_AICPU_ARGS_V1_SIZE`] bytes, no gate).
-pub const EPLB_AICPU_ABI_VERSION: u32 = 2;
+/// library also accepts version 2 blocks ([`EPLB_AICPU_ARGS_V2_SIZE`] bytes, no live ranks) and
+/// version 1 blocks ([`EPLB_AICPU_ARGS_V1_SIZE`] bytes, no gate).
+pub const EPLB_AICPU_ABI_VERSION: u32 = 3;
 /// `struct_size` of a version 1 argument block: the fields up to and including `result`.
 pub const EPLB_AICPU_ARGS_V1_SIZE: u32 = 248;
+/// `struct_size` of a version 2 argument block: the fields up to and including `gate_result`.
+pub const EPLB_AICPU_ARGS_V2_SIZE: u32 = 408;
+/// A slot that holds no expert (its rank is gone, or joined without weights yet): the id
+/// `eplb_core::live::EMPTY`, in `current` and `out_placement` of a call with `live` set.
+pub const EPLB_AICPU_EMPTY: u16 = 65535;
 
 // Status codes returned by `eplb_aicpu_rebalance`. Keep in step with `include/eplb_aicpu.h`
 // (`cargo xtask aicpu` compares the two).
@@ -68,8 +80,9 @@ pub const EPLB_AICPU_ARGS_V1_SIZE: u32 = 248;
 pub const EPLB_AICPU_OK: u32 = 0;
 /// `args` is null. Nothing is written.
 pub const EPLB_AICPU_E_NULL_ARGS: u32 = 1;
-/// `args.version` / `args.struct_size` are neither 2 / `sizeof(eplb_aicpu_args)` (408) nor
-/// 1 / [`EPLB_AICPU_ARGS_V1_SIZE`] (248). Nothing is written.
+/// `args.version` / `args.struct_size` are none of 3 / `sizeof(eplb_aicpu_args)` (432),
+/// 2 / [`EPLB_AICPU_ARGS_V2_SIZE`] (408), 1 / [`EPLB_AICPU_ARGS_V1_SIZE`] (248). Nothing is
+/// written.
 pub const EPLB_AICPU_E_VERSION: u32 = 2;
 /// A buffer the call needs is null, or so high in memory that it would wrap the address space.
 pub const EPLB_AICPU_E_NULL_POINTER: u32 = 3;
@@ -108,6 +121,12 @@ pub const EPLB_AICPU_E_POLICY_FAILED: u32 = 15;
 /// the `EPLB_AICPU_FIELD_GATE_*` (or `EPLB_AICPU_FIELD_PAYOFF_GATE`); `result.detail` = the
 /// value (a `double`'s IEEE-754 bits).
 pub const EPLB_AICPU_E_GATE: u32 = 16;
+/// The live ranks are invalid (version 3, `live` set): a byte not 0 or 1 (`result.detail` =
+/// the rank), too few live ranks to hold every expert (`live * S < N`, none live included;
+/// `result.detail` = the live ranks), or the pay-off gate on with a live set (not supported;
+/// `result.field` = `EPLB_AICPU_FIELD_PAYOFF_GATE`). `result.field` = `EPLB_AICPU_FIELD_LIVE`
+/// otherwise.
+pub const EPLB_AICPU_E_LIVE: u32 = 17;
 
 // Policy numbers (`args.policy`): vLLM-Ascend's `eplb_policy_type` 0..4, and 5 for DeepSeek's.
 
@@ -186,6 +205,8 @@ pub const EPLB_AICPU_FIELD_GATE_TOKENS_PER_RANK: u32 = 27;
 pub const EPLB_AICPU_FIELD_GATE_EXPERT_BYTES: u32 = 28;
 /// `gate.heat_interval` and `gate.algo_interval` (both 0).
 pub const EPLB_AICPU_FIELD_GATE_INTERVALS: u32 = 29;
+/// `live` / `live_len` (version 3).
+pub const EPLB_AICPU_FIELD_LIVE: u32 = 30;
 
 // Compute dtypes (`gate.dtype`): the activation side of the quant type.
 
@@ -303,20 +324,21 @@ pub struct EplbAicpuGateResult {
     pub forgone_ms_per_iter: f64,
 }
 
-/// The argument block of [`eplb_aicpu_rebalance`] (`eplb_aicpu_args` in C), version 2.
+/// The argument block of [`eplb_aicpu_rebalance`] (`eplb_aicpu_args` in C), version 3.
 ///
 /// Lengths count elements (not bytes) and may exceed what the shape needs; only the first
 /// elements needed are read or written. `ranks_per_node = 0` means one node (`R`), `groups = 0`
 /// means one group. `windows = 0` means no per-window samples (`samples` is then ignored).
 /// `state` may be null when [`eplb_aicpu_state_len`] is 0. The first 8 bytes (`version`,
 /// `struct_size`) are the same in every version; a version 1 block is the first 248 bytes
-/// (up to and including `result`), and the call reads and writes nothing beyond them.
+/// (up to and including `result`), a version 2 block the first 408 (up to and including
+/// `gate_result`), and the call reads and writes nothing beyond them.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct EplbAicpuArgs {
     /// [`EPLB_AICPU_ABI_VERSION`].
     pub version: u32,
-    /// `size_of::<EplbAicpuArgs>()` (248).
+    /// `size_of::<EplbAicpuArgs>()` (432).
     pub struct_size: u32,
     /// MoE layers `L`.
     pub layers: u16,
@@ -383,6 +405,16 @@ pub struct EplbAicpuArgs {
     pub gate: EplbAicpuGate,
     /// Version 2: written by the call.
     pub gate_result: EplbAicpuGateResult,
+    /// Version 3: the live ranks, `[R]` bytes (1 live, 0 gone), read; null: every rank live and
+    /// the call is version 2's. With it set the call plans over the live ranks only
+    /// (`eplb_policies::rebalance_live`): `current` may hold [`EPLB_AICPU_EMPTY`] (every slot of
+    /// a dead rank must), `out_placement` holds it on every slot of a dead rank.
+    pub live: *const u8,
+    /// Version 3: elements at `live` (at least `R` when `live` is set).
+    pub live_len: u64,
+    /// Version 3: written by the call: (rank, expert) copies in the new placement of experts
+    /// that had no copy on a live rank (to load from storage); 0 without `live`.
+    pub reloads: u64,
 }
 
 impl EplbAicpuArgs {
@@ -463,6 +495,9 @@ impl EplbAicpuArgs {
                 stall_ms: 0.0,
                 forgone_ms_per_iter: 0.0,
             },
+            live: ptr::null(),
+            live_len: 0,
+            reloads: 0,
         }
     }
 }
@@ -522,7 +557,7 @@ const _: () = {
     assert!(offset_of!(EplbAicpuGateResult, stall_ms) == 24);
     assert!(offset_of!(EplbAicpuGateResult, forgone_ms_per_iter) == 32);
 
-    assert!(size_of::<EplbAicpuArgs>() == 408);
+    assert!(size_of::<EplbAicpuArgs>() == 432);
     assert!(align_of::<EplbAicpuArgs>() == 8);
     assert!(offset_of!(EplbAicpuArgs, version) == 0);
     assert!(offset_of!(EplbAicpuArgs, struct_size) == 4);
@@ -558,9 +593,15 @@ const _: () = {
     assert!(offset_of!(EplbAicpuArgs, reserved) == 252);
     assert!(offset_of!(EplbAicpuArgs, gate) == 256);
     assert!(offset_of!(EplbAicpuArgs, gate_result) == 368);
+    assert!(offset_of!(EplbAicpuArgs, live) == 408);
+    assert!(offset_of!(EplbAicpuArgs, live_len) == 416);
+    assert!(offset_of!(EplbAicpuArgs, reloads) == 424);
     // A version 1 block is the prefix up to and including `result` (184 + 64): the version 2
     // fields start right after it.
     assert!(offset_of!(EplbAicpuArgs, payoff_gate) == EPLB_AICPU_ARGS_V1_SIZE as usize);
+    // A version 2 block is the prefix up to and including `gate_result` (368 + 40).
+    assert!(offset_of!(EplbAicpuArgs, live) == EPLB_AICPU_ARGS_V2_SIZE as usize);
+    assert!(EPLB_AICPU_EMPTY == eplb_core::live::EMPTY);
 };
 
 /// A failed call: status code, field and detail for `result`.
@@ -634,8 +675,9 @@ fn gate_words(shape: &Shape) -> (usize, usize) {
     (scratch, l)
 }
 
-/// Scratch and state words for `policy` on a shape, with the gate's when `payoff_gate` is 1,
-/// or `None` when the shape, the policy number or the flag is invalid.
+/// Scratch and state words for `policy` on a shape, with the gate's when `payoff_gate` is 1
+/// and for any live set when `live` is 1, or `None` when the shape, the policy number or a
+/// flag is invalid (the gate and a live set do not combine).
 #[allow(clippy::too_many_arguments)]
 fn buffer_words(
     layers: u16,
@@ -646,6 +688,7 @@ fn buffer_words(
     groups: u16,
     policy: u32,
     payoff_gate: u32,
+    live: u32,
 ) -> Option<(usize, usize)> {
     let shape = shape_of(
         layers,
@@ -656,6 +699,11 @@ fn buffer_words(
         groups,
     )?;
     let p = AnyPolicy::new(policy_kind(policy)?);
+    match (live, payoff_gate) {
+        (0, _) => {}
+        (1, 0) => return live_words(&p, &shape),
+        _ => return None,
+    }
     let (scratch, state) = (eplb_policies::scratch_len(&p, &shape), p.state_len(&shape));
     let (gs, gst) = match payoff_gate {
         0 => (0, 0),
@@ -663,6 +711,15 @@ fn buffer_words(
         _ => return None,
     };
     Some((scratch.saturating_add(gs), state.saturating_add(gst)))
+}
+
+/// Scratch and state words of a call with `live` set, for any live set of `shape`
+/// (`eplb_policies::live_scratch_len`; the state is the full shape's, which covers every live
+/// set). `None` when the policy refuses the shape.
+fn live_words(p: &AnyPolicy, shape: &Shape) -> Option<(usize, usize)> {
+    eplb_policies::live_buffer_lens(p, shape)
+        .ok()
+        .map(|b| (b.scratch, b.state))
 }
 
 /// Scratch words (`u64`) [`eplb_aicpu_rebalance`] needs for `policy` on this shape with the
@@ -741,6 +798,7 @@ pub extern "C" fn eplb_aicpu_scratch_len_v2(
         groups,
         policy,
         payoff_gate,
+        0,
     )
     .map_or(0, |(scratch, _)| to_u64(scratch))
 }
@@ -769,6 +827,69 @@ pub extern "C" fn eplb_aicpu_state_len_v2(
         groups,
         policy,
         payoff_gate,
+        0,
+    )
+    .map_or(0, |(_, state)| to_u64(state))
+}
+
+/// Version 3 sizing: scratch words (`u64`) for `policy` on this shape with `payoff_gate` as in
+/// [`EplbAicpuArgs`] and `live` 1 for a call with `live` set (enough for *any* live set of the
+/// shape, so a caller sizes once), 0 without; 0 when the shape, the policy number or a flag is
+/// invalid, or when both the gate and `live` are 1 (they do not combine).
+/// `eplb_aicpu_scratch_len_v3(..., g, 0)` equals `eplb_aicpu_scratch_len_v2(..., g)`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn eplb_aicpu_scratch_len_v3(
+    layers: u16,
+    experts: u16,
+    ranks: u16,
+    slots_per_rank: u16,
+    ranks_per_node: u16,
+    groups: u16,
+    policy: u32,
+    payoff_gate: u32,
+    live: u32,
+) -> u64 {
+    buffer_words(
+        layers,
+        experts,
+        ranks,
+        slots_per_rank,
+        ranks_per_node,
+        groups,
+        policy,
+        payoff_gate,
+        live,
+    )
+    .map_or(0, |(scratch, _)| to_u64(scratch))
+}
+
+/// Version 3 sizing: state words (`u64`) as [`eplb_aicpu_state_len_v2`], with `live` as in
+/// [`eplb_aicpu_scratch_len_v3`] (with `live` 1: the full shape's policy state, which serves
+/// every live set); 0 when there is no state or the input is invalid.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn eplb_aicpu_state_len_v3(
+    layers: u16,
+    experts: u16,
+    ranks: u16,
+    slots_per_rank: u16,
+    ranks_per_node: u16,
+    groups: u16,
+    policy: u32,
+    payoff_gate: u32,
+    live: u32,
+) -> u64 {
+    buffer_words(
+        layers,
+        experts,
+        ranks,
+        slots_per_rank,
+        ranks_per_node,
+        groups,
+        policy,
+        payoff_gate,
+        live,
     )
     .map_or(0, |(_, state)| to_u64(state))
 }
@@ -923,7 +1044,8 @@ fn placement_layer(e: &eplb_core::Error) -> u64 {
     match *e {
         eplb_core::Error::ExpertOutOfRange { layer, .. }
         | eplb_core::Error::MissingExpert { layer, .. }
-        | eplb_core::Error::ColocatedCopies { layer, .. } => u64::from(layer),
+        | eplb_core::Error::ColocatedCopies { layer, .. }
+        | eplb_core::Error::NotLive { layer, .. } => u64::from(layer),
         _ => 0,
     }
 }
@@ -1034,15 +1156,20 @@ fn gate_of(g: &EplbAicpuGate, shape: &Shape) -> Result<Gate, Fail> {
     })
 }
 
-/// Everything after the version check: validates `a`, builds slices, runs the policy and, when
-/// `a.payoff_gate` is 1, the gate. `args_addr` and `args_bytes` say where the argument struct
-/// lives (no buffer may overlap it). A version 1 block arrives here with the version 2 fields
-/// zeroed: the gate off.
-fn run(
-    a: &EplbAicpuArgs,
-    args_addr: usize,
-    args_bytes: usize,
-) -> Result<(EplbAicpuResult, EplbAicpuGateResult), Fail> {
+/// What a successful call writes into the argument block.
+#[derive(Debug, Clone, Copy, Default)]
+struct Done {
+    result: EplbAicpuResult,
+    gate: EplbAicpuGateResult,
+    reloads: u64,
+}
+
+/// Everything after the version check: validates `a`, builds slices, runs the policy (over the
+/// live ranks when `a.live` is set) and, when `a.payoff_gate` is 1, the gate. `args_addr` and
+/// `args_bytes` say where the argument struct lives (no buffer may overlap it). A version 1 or
+/// 2 block arrives here with the later versions' fields as [`EplbAicpuArgs::new`] has them: the
+/// gate off, no live set.
+fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, Fail> {
     let shape = shape_of(
         a.layers,
         a.experts,
@@ -1057,6 +1184,14 @@ fn run(
         EPLB_AICPU_FIELD_POLICY,
         u64::from(a.policy),
     ))?;
+    let elastic = !a.live.is_null();
+    if elastic && a.payoff_gate != 0 {
+        return Err(fail(
+            EPLB_AICPU_E_LIVE,
+            EPLB_AICPU_FIELD_PAYOFF_GATE,
+            u64::from(a.payoff_gate),
+        ));
+    }
     let gate = match a.payoff_gate {
         0 => None,
         1 => Some(gate_of(&a.gate, &shape)?),
@@ -1069,8 +1204,17 @@ fn run(
         }
     };
     let mut policy = AnyPolicy::new(kind);
-    let policy_scratch = eplb_policies::scratch_len(&policy, &shape);
-    let policy_state = policy.state_len(&shape);
+    let (policy_scratch, policy_state) = if elastic {
+        (
+            eplb_policies::live_scratch_len(&policy, &shape),
+            policy.state_len(&shape),
+        )
+    } else {
+        (
+            eplb_policies::scratch_len(&policy, &shape),
+            policy.state_len(&shape),
+        )
+    };
     let (gate_scratch, gate_state) = if gate.is_some() {
         gate_words(&shape)
     } else {
@@ -1164,6 +1308,14 @@ fn run(
             EPLB_AICPU_E_STATE,
             true,
         )?,
+        check_buffer(
+            EPLB_AICPU_FIELD_LIVE,
+            a.live,
+            a.live_len,
+            if elastic { shape.ranks() } else { 0 },
+            SHORT,
+            false,
+        )?,
     ];
     check_overlap(&regions)?;
 
@@ -1195,6 +1347,9 @@ fn run(
     // SAFETY: `state` checked above for `state_needed` words (0: not dereferenced), overlaps
     // nothing; any `u64` is valid.
     let state = unsafe { slice_mut(a.state, state_needed) };
+    // SAFETY: `live` checked above for `R` bytes when set (else 0, not dereferenced); read
+    // only, overlaps no written buffer.
+    let live_flags = unsafe { slice_ref(a.live, if elastic { shape.ranks() } else { 0 }) };
 
     // `rebalance` reports per-layer flags as `bool`; the C side sees bytes 0 and 1.
     changed_bytes.fill(0);
@@ -1204,13 +1359,6 @@ fn run(
     // this is the only live reference to those bytes.
     let changed = unsafe { &mut *changed_ptr };
 
-    let current = Placement::new(shape, current).map_err(|e| {
-        fail(
-            EPLB_AICPU_E_PLACEMENT,
-            EPLB_AICPU_FIELD_CURRENT,
-            placement_layer(&e),
-        )
-    })?;
     let samples = if windows == 0 {
         None
     } else {
@@ -1220,6 +1368,45 @@ fn run(
                 .map_err(|e| load_fail(&e, EPLB_AICPU_FIELD_SAMPLES, n, other))?,
         )
     };
+    let out_of = |placement, changed, par_before, par_after| Output {
+        placement,
+        changed,
+        par_before,
+        par_after,
+    };
+    if elastic {
+        let summary = run_live(
+            &mut policy,
+            shape,
+            current,
+            live_flags,
+            loads,
+            samples,
+            a.seed,
+        )
+        .and_then(|input| {
+            eplb_policies::rebalance_live(
+                &mut policy,
+                &input,
+                scratch,
+                state,
+                out_of(out_placement, changed, par_before, par_after),
+            )
+            .map_err(|e| rebalance_fail(&e, n))
+        })?;
+        return Ok(Done {
+            result: result_of(&summary),
+            gate: EplbAicpuGateResult::default(),
+            reloads: to_u64(summary.reloads),
+        });
+    }
+    let current = Placement::new(shape, current).map_err(|e| {
+        fail(
+            EPLB_AICPU_E_PLACEMENT,
+            EPLB_AICPU_FIELD_CURRENT,
+            placement_layer(&e),
+        )
+    })?;
     let other = fail(EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_LOADS, 0);
     let input = Input::new(current, loads, samples, a.seed)
         .map_err(|e| load_fail(&e, EPLB_AICPU_FIELD_LOADS, n, other))?;
@@ -1257,7 +1444,16 @@ fn run(
         // Every input of the gate was checked: a failure here is a bug.
         gate_result = gated.map_err(|_| fail(EPLB_AICPU_E_GATE, EPLB_AICPU_FIELD_NONE, 0))?;
     }
-    let result = EplbAicpuResult {
+    Ok(Done {
+        result: result_of(&summary),
+        gate: gate_result,
+        reloads: 0,
+    })
+}
+
+/// The `result` of a successful call.
+fn result_of(summary: &eplb_policies::Summary) -> EplbAicpuResult {
+    EplbAicpuResult {
         changed_layers: to_u32(summary.changed_layers),
         colocated_rows: to_u32(summary.colocated_rows),
         moves: to_u64(summary.moves),
@@ -1268,8 +1464,54 @@ fn run(
         field: EPLB_AICPU_FIELD_NONE,
         reserved: 0,
         detail: 0,
-    };
-    Ok((result, gate_result))
+    }
+}
+
+/// The checked input of a call with `live` set: the live set of `flags` (each byte 0 or 1),
+/// then `eplb_policies::LiveInput::new` with its errors as status codes.
+fn run_live<'a>(
+    policy: &mut AnyPolicy,
+    shape: Shape,
+    current: &'a [u16],
+    flags: &[u8],
+    loads: &'a [f64],
+    samples: Option<Samples<'a>>,
+    seed: u64,
+) -> Result<eplb_policies::LiveInput<'a>, Fail> {
+    let bad_live = |detail: usize| fail(EPLB_AICPU_E_LIVE, EPLB_AICPU_FIELD_LIVE, to_u64(detail));
+    let mut live = eplb_policies::LiveSet::none(shape.ranks()).map_err(|_| bad_live(0))?;
+    for (r, &f) in flags.iter().enumerate() {
+        match f {
+            0 => {}
+            1 => live.insert(r).map_err(|_| bad_live(r))?,
+            _ => return Err(bad_live(r)),
+        }
+    }
+    if live.count().saturating_mul(shape.slots_per_rank()) < shape.experts() {
+        return Err(bad_live(live.count()));
+    }
+    // The full shape must suit the policy, as without a live set.
+    policy
+        .check_shape(&shape)
+        .map_err(|e| rebalance_fail(&e, shape.experts()))?;
+    eplb_policies::LiveInput::new(shape, current, live, loads, samples, seed).map_err(|e| match e {
+        Error::Core(
+            ref c @ (eplb_core::Error::NotLive { .. }
+            | eplb_core::Error::ExpertOutOfRange { .. }
+            | eplb_core::Error::Length { .. }),
+        ) => fail(
+            EPLB_AICPU_E_PLACEMENT,
+            EPLB_AICPU_FIELD_CURRENT,
+            placement_layer(c),
+        ),
+        Error::TooFewLiveRanks { live, .. } => bad_live(live),
+        e => load_fail(
+            &e,
+            EPLB_AICPU_FIELD_LOADS,
+            shape.experts(),
+            fail(EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_LOADS, 0),
+        ),
+    })
 }
 
 /// Applies the pay-off gate to the policy's output `out` (computed from `input`) as the
@@ -1373,13 +1615,16 @@ fn apply_gate(
 /// `uint32_t Fn(void *args)`.
 ///
 /// Checks, in this order: `args` non-null and 8-byte aligned, `version` and `struct_size`
-/// (2 and 408, or 1 and 248), the shape, the policy number, the pay-off gate (version 2:
-/// `payoff_gate`, then with it on each field of `gate`), then each buffer (`current`, `loads`,
-/// `samples`, `out_placement`, `out_changed`, `out_par_before`, `out_par_after`, `scratch`,
-/// `state`: null, alignment, length; scratch and state sized with the gate's words when it is
-/// on), overlaps, the current placement, the samples and the loads; then runs
-/// `eplb_policies::rebalance` and, when on, the gate. After the version check `args.result`
-/// (and, in a version 2 block, `args.gate_result`) is always written. On a non-zero status the
+/// (3 and 432, 2 and 408, or 1 and 248), the shape, the policy number, `payoff_gate` not set
+/// with a live set (version 3), the pay-off gate (version 2: `payoff_gate`, then with it on
+/// each field of `gate`), then each buffer (`current`, `loads`, `samples`, `out_placement`,
+/// `out_changed`, `out_par_before`, `out_par_after`, `scratch`, `state`, `live`: null,
+/// alignment, length; scratch and state sized with the gate's words when it is on, for any
+/// live set when `live` is set), overlaps, the samples, with `live` set the live bytes and the
+/// live count, the current placement and the loads; then runs `eplb_policies::rebalance` (or
+/// `rebalance_live` with `live` set) and, when on, the gate. After the version check
+/// `args.result` (and, in a version 2 or 3 block, `args.gate_result`; in a version 3 block
+/// `args.reloads`) is always written. On a non-zero status the
 /// output buffers' contents are unspecified (keep the current placement); the gate's ages are
 /// written only on success.
 ///
@@ -1403,14 +1648,16 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
     // (`version`, `struct_size`, the same in every version) are readable.
     let prefix = unsafe { args.cast::<[u32; 2]>().read() };
     let bytes = match prefix {
-        [EPLB_AICPU_ABI_VERSION, V2_SIZE] => size_of::<EplbAicpuArgs>(),
+        [EPLB_AICPU_ABI_VERSION, V3_SIZE] => size_of::<EplbAicpuArgs>(),
+        [2, EPLB_AICPU_ARGS_V2_SIZE] => V2_BYTES,
         [1, EPLB_AICPU_ARGS_V1_SIZE] => V1_BYTES,
         _ => {
             log::debug!("eplb_aicpu_rebalance: version/size {prefix:?} not supported");
             return EPLB_AICPU_E_VERSION;
         }
     };
-    // Version 2 fields a version 1 block lacks stay as `new()` has them: the gate off.
+    // Fields of later versions that a version 1 or 2 block lacks stay as `new()` has them: the
+    // gate off, no live set.
     let mut a = EplbAicpuArgs::new();
     // SAFETY: `args` is non-null and aligned, and its version and size say that `bytes` bytes
     // are readable there (the caller's contract); `a` is a local of at least `bytes` bytes
@@ -1425,8 +1672,8 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
             bytes,
         );
     }
-    let (status, result, gate_result) = match run(&a, args.addr(), bytes) {
-        Ok((r, g)) => (EPLB_AICPU_OK, r, g),
+    let (status, done) = match run(&a, args.addr(), bytes) {
+        Ok(done) => (EPLB_AICPU_OK, done),
         Err(f) => {
             log::debug!(
                 "eplb_aicpu_rebalance: status {} field {} detail {}",
@@ -1434,12 +1681,18 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
                 f.field,
                 f.detail
             );
-            let r = EplbAicpuResult {
+            let result = EplbAicpuResult {
                 field: f.field,
                 detail: f.detail,
                 ..EplbAicpuResult::default()
             };
-            (f.status, r, EplbAicpuGateResult::default())
+            (
+                f.status,
+                Done {
+                    result,
+                    ..Done::default()
+                },
+            )
         }
     };
     let out = args
@@ -1448,20 +1701,30 @@ pub unsafe extern "C" fn eplb_aicpu_rebalance(args: *mut c_void) -> u32 {
     // SAFETY: `out` is the `result` field of the aligned, writable struct at `args` (caller's
     // contract), hence aligned; every slice made from the buffers has ended with `run`, and no
     // written buffer overlaps the struct (checked), so nothing else refers to these bytes.
-    unsafe { out.write(result) };
-    if bytes == size_of::<EplbAicpuArgs>() {
+    unsafe { out.write(done.result) };
+    if bytes >= V2_BYTES {
         let out = args
             .wrapping_byte_add(offset_of!(EplbAicpuArgs, gate_result))
             .cast::<EplbAicpuGateResult>();
-        // SAFETY: as for `result`: a version 2 block (`bytes` is its full size) has this field,
+        // SAFETY: as for `result`: a version 2 or 3 block (`bytes` is at least the version 2
+        // size) has this field, aligned and writable, and nothing else refers to it.
+        unsafe { out.write(done.gate) };
+    }
+    if bytes == size_of::<EplbAicpuArgs>() {
+        let out = args
+            .wrapping_byte_add(offset_of!(EplbAicpuArgs, reloads))
+            .cast::<u64>();
+        // SAFETY: as for `result`: a version 3 block (`bytes` is its full size) has this field,
         // aligned and writable, and nothing else refers to it.
-        unsafe { out.write(gate_result) };
+        unsafe { out.write(done.reloads) };
     }
     status
 }
 
-/// `struct_size` of a version 2 block.
-const V2_SIZE: u32 = size_of::<EplbAicpuArgs>() as u32;
+/// `struct_size` of a version 3 block.
+const V3_SIZE: u32 = size_of::<EplbAicpuArgs>() as u32;
+/// Bytes of a version 2 block.
+const V2_BYTES: usize = EPLB_AICPU_ARGS_V2_SIZE as usize;
 /// Bytes of a version 1 block.
 const V1_BYTES: usize = EPLB_AICPU_ARGS_V1_SIZE as usize;
 

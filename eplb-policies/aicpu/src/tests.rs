@@ -308,7 +308,14 @@ fn a_version_1_block_behaves_as_before_and_touches_nothing_beyond_it() {
     }
     // A mismatched version and size is refused, with nothing written.
     let mut b = bufs(1);
-    for (version, size) in [(1, 408), (2, EPLB_AICPU_ARGS_V1_SIZE), (3, 408), (0, 248)] {
+    for (version, size) in [
+        (1, 408),
+        (2, EPLB_AICPU_ARGS_V1_SIZE),
+        (3, 408),
+        (2, 432),
+        (4, 432),
+        (0, 248),
+    ] {
         let mut a = args(&mut b, 1);
         (a.version, a.struct_size) = (version, size);
         a.result.detail = 99;
@@ -639,4 +646,160 @@ fn bad_gate_inputs_name_their_field() {
         eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 1)
     );
     assert_eq!(eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 2), 0);
+}
+
+/// Rank `dead` gone: `bufs`'s placement (expert `i % N` at slot `i`) with that rank's slots
+/// EMPTY, buffers sized for a live set, and the live flags. For rank 1, experts 4 and 5 lose
+/// their only copy in layers 0 and 2.
+fn live_bufs(policy: u32, dead: usize) -> (Bufs, Vec<u8>) {
+    let mut b = bufs(policy);
+    let s = usize::from(S);
+    for layer in b.current.chunks_exact_mut(usize::from(R * S)) {
+        layer[dead * s..(dead + 1) * s].fill(EPLB_AICPU_EMPTY);
+    }
+    b.scratch = vec![0; eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, policy, 0, 1) as usize];
+    b.state = vec![0; eplb_aicpu_state_len_v3(L, N, R, S, 0, 0, policy, 0, 1) as usize];
+    let mut live = vec![1u8; usize::from(R)];
+    live[dead] = 0;
+    (b, live)
+}
+
+#[test]
+fn a_live_set_plans_over_the_live_ranks_as_the_rust_api() {
+    let shape = Shape::new(L, N, R, S).unwrap();
+    for policy in 0..=5 {
+        let (mut b, flags) = live_bufs(policy, 1);
+        let mut a = args(&mut b, policy);
+        a.live = flags.as_ptr();
+        a.live_len = flags.len() as u64;
+        a.reloads = 0xDEAD;
+        assert_eq!(
+            call(&mut a),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            a.result
+        );
+
+        let mut p = AnyPolicy::new(policy_kind(policy).unwrap());
+        let lens = eplb_policies::live_buffer_lens(&p, &shape).unwrap();
+        assert_eq!(lens.scratch as u64, a.scratch_len);
+        assert_eq!(
+            eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, policy, 0, 0),
+            eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, policy, 0)
+        );
+        let (mut scratch, mut state) = (vec![0; lens.scratch], vec![0; lens.state]);
+        let (mut out, mut changed) = (vec![0; b.out.len()], vec![false; usize::from(L)]);
+        let (mut before, mut after) = (vec![0.0; usize::from(L)], vec![0.0; usize::from(L)]);
+        let live = eplb_policies::LiveSet::from_flags(&[true, false, true, true]).unwrap();
+        let input =
+            eplb_policies::LiveInput::new(shape, &b.current, live, &b.loads, None, 3).unwrap();
+        let summary = eplb_policies::rebalance_live(
+            &mut p,
+            &input,
+            &mut scratch,
+            &mut state,
+            Output {
+                placement: &mut out,
+                changed: &mut changed,
+                par_before: &mut before,
+                par_after: &mut after,
+            },
+        )
+        .unwrap();
+        assert_eq!(b.out, out, "policy {policy}");
+        let flags: Vec<u8> = changed.iter().map(|&c| u8::from(c)).collect();
+        assert_eq!(b.changed, flags);
+        assert_eq!((b.before, b.after), (before, after));
+        assert_eq!(b.state, state);
+        assert_eq!(a.result.moves, summary.moves as u64);
+        assert_eq!(a.reloads, summary.reloads as u64);
+        // Experts 4 and 5 had their only copy on rank 1 in layers 0 and 2: reloaded.
+        assert!(a.reloads >= 4, "policy {policy}: {}", a.reloads);
+        for layer in out.chunks_exact(usize::from(R * S)) {
+            assert!(layer[3..6].iter().all(|&e| e == EPLB_AICPU_EMPTY));
+            for e in 0..N {
+                assert!(layer.contains(&e), "policy {policy}: expert {e} lost");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_live_sets_give_their_status() {
+    let (mut b, mut flags) = live_bufs(EPLB_AICPU_POLICY_DEFAULT, 1);
+    let mut a = args(&mut b, EPLB_AICPU_POLICY_DEFAULT);
+    let with = |a: &mut EplbAicpuArgs, f: &[u8]| {
+        a.live = f.as_ptr();
+        a.live_len = f.len() as u64;
+    };
+    // A byte other than 0 or 1.
+    flags[2] = 2;
+    with(&mut a, &flags);
+    assert_eq!(call(&mut a), EPLB_AICPU_E_LIVE);
+    assert_eq!(
+        (a.result.field, a.result.detail),
+        (EPLB_AICPU_FIELD_LIVE, 2)
+    );
+    assert_eq!(a.reloads, 0);
+    // Too few live ranks: 2 x 3 slots < 8 experts (ranks 1 and 2 gone).
+    flags[2] = 0;
+    with(&mut a, &flags);
+    assert_eq!(call(&mut a), EPLB_AICPU_E_LIVE);
+    assert_eq!(a.result.detail, 2);
+    // A dead rank still holding experts: the current placement is refused (layer 0).
+    flags[2] = 1;
+    let mut full = bufs(EPLB_AICPU_POLICY_DEFAULT);
+    full.scratch = b.scratch.clone();
+    let mut a2 = args(&mut full, EPLB_AICPU_POLICY_DEFAULT);
+    with(&mut a2, &flags);
+    assert_eq!(call(&mut a2), EPLB_AICPU_E_PLACEMENT);
+    assert_eq!(a2.result.field, EPLB_AICPU_FIELD_CURRENT);
+    // A short mask.
+    with(&mut a, &flags[..3]);
+    assert_eq!(call(&mut a), EPLB_AICPU_E_TOO_SHORT);
+    assert_eq!(a.result.field, EPLB_AICPU_FIELD_LIVE);
+    // EMPTY without a live set: not a valid placement.
+    let mut a3 = args(&mut b, EPLB_AICPU_POLICY_DEFAULT);
+    assert_eq!(call(&mut a3), EPLB_AICPU_E_PLACEMENT);
+    // The gate and a live set do not combine.
+    let mut a4 = args(&mut b, EPLB_AICPU_POLICY_DEFAULT);
+    with(&mut a4, &flags);
+    a4.payoff_gate = 1;
+    a4.gate = gate_block(&small_model(1e6), Routing::Log2Phy, 10, 1);
+    assert_eq!(call(&mut a4), EPLB_AICPU_E_LIVE);
+    assert_eq!(a4.result.field, EPLB_AICPU_FIELD_PAYOFF_GATE);
+    assert_eq!(eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, 1, 1, 1), 0);
+    assert_eq!(eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, 1, 0, 2), 0);
+    // A scratch of the version 2 size is too small for the live path.
+    let small = eplb_aicpu_scratch_len_v2(L, N, R, S, 0, 0, 1, 0);
+    let live = eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, 1, 0, 1);
+    assert!(live > small);
+}
+
+#[test]
+fn a_version_2_block_behaves_as_before_and_touches_nothing_beyond_it() {
+    for policy in 0..=5 {
+        let mut b3 = bufs(policy);
+        let mut a3 = args(&mut b3, policy);
+        assert_eq!(call(&mut a3), EPLB_AICPU_OK, "policy {policy}");
+        assert_eq!(a3.reloads, 0);
+        let mut b2 = bufs(policy);
+        let mut a2 = args(&mut b2, policy);
+        a2.version = 2;
+        a2.struct_size = EPLB_AICPU_ARGS_V2_SIZE;
+        // Beyond a version 2 block: a bad live mask pointer is never read, reloads never written.
+        a2.live = ptr::dangling();
+        a2.live_len = 1;
+        a2.reloads = 0xBEEF;
+        assert_eq!(
+            call(&mut a2),
+            EPLB_AICPU_OK,
+            "policy {policy}: {:?}",
+            a2.result
+        );
+        assert_eq!(a2.reloads, 0xBEEF);
+        assert_eq!(a2.result, a3.result);
+        assert_eq!((b2.out, b2.changed), (b3.out, b3.changed));
+        assert_eq!(b2.state, b3.state);
+    }
 }

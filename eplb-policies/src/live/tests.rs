@@ -395,6 +395,7 @@ fn bad_live_inputs_are_typed_errors() {
         },
     );
     assert!(matches!(err, Err(Error::Scratch { .. })));
+    assert_eq!(out, current);
     // A too-small state for a stateful policy: the error restores the current placement.
     let mut p = AnyPolicy::new(PolicyKind::FlashLb);
     let mut scratch = vec![0u64; live_scratch_len(&p, &shape)];

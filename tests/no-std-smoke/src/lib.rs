@@ -36,6 +36,41 @@ pub extern "C" fn eplb_no_std_smoke() -> u32 {
     {
         return u32::MAX;
     }
+    // A plan over the live ranks with stack buffers: 1 layer, 4 experts, 3 ranks x 2 slots,
+    // rank 1 gone.
+    let Ok(small) = Shape::new(1, 4, 3, 2) else {
+        return u32::MAX;
+    };
+    let mut live = match eplb_policies::LiveSet::all(3) {
+        Ok(l) => l,
+        Err(_) => return u32::MAX,
+    };
+    let mut elastic = [0u16, 1, 2, 3, 0, 1];
+    if live.remove(1).is_err() || eplb_core::live::retire(&small, &live, &mut elastic).is_err() {
+        return u32::MAX;
+    }
+    let Ok(input) = eplb_policies::LiveInput::new(small, &elastic, live, &loads[..4], None, 1)
+    else {
+        return u32::MAX;
+    };
+    let mut policy = eplb_policies::default::DefaultEplb::new();
+    let (mut scratch, mut out) = ([0u64; 1024], [0u16; 6]);
+    let (mut changed, mut before, mut after) = ([false; 1], [0.0f64; 1], [0.0f64; 1]);
+    let planned = eplb_policies::rebalance_live(
+        &mut policy,
+        &input,
+        &mut scratch,
+        &mut [],
+        eplb_policies::Output {
+            placement: &mut out,
+            changed: &mut changed,
+            par_before: &mut before,
+            par_after: &mut after,
+        },
+    );
+    if planned.is_err() {
+        return u32::MAX;
+    }
     match Placement::new(shape, &buf) {
         Ok(p) => p.colocated_rows() as u32,
         Err(_) => u32::MAX,

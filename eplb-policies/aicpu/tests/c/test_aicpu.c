@@ -6,15 +6,17 @@
  * For each DIR/CASE.case (written by xtask from a golden JSON) and each policy 0..5, runs the
  * call protocol of reference/src/main.rs through eplb_aicpu_rebalance and compares every output
  * byte for byte with DIR/CASE.pK.expected (written by the Rust API on the host: the same files
- * serve the host build and the aarch64 build run under qemu), once with a version 1 block
- * (248 bytes) and once with a version 2 block, pay-off gate off; then with the gate on, against
+ * serve the host build and the aarch64 build run under qemu), once each with a version 1 block
+ * (248 bytes), a version 2 block (408 bytes) and a version 3 block (432 bytes, no live set),
+ * pay-off gate off; then with the gate on, against
  * DIR/CASE.pK.gate.expected (written by the runtime's PolicyHost with the same gate: placement,
  * flags, PAR, the state with the gate's ages, the result and the gate's summary), checking
  * that every layer the gate held keeps its current rows. A difference is reported with the
  * output it is in and its first differing element. Every buffer sits between guard bytes that
  * must be intact after each call. Then times call 1 (best of 5) per policy (not with
  * --no-timing: under an emulator the times mean nothing), prints the buffer sizes of the
- * DeepSeek-V3 shapes, and checks that bad arguments give the documented status codes. Exit
+ * DeepSeek-V3 shapes, checks that bad arguments give the documented status codes, and runs
+ * every policy over a live set (version 3: a dead rank that held an expert's only copy). Exit
  * status 0 only when every check passed.
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
@@ -302,6 +304,12 @@ static void make_v1(eplb_aicpu_args *a) {
     a->struct_size = EPLB_AICPU_ARGS_V1_SIZE;
 }
 
+/* The same arguments as a version 2 block: version 2, struct_size 408. */
+static void make_v2(eplb_aicpu_args *a) {
+    a->version = 2;
+    a->struct_size = EPLB_AICPU_ARGS_V2_SIZE;
+}
+
 /* Compares the `n` bytes at `got` with the next `padded` bytes of `r` (an output of `elem`-byte
  * elements, doubles when `is_f64`); on a difference, reports `part` and its first differing
  * element. Returns 1 when equal. */
@@ -358,8 +366,11 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
     for (uint64_t call = 0; call < CALLS && state_words == b.state_words; call++) {
         eplb_aicpu_args a = args_for(c, &b, c->seed + call);
         if (version == 1) make_v1(&a);
-        /* Canaries in the version 2 output: a v1 call must leave them, a v2 call zero them. */
+        if (version == 2) make_v2(&a);
+        /* Canaries in the version 2 and 3 outputs: a call of an older version must leave them,
+         * a call of their version (or a later one) zero them. */
         memset(&a.gate_result, 0x5A, sizeof a.gate_result);
+        a.reloads = 0x5A5A5A5A5A5A5A5Aull;
         uint32_t st = eplb_aicpu_rebalance(&a);
         CHECK(st == EPLB_AICPU_OK, "%s %s v%u call %llu: status %u (field %u, detail %llu)", name,
               pname, version, (unsigned long long)call + 1, st, a.result.field,
@@ -372,6 +383,9 @@ static void golden_policy(const char *dir, const char *name, const test_case *c,
             CHECK(memcmp(&a.gate_result, want, sizeof want) == 0,
                   "%s %s v%u: gate_result %s", name, pname, version,
                   version == 1 ? "written by a version 1 call" : "not zeroed (gate off)");
+            CHECK(a.reloads == (version < 3 ? 0x5A5A5A5A5A5A5A5Aull : 0), "%s %s v%u: reloads %s",
+                  name, pname, version,
+                  version < 3 ? "written by an older version's call" : "not zeroed (no live set)");
         }
         char what[128];
         snprintf(what, sizeof what, "%s %s v%u call %llu", name, pname, version,
@@ -563,19 +577,32 @@ static void bad_arguments(const test_case *c) {
 
     /* 2. version and struct size: nothing written */
     a = args_for(c, &d, 1);
-    a.version = 3;
+    a.version = 4;
     a.result.detail = 12345;
-    expect("version 3", &a, EPLB_AICPU_E_VERSION, ~0u);
+    expect("version 4", &a, EPLB_AICPU_E_VERSION, ~0u);
     CHECK(a.result.detail == 12345, "version mismatch wrote the result");
     a = args_for(c, &d, 1);
     a.struct_size = (uint32_t)sizeof a - 8;
     expect("struct_size - 8", &a, EPLB_AICPU_E_VERSION, ~0u);
     a = args_for(c, &d, 1);
     a.struct_size = EPLB_AICPU_ARGS_V1_SIZE;
-    expect("version 2 with the version 1 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    expect("version 3 with the version 1 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    a.struct_size = EPLB_AICPU_ARGS_V2_SIZE;
+    expect("version 3 with the version 2 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    a.version = 2;
+    expect("version 2 with the version 3 size", &a, EPLB_AICPU_E_VERSION, ~0u);
     a = args_for(c, &d, 1);
     a.version = 1;
-    expect("version 1 with the version 2 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    expect("version 1 with the version 3 size", &a, EPLB_AICPU_E_VERSION, ~0u);
+    a = args_for(c, &d, 1);
+    make_v2(&a);
+    a.live = (const uint8_t *)(uintptr_t)8; /* beyond a version 2 block: never read */
+    a.live_len = 1;
+    a.reloads = 77;
+    expect("version 2 block, garbage after its 408 bytes", &a, EPLB_AICPU_OK, ~0u);
+    CHECK(a.reloads == 77, "a version 2 call wrote reloads");
     a = args_for(c, &d, 1);
     make_v1(&a);
     a.payoff_gate = 7; /* beyond a version 1 block: never read */
@@ -881,6 +908,104 @@ static void bad_arguments(const test_case *c) {
     buffers_free(&f);
 }
 
+/* ---- a live set (version 3) ---- */
+
+/* 1 layer, 4 experts, 3 ranks x 2 slots: rank 1 held the only copies of experts 2 and 3 and is
+ * gone (its slots EMPTY). Every policy must put 2 and 3 on the live ranks 0 and 2, leave rank 1
+ * EMPTY, and count 2 reloads (the live ranks have exactly 4 slots: one copy each). */
+static void live_set(void) {
+    const uint16_t E = (uint16_t)EPLB_AICPU_EMPTY;
+    uint16_t current[6] = {0, 1, E, E, 0, 1};
+    uint8_t live[3] = {1, 0, 1};
+    double loads[4] = {4.0, 3.0, 2.0, 1.0};
+    printf("a live set (version 3): rank 1 of 3 gone, experts 2 and 3 had their only copy on it\n");
+    for (uint32_t p = 0; p < NPOLICIES; p++) {
+        uint64_t sw = eplb_aicpu_scratch_len_v3(1, 4, 3, 2, 0, 0, p, 0, 1);
+        uint64_t tw = eplb_aicpu_state_len_v3(1, 4, 3, 2, 0, 0, p, 0, 1);
+        CHECK(sw > 0 && sw >= eplb_aicpu_scratch_len_v2(1, 4, 3, 2, 0, 0, p, 0),
+              "%s: scratch_len_v3 %llu", POLICY_NAMES[p], (unsigned long long)sw);
+        CHECK(eplb_aicpu_scratch_len_v3(1, 4, 3, 2, 0, 0, p, 0, 0) ==
+                  eplb_aicpu_scratch_len_v2(1, 4, 3, 2, 0, 0, p, 0),
+              "%s: scratch_len_v3(..., 0) != scratch_len_v2", POLICY_NAMES[p]);
+        uint64_t *scratch = xmalloc((size_t)sw * 8);
+        uint64_t *state = tw ? calloc((size_t)tw, 8) : NULL;
+        uint16_t out[6];
+        uint8_t changed[1];
+        double before[1], after[1];
+        eplb_aicpu_args a;
+        memset(&a, 0, sizeof a);
+        a.version = EPLB_AICPU_ABI_VERSION;
+        a.struct_size = (uint32_t)sizeof a;
+        a.layers = 1;
+        a.experts = 4;
+        a.ranks = 3;
+        a.slots_per_rank = 2;
+        a.policy = p;
+        a.seed = 1;
+        a.current = current;
+        a.current_len = 6;
+        a.loads = loads;
+        a.loads_len = 4;
+        a.out_placement = out;
+        a.out_placement_len = 6;
+        a.out_changed = changed;
+        a.out_changed_len = 1;
+        a.out_par_before = before;
+        a.out_par_before_len = 1;
+        a.out_par_after = after;
+        a.out_par_after_len = 1;
+        a.scratch = scratch;
+        a.scratch_len = sw;
+        a.state = state;
+        a.state_len = tw;
+        a.live = live;
+        a.live_len = 3;
+        uint32_t st = eplb_aicpu_rebalance(&a);
+        CHECK(st == EPLB_AICPU_OK, "live set %s: status %u (field %u, detail %llu)",
+              POLICY_NAMES[p], st, a.result.field, (unsigned long long)a.result.detail);
+        CHECK(out[2] == E && out[3] == E, "live set %s: dead rank 1 holds %u %u", POLICY_NAMES[p],
+              out[2], out[3]);
+        for (uint16_t e = 0; e < 4; e++)
+            CHECK(out[0] == e || out[1] == e || out[4] == e || out[5] == e,
+                  "live set %s: expert %u not on a live rank", POLICY_NAMES[p], e);
+        CHECK(a.reloads == 2, "live set %s: reloads %llu, expected 2", POLICY_NAMES[p],
+              (unsigned long long)a.reloads);
+        CHECK(changed[0] == 1, "live set %s: layer not marked changed", POLICY_NAMES[p]);
+        printf("  %-12s -> {%u %u | EMPTY EMPTY | %u %u}, reloads %llu, moves %llu, PAR %.4f -> "
+               "%.4f\n",
+               POLICY_NAMES[p], out[0], out[1], out[4], out[5], (unsigned long long)a.reloads,
+               (unsigned long long)a.result.moves, before[0], after[0]);
+        if (p == EPLB_AICPU_POLICY_DEFAULT) {
+            /* Bad live sets give their status. */
+            live[2] = 2;
+            expect("live byte 2 on rank 2", &a, EPLB_AICPU_E_LIVE, EPLB_AICPU_FIELD_LIVE);
+            CHECK(a.result.detail == 2, "live byte: detail %llu", (unsigned long long)a.result.detail);
+            live[2] = 0;
+            expect("one live rank: 2 slots for 4 experts", &a, EPLB_AICPU_E_LIVE,
+                   EPLB_AICPU_FIELD_LIVE);
+            live[2] = 1;
+            a.live_len = 2;
+            expect("live_len 2 of 3 ranks", &a, EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_LIVE);
+            a.live_len = 3;
+            current[2] = 2;
+            expect("a dead rank holding expert 2", &a, EPLB_AICPU_E_PLACEMENT,
+                   EPLB_AICPU_FIELD_CURRENT);
+            current[2] = E;
+            a.live = NULL;
+            expect("EMPTY without a live set", &a, EPLB_AICPU_E_PLACEMENT,
+                   EPLB_AICPU_FIELD_CURRENT);
+            a.live = live;
+            a.payoff_gate = 1;
+            expect("live set with the pay-off gate", &a, EPLB_AICPU_E_LIVE,
+                   EPLB_AICPU_FIELD_PAYOFF_GATE);
+            a.payoff_gate = 0;
+            CHECK(eplb_aicpu_rebalance(&a) == EPLB_AICPU_OK, "live set after the bad ones");
+        }
+        free(scratch);
+        free(state);
+    }
+}
+
 static void memory_table(void) {
     /* DeepSeek-V3: 58 MoE layers x 256 experts, 8 groups; EP32 (9 slots, 4 nodes, 288 slots)
      * and EP64 (5 slots, 8 nodes, 320 slots). */
@@ -894,11 +1019,15 @@ static void memory_table(void) {
             uint64_t st = eplb_aicpu_state_len(58, 256, r, sl, rpn, g, p);
             uint64_t gsc = eplb_aicpu_scratch_len_v2(58, 256, r, sl, rpn, g, p, 1) - sc;
             uint64_t gst = eplb_aicpu_state_len_v2(58, 256, r, sl, rpn, g, p, 1) - st;
+            uint64_t lsc = eplb_aicpu_scratch_len_v3(58, 256, r, sl, rpn, g, p, 0, 1) - sc;
+            CHECK(eplb_aicpu_state_len_v3(58, 256, r, sl, rpn, g, p, 0, 1) == st,
+                  "live state != state");
             printf("  %-12s scratch %8llu B  state %8llu B  total %8llu B (%.1f KiB); "
-                   "gate +%llu B scratch, +%llu B state\n",
+                   "gate +%llu B scratch, +%llu B state; live set +%llu B scratch\n",
                    POLICY_NAMES[p], (unsigned long long)sc * 8, (unsigned long long)st * 8,
                    (unsigned long long)(sc + st) * 8, (double)(sc + st) * 8.0 / 1024.0,
-                   (unsigned long long)gsc * 8, (unsigned long long)gst * 8);
+                   (unsigned long long)gsc * 8, (unsigned long long)gst * 8,
+                   (unsigned long long)lsc * 8);
         }
     }
 }
@@ -919,11 +1048,12 @@ int main(int argc, char **argv) {
     int ncases = argc - 2;
     test_case *cases = xmalloc(sizeof(test_case) * (size_t)ncases);
     printf("golden cases, C ABI on " ARCH " vs Rust API (2 calls each, byte for byte, ABI v1 "
-           "and v2):\n");
+           "v2 and v3):\n");
     for (int i = 0; i < ncases; i++) {
         cases[i] = load_case(dir, argv[2 + i]);
         for (uint32_t p = 0; p < NPOLICIES; p++) {
             golden_policy(dir, argv[2 + i], &cases[i], p, 1);
+            golden_policy(dir, argv[2 + i], &cases[i], p, 2);
             golden_policy(dir, argv[2 + i], &cases[i], p, EPLB_AICPU_ABI_VERSION);
         }
     }
@@ -949,6 +1079,7 @@ int main(int argc, char **argv) {
     }
     memory_table();
     bad_arguments(&cases[0]);
+    live_set();
     printf("%u checks, %u failures\n", checks, failures);
     return failures ? 1 : 0;
 }
