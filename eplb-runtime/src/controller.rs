@@ -251,9 +251,15 @@ impl<T: Transport> Controller<T> {
     /// token to a rank outside it from then on) and plan over the live ranks from the next
     /// cycle.
     pub fn set_membership(&mut self, live: LiveSet) -> Result<(), MachineError> {
+        self.machine.handle_membership(live)?;
         self.waiting_for = None;
         self.launch_due = None;
-        self.machine.handle_membership(live)
+        // The cycle is dropped: an exchange in flight is aborted now, not waited for (its peer
+        // may be the rank that left).
+        if let Some(f) = self.in_flight.take() {
+            self.transport.abort(&f.plan);
+        }
+        Ok(())
     }
     /// [`Controller::set_membership`] with `gone` removed from the live set.
     pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
