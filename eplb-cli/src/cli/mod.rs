@@ -333,6 +333,7 @@ impl ReplayArgs {
             seed: self.run.seed,
             expert_bytes: 64,
             payoff_gate: None,
+            events: Vec::new(),
         };
         let cfg = SimConfig {
             payoff_gate: if self.payoff_gate {
