@@ -81,3 +81,42 @@ fn bad_membership_values_say_error_and_fail() {
         assert!(out.stdout.is_empty());
     }
 }
+
+#[test]
+fn report_marks_each_membership_event_on_its_time_charts() {
+    let trace = shared("data/series/esft_chain.json");
+    let dir = std::env::temp_dir().join(format!("eplb-members-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out_path = dir.join("r.html");
+    let out = eplb(&[
+        "report",
+        "--trace",
+        &trace,
+        "--ranks",
+        "8",
+        "--redundant",
+        "16",
+        "--heat-interval",
+        "10",
+        "--algo-interval",
+        "1",
+        "--policies",
+        "default",
+        "--fail-rank",
+        "3@40",
+        "--join-rank",
+        "3@100",
+        "--out",
+        out_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&out_path).unwrap();
+    // The PAR chart and the time chart each carry both labels.
+    assert_eq!(html.matches("rank 3 fails").count(), 2);
+    assert_eq!(html.matches("rank 3 joins").count(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -115,7 +115,12 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         outln!(io, "{}", basis.describe());
         outln!(io, "{}", sim_cost_line(&run.costs, basis));
         outln!(io, "{}", figures.describe(&time));
-        print_members(io, r, basis.payload.total_bytes() as u64, time.reload_bytes_per_s);
+        print_members(
+            io,
+            r,
+            basis.payload.total_bytes() as u64,
+            time.reload_bytes_per_s,
+        );
     }
     // A failed plan keeps the old placement: say so, and never pass a run whose every plan
     // failed off as the policy's result.
