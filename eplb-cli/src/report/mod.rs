@@ -342,6 +342,12 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
         let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
         eplb_sim::json::add_sim_cost(&mut metrics, &costs, job.basis);
         time.add_json(&mut metrics, job.time);
+        eplb_sim::json::add_membership(
+            &mut metrics,
+            &result,
+            job.basis.payload.total_bytes() as u64,
+            job.time.reload_bytes_per_s,
+        );
         progress.finished(
             i + 1,
             n,
