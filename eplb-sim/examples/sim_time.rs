@@ -33,6 +33,7 @@ fn main() {
         seed: 0,
         expert_bytes: 64,
         payoff_gate: None,
+        events: Vec::new(),
     };
     let mut best = f64::MAX;
     let mut par = 0.0;

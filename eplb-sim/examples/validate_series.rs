@@ -442,6 +442,7 @@ fn main() {
                 seed: 0,
                 expert_bytes: 8,
                 payoff_gate: None,
+                events: Vec::new(),
             };
             let r = simulate(&trace, &cfg, &mut |_, _| {})
                 .unwrap_or_else(|e| panic!("{} on R={ranks}: {e}", policy.name()));

@@ -66,6 +66,42 @@ pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> Value {
     })
 }
 
+/// The membership keys of `simulate --json` (`docs/cli.md`): `membership_events` (one object
+/// per `--fail-rank`/`--join-rank` event) and the totals `reload_copies_total`,
+/// `reload_bytes_total`, `unserved_tokens_total`. `expert_bytes` is one expert's payload,
+/// `reload_bytes_per_s` the rate a rank reads it back from host memory
+/// ([`crate::time::DEFAULT_RELOAD_BYTES_PER_S`]); a rank reloads its copies one after another,
+/// the ranks in parallel, so `reload_ms` is the busiest rank's bytes over the rate.
+pub fn add_membership(v: &mut Value, r: &SimResult, expert_bytes: u64, reload_bytes_per_s: f64) {
+    let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
+    let events: Vec<Value> = r
+        .membership
+        .iter()
+        .map(|o| {
+            json!({
+                "window": o.event.window,
+                "rank": o.event.rank,
+                "kind": o.event.kind.name(),
+                "live_ranks": o.live_ranks,
+                "lost_experts": o.lost_experts,
+                "unserved_tokens": o.unserved_tokens,
+                "reload_copies": o.reload_copies,
+                "reload_bytes": o.reload_copies.saturating_mul(expert_bytes),
+                "reload_ms": o.reload_copies_max_rank as f64 * expert_bytes as f64
+                    / reload_bytes_per_s * 1e3,
+                "par_before_event": finite(o.par_before_event),
+                "par_window_after": finite(o.par_window_after),
+                "recovered_at_window": o.recovered_at_window,
+            })
+        })
+        .collect();
+    v["membership_events"] = json!(events);
+    v["reload_copies_total"] = json!(r.reload_copies_total());
+    v["reload_bytes_total"] = json!(r.reload_copies_total().saturating_mul(expert_bytes));
+    v["reload_bytes_per_s"] = json!(reload_bytes_per_s);
+    v["unserved_tokens_total"] = json!(r.unserved_tokens_total());
+}
+
 /// The `eplb-placements/v1` log of a run (`SIMULATION.md` §7): every placement the run served,
 /// with the cycle, the first window it served and the heat windows it was planned from.
 /// `case` names the trace.

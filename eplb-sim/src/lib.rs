@@ -24,4 +24,6 @@ pub mod time;
 
 pub use error::SimError;
 pub use replay::{Replay, Run};
-pub use simulate::{Initial, SimConfig, SimPolicy, SimResult, SimTrace};
+pub use simulate::{
+    Initial, MemberEvent, MemberKind, MemberOutcome, SimConfig, SimPolicy, SimResult, SimTrace,
+};

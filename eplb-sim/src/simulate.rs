@@ -12,8 +12,11 @@
 //! bounded: more than 16 collectives in one iteration, or a layer walk longer than `2L + 2`
 //! iterations, fails the run as a livelock.
 
+use eplb_core::live::{lost_experts, retire};
 use eplb_core::metrics::{self, Routing};
-use eplb_core::{HeatStage, Layout, Placement, Shape, StageClassifier};
+use eplb_core::{
+    EMPTY, HeatStage, LayerPlacement, Layout, LiveSet, Placement, Shape, StageClassifier,
+};
 
 use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PolicyHost, policy_input, policy_live_input};
@@ -68,6 +71,156 @@ pub enum Initial {
     Random(u64),
 }
 
+/// What a membership event does to its rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberKind {
+    /// The rank stops (its machine is never driven again, its slots empty).
+    Fail,
+    /// A rank that failed comes back, with empty slots until a layer walk fills them.
+    Join,
+}
+
+impl MemberKind {
+    /// `fail` or `join` (the JSON's `kind`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberKind::Fail => "fail",
+            MemberKind::Join => "join",
+        }
+    }
+
+    /// The command-line flag that asks for it (`--fail-rank` or `--join-rank`).
+    pub fn flag(self) -> &'static str {
+        match self {
+            MemberKind::Fail => "--fail-rank",
+            MemberKind::Join => "--join-rank",
+        }
+    }
+}
+
+/// A membership event of a replay: `rank` fails or joins at `window`, before that window is
+/// routed (`SIMULATION.md`, "Elastic membership").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberEvent {
+    /// The window at whose start the event happens.
+    pub window: usize,
+    /// The rank.
+    pub rank: u16,
+    /// Fail or join.
+    pub kind: MemberKind,
+}
+
+impl MemberEvent {
+    /// Parses `R@W` (rank `R` at window `W`) for `kind`; an error names the flag and the value.
+    pub fn parse(kind: MemberKind, text: &str) -> Result<Self, crate::SimError> {
+        let bad = |why: &str| crate::SimError::Setting {
+            what: format!("{} {text}", kind.flag()),
+            why: why.to_owned(),
+        };
+        let (r, w) = text
+            .split_once('@')
+            .ok_or_else(|| bad("expected RANK@WINDOW, such as 5@40"))?;
+        let rank = r
+            .trim()
+            .parse::<u16>()
+            .map_err(|_| bad("the rank (before @) is not a whole number below 65536"))?;
+        let window = w
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| bad("the window (after @) is not a whole number"))?;
+        Ok(Self { window, rank, kind })
+    }
+
+    /// `--fail-rank 5@40`, the event as the command line names it.
+    pub fn describe(&self) -> String {
+        format!("{} {}@{}", self.kind.flag(), self.rank, self.window)
+    }
+}
+
+/// Checks `events` against a run of `ranks` ranks, `windows` windows, `experts` experts and
+/// `slots_per_rank` slots per rank: every rank below `R` and window below `T`, events in window
+/// order, a failure only of a live rank, a join only of a failed one, and never fewer live ranks
+/// than `ceil(N / S)` (the slots every expert needs). The error names the event.
+pub fn validate_events(
+    events: &[MemberEvent],
+    ranks: usize,
+    windows: usize,
+    experts: usize,
+    slots_per_rank: usize,
+) -> Result<(), crate::SimError> {
+    let mut live = vec![true; ranks];
+    let need = experts.div_ceil(slots_per_rank.max(1));
+    let mut last = 0;
+    for e in events {
+        let bad = |why: String| crate::SimError::Setting {
+            what: e.describe(),
+            why,
+        };
+        let r = usize::from(e.rank);
+        if r >= ranks {
+            return Err(bad(format!("rank {r} is not below the {ranks} ranks")));
+        }
+        if e.window >= windows {
+            return Err(bad(format!(
+                "window {} is not below the trace's {windows} windows",
+                e.window
+            )));
+        }
+        if e.window < last {
+            return Err(bad(format!(
+                "events must be in window order (an earlier one is at window {last})"
+            )));
+        }
+        last = e.window;
+        match e.kind {
+            MemberKind::Fail if !live[r] => {
+                return Err(bad(format!("rank {r} has already failed")));
+            }
+            MemberKind::Join if live[r] => {
+                return Err(bad(format!(
+                    "rank {r} is live; only a rank that failed can join"
+                )));
+            }
+            _ => {}
+        }
+        live[r] = e.kind == MemberKind::Join;
+        let count = live.iter().filter(|&&l| l).count();
+        if count < need {
+            return Err(bad(format!(
+                "it leaves {count} live ranks, fewer than the {need} that {experts} experts need \
+                 at {slots_per_rank} slots per rank"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What one membership event did to the replay (`simulate --json`'s `membership_events`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberOutcome {
+    /// The event.
+    pub event: MemberEvent,
+    /// Live ranks after it.
+    pub live_ranks: usize,
+    /// (layer, expert) pairs with no copy on a live rank right after it (summed over layers).
+    pub lost_experts: usize,
+    /// Tokens of experts with no live copy, from the event's window up to the next event.
+    pub unserved_tokens: u64,
+    /// Expert copies (layer, rank, expert) read from host memory because no live rank held
+    /// them, in the layer walks from the event up to the next event.
+    pub reload_copies: u64,
+    /// The most reload copies of one rank (ranks reload in parallel, each over its own link).
+    pub reload_copies_max_rank: u64,
+    /// The mean over windows of the layer-mean PAR over the cycle (`H + A` windows) before the
+    /// event, from the first activation on when the event comes after it: the baseline.
+    pub par_before_event: f64,
+    /// The layer-mean PAR of the event's window (over the live ranks).
+    pub par_window_after: f64,
+    /// The first window from the event on (before the next event) with no lost expert, no empty
+    /// slot on a live rank, and a layer-mean PAR at most 5 % above `par_before_event`.
+    pub recovered_at_window: Option<usize>,
+}
+
 /// Simulation settings.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -97,6 +250,9 @@ pub struct SimConfig {
     /// The pay-off gate, applied to every plan as the runtime applies it
     /// (`eplb_payoff_gate`); `None`: off.
     pub payoff_gate: Option<eplb_core::time::gate::Gate>,
+    /// Membership events in window order ([`validate_events`]); empty: every rank serves
+    /// throughout, and the run is exactly the strict one.
+    pub events: Vec<MemberEvent>,
 }
 
 /// One entry of the `eplb-placements/v1` log.
@@ -161,6 +317,22 @@ pub struct SimResult {
     pub par: Vec<f64>,
     /// The lower-bound PAR of every window and layer, `[T][L]`.
     pub lower_bound: Vec<f64>,
+    /// What each membership event did (empty without events).
+    pub membership: Vec<MemberOutcome>,
+    /// Per window: tokens of experts with no copy on a live rank (`[T]`, zeros without events).
+    pub unserved: Vec<u64>,
+}
+
+impl SimResult {
+    /// Reload copies summed over the membership events.
+    pub fn reload_copies_total(&self) -> u64 {
+        self.membership.iter().map(|m| m.reload_copies).sum()
+    }
+
+    /// Unserved tokens summed over the windows.
+    pub fn unserved_tokens_total(&self) -> u64 {
+        self.unserved.iter().sum()
+    }
 }
 
 impl SimResult {
@@ -287,15 +459,26 @@ pub fn simulate_with(
         max_collective_failures: 3,
         atomic_collectives: true,
     };
+    validate_events(&cfg.events, r, t_len, n, shape.slots_per_rank()).map_err(|e| e.to_string())?;
     let mut machines = (0..r)
         .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-    // One planner serves every rank: rank 0 folds the heat and feeds it, once per cycle.
-    for m in machines.iter_mut().skip(1) {
-        m.share_planner();
+    // One planner serves every rank: one rank (the feeder) folds the heat and feeds it, once per
+    // cycle. That is rank 0, or with failures the lowest rank that never fails; when every rank
+    // fails at some point, every rank folds and the first live one to ask feeds the planner.
+    let anchor = (0..r).find(|&q| {
+        !cfg.events
+            .iter()
+            .any(|e| e.kind == MemberKind::Fail && usize::from(e.rank) == q)
+    });
+    let feeders: Vec<bool> = (0..r).map(|q| anchor.is_none_or(|a| a == q)).collect();
+    for m in machines.iter_mut() {
+        if !feeders[m.rank()] {
+            m.share_planner();
+        }
     }
-    let mut world = SimWorld::new(shape, &machines, policy)?;
+    let mut world = SimWorld::new(shape, &machines, policy, feeders.clone())?;
     world.host.set_gate(cfg.payoff_gate);
 
     let mut live = initial.clone();
@@ -325,22 +508,140 @@ pub fn simulate_with(
     let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
     let mut mine = vec![0u32; l * s];
     let zeros = vec![0u32; l * s];
+    // Elastic membership: the ranks still driven, the live set, and what each event did.
+    let mut driven = vec![true; r];
+    let mut live_set = LiveSet::all(r).map_err(|e| e.to_string())?;
+    let mut next_event = 0usize;
+    let mut outcomes: Vec<MemberOutcome> = Vec::new();
+    let mut unserved = vec![0u64; t_len];
+    let mut lost_w = vec![0usize; t_len];
+    let mut empty_live_w = vec![false; t_len];
+    let mut lost_buf = vec![false; n];
+    let mut live_loads = Vec::with_capacity(r);
     for w in 0..t_len {
         let counts = &trace.counts[w * l * n..(w + 1) * l * n];
-        // Score window w under the placement live during it.
-        let p = Placement::new(shape, &live).map_err(|e| e.to_string())?;
-        for (layer, lp) in p.layers().enumerate() {
-            for (x, &c) in loads.iter_mut().zip(&counts[layer * n..(layer + 1) * n]) {
-                *x = c as f64;
+        // Membership events, before the window is routed.
+        let mut members_changed = false;
+        while let Some(ev) = cfg.events.get(next_event).filter(|e| e.window == w) {
+            next_event += 1;
+            let q = usize::from(ev.rank);
+            let before = live_set;
+            match ev.kind {
+                MemberKind::Fail => {
+                    live_set.remove(q).map_err(|e| e.to_string())?;
+                    // It never enters a collective again.
+                    driven[q] = false;
+                    world.launched[q] = None;
+                    world.asked[q] = false;
+                }
+                MemberKind::Join => {
+                    live_set.insert(q).map_err(|e| e.to_string())?;
+                    if driving {
+                        // A fresh machine from the placement the survivors hold.
+                        let lead = lead_rank(anchor, &driven, &machines);
+                        let mut m = RankMachine::new_elastic(
+                            shape,
+                            q,
+                            machines[lead].placement(),
+                            before,
+                            mcfg,
+                        )
+                        .map_err(|e| format!("{}: {e}", ev.describe()))?;
+                        if !feeders[q] {
+                            m.share_planner();
+                        }
+                        machines[q] = m;
+                        driven[q] = true;
+                        world.launched[q] = None;
+                        world.asked[q] = false;
+                    }
+                }
             }
-            par[w * l + layer] =
-                metrics::layer_par(&lp, &loads, cfg.routing, &mut scratch, &mut rank_buf)
+            // Reloads so far belong to the event before.
+            if let Some(prev) = outcomes.last_mut() {
+                book_reloads(prev, &mut world.reloads);
+            }
+            world.reloads.fill(0);
+            outcomes.push(MemberOutcome {
+                event: *ev,
+                live_ranks: live_set.count(),
+                lost_experts: 0,
+                unserved_tokens: 0,
+                reload_copies: 0,
+                reload_copies_max_rank: 0,
+                par_before_event: f64::NAN,
+                par_window_after: f64::NAN,
+                recovered_at_window: None,
+            });
+            members_changed = true;
+        }
+        if members_changed {
+            if driving {
+                // Every live rank is told the new set at this iteration; the drive below runs
+                // their agreement and reroute.
+                world.net.set_live(&live_set);
+                for (m, &d) in machines.iter_mut().zip(&driven) {
+                    if d {
+                        m.handle_membership(live_set).map_err(|e| {
+                            format!("simulation: window {w}: rank {}: {e}", m.rank())
+                        })?;
+                    }
+                }
+                // The machines drop the cycle under way; the next one starts now.
+                cycle_start = w;
+            }
+            // The routing-only step: no token goes to a rank that left.
+            retire(&shape, &live_set, &mut live).map_err(|e| e.to_string())?;
+            router.rebuild(&live);
+        }
+        // Score window w under the placement live during it.
+        if live_set.is_all() && !live.contains(&EMPTY) {
+            let p = Placement::new(shape, &live).map_err(|e| e.to_string())?;
+            for (layer, lp) in p.layers().enumerate() {
+                for (x, &c) in loads.iter_mut().zip(&counts[layer * n..(layer + 1) * n]) {
+                    *x = c as f64;
+                }
+                par[w * l + layer] =
+                    metrics::layer_par(&lp, &loads, cfg.routing, &mut scratch, &mut rank_buf)
+                        .map_err(|e| e.to_string())?;
+                other[w * l + layer] =
+                    metrics::layer_par(&lp, &loads, other_routing, &mut scratch, &mut rank_buf)
+                        .map_err(|e| e.to_string())?;
+                lb[w * l + layer] = lower_bound_par(&shape, &loads, &mut copies, &mut heap)
                     .map_err(|e| e.to_string())?;
-            other[w * l + layer] =
-                metrics::layer_par(&lp, &loads, other_routing, &mut scratch, &mut rank_buf)
+            }
+        } else {
+            // Over the live ranks only: an EMPTY slot holds nothing, a lost expert's tokens are
+            // unserved, PAR is max / mean of the live ranks' loads.
+            for layer in 0..l {
+                let lc = &counts[layer * n..(layer + 1) * n];
+                for (x, &c) in loads.iter_mut().zip(lc) {
+                    *x = c as f64;
+                }
+                let rows = &live[layer * per..(layer + 1) * per];
+                let lp = LayerPlacement::new_elastic(shape, layer, rows, &live_set)
+                    .map_err(|e| format!("simulation: window {w}: {e}"))?;
+                for (routing, out) in [(cfg.routing, &mut par), (other_routing, &mut other)] {
+                    metrics::rank_loads(&lp, &loads, routing, &mut scratch, &mut rank_buf)
+                        .map_err(|e| e.to_string())?;
+                    live_loads.clear();
+                    live_loads.extend(live_set.iter().map(|q| rank_buf[q]));
+                    out[w * l + layer] = metrics::par(&live_loads);
+                }
+                lb[w * l + layer] = lower_bound_par(&shape, &loads, &mut copies, &mut heap)
                     .map_err(|e| e.to_string())?;
-            lb[w * l + layer] = lower_bound_par(&shape, &loads, &mut copies, &mut heap)
-                .map_err(|e| e.to_string())?;
+                lost_w[w] += lost_experts(&shape, rows, &live_set, &mut lost_buf)
+                    .map_err(|e| e.to_string())?;
+                unserved[w] += lost_buf
+                    .iter()
+                    .zip(lc)
+                    .filter(|(lost, _)| **lost)
+                    .map(|(_, &c)| c)
+                    .sum::<u64>();
+                empty_live_w[w] |= live_set
+                    .iter()
+                    .any(|q| rows[q * s..(q + 1) * s].contains(&EMPTY));
+            }
         }
         // A cycle starting now would activate at w + H + A: run it only if that is inside.
         if driving && w == cycle_start && w + h + a >= t_len {
@@ -351,7 +652,7 @@ pub fn simulate_with(
             continue;
         }
         router.route(counts, &mut routed);
-        for m in machines.iter_mut() {
+        for (m, _) in machines.iter_mut().zip(&driven).filter(|(_, d)| **d) {
             let rank = m.rank();
             for layer in 0..l {
                 let base = layer * per + rank * s;
@@ -360,11 +661,12 @@ pub fn simulate_with(
             world.exchange_done(m);
             m.handle_forward(&mine, 0).map_err(|e| e.to_string())?;
         }
-        world.drive(&mut machines)?;
-        let taken = machines[0].take_events().plan_taken.is_some();
+        world.drive(&mut machines, &driven)?;
+        let lead = lead_rank(anchor, &driven, &machines);
+        let taken = machines[lead].take_events().plan_taken.is_some();
         // Update iterations between windows: the layer-by-layer update is part of the delay.
         let mut updates = 0usize;
-        while machines[0].is_updating() {
+        while machines[lead].is_updating() {
             updates += 1;
             if updates > 2 * l + 2 {
                 return Err(format!(
@@ -373,11 +675,11 @@ pub fn simulate_with(
                     2 * l + 2
                 ));
             }
-            for m in machines.iter_mut() {
+            for (m, _) in machines.iter_mut().zip(&driven).filter(|(_, d)| **d) {
                 world.exchange_done(m);
                 m.handle_forward(&zeros, 0).map_err(|e| e.to_string())?;
             }
-            world.drive(&mut machines)?;
+            world.drive(&mut machines, &driven)?;
         }
         for m in machines.iter_mut() {
             let _ = m.take_events();
@@ -387,19 +689,22 @@ pub fn simulate_with(
             log.push(LogEntry {
                 cycle: log.len(),
                 active_from_window: w + 1,
-                placement: machines[0].placement().to_vec(),
+                placement: machines[lead].placement().to_vec(),
                 heat_windows: Some((cycle_start, cycle_start + h)),
                 policy_time_s: Some(world.plan_time),
             });
             cycle_start = w + 1;
         }
-        if live != machines[0].placement() {
-            live.copy_from_slice(machines[0].placement());
+        if live != machines[lead].placement() {
+            live.copy_from_slice(machines[lead].placement());
             router.rebuild(&live);
         }
         progress(w + 1, t_len);
     }
-    let stats = machines[0].stats();
+    if let Some(last) = outcomes.last_mut() {
+        book_reloads(last, &mut world.reloads);
+    }
+    let stats = machines[lead_rank(anchor, &driven, &machines)].stats();
     let (failed_layers, plans, plan_failures) =
         (stats.layers_failed, stats.plans_taken, stats.plan_failures);
 
@@ -425,13 +730,46 @@ pub fn simulate_with(
         let (old, new) = (&pair[0].placement, &pair[1].placement);
         if old != new {
             changes += 1;
-            moves_total += metrics::moves(old, new, shape.slots_per_rank());
+            moves_total += if new.contains(&EMPTY) {
+                elastic_moves(old, new, shape.slots_per_rank())
+            } else {
+                metrics::moves(old, new, shape.slots_per_rank())
+            };
             slot_writes_total += metrics::slot_writes(old, new);
         }
     }
     for e in &log {
-        let p = Placement::new(shape, &e.placement).map_err(|e| e.to_string())?;
-        dup_max = dup_max.max(p.colocated_rows());
+        let rows = if e.placement.contains(&EMPTY) {
+            elastic_colocated_rows(&e.placement, shape.slots_per_rank())
+        } else {
+            Placement::new(shape, &e.placement)
+                .map_err(|e| e.to_string())?
+                .colocated_rows()
+        };
+        dup_max = dup_max.max(rows);
+    }
+    // What each membership event did: lost experts at it, unserved tokens and recovery up to
+    // the next event.
+    let bounds: Vec<usize> = outcomes
+        .iter()
+        .skip(1)
+        .map(|o| o.event.window)
+        .chain(core::iter::once(t_len))
+        .collect();
+    for (o, &end) in outcomes.iter_mut().zip(&bounds) {
+        let at = o.event.window;
+        let lo = if at > first {
+            at.saturating_sub(h + a).max(first)
+        } else {
+            at.saturating_sub(h + a)
+        };
+        o.par_before_event = mean(&layer_mean[lo..at]);
+        o.par_window_after = layer_mean[at];
+        o.lost_experts = lost_w[at];
+        o.unserved_tokens = unserved[at..end].iter().sum();
+        let limit = o.par_before_event * 1.05;
+        o.recovered_at_window =
+            (at..end).find(|&x| lost_w[x] == 0 && !empty_live_w[x] && layer_mean[x] <= limit);
     }
     let times: Vec<f64> = log.iter().filter_map(|e| e.policy_time_s).collect();
     Ok(SimResult {
@@ -461,7 +799,53 @@ pub fn simulate_with(
         log,
         par,
         lower_bound: lb,
+        membership: outcomes,
+        unserved,
     })
+}
+
+/// The rank whose machine speaks for the cluster (its placement, its events, its counters): the
+/// feeder that never fails, or else the lowest rank driven and live.
+fn lead_rank(anchor: Option<usize>, driven: &[bool], machines: &[RankMachine]) -> usize {
+    anchor.unwrap_or_else(|| {
+        (0..machines.len())
+            .find(|&q| driven[q] && machines[q].live().contains(q))
+            .or_else(|| driven.iter().position(|&d| d))
+            .unwrap_or(0)
+    })
+}
+
+/// Adds the reloads counted per rank since the event to its outcome.
+fn book_reloads(o: &mut MemberOutcome, per_rank: &mut [u64]) {
+    o.reload_copies += per_rank.iter().sum::<u64>();
+    o.reload_copies_max_rank = o
+        .reload_copies_max_rank
+        .max(per_rank.iter().copied().max().unwrap_or(0));
+    per_rank.fill(0);
+}
+
+/// [`metrics::moves`] over placements with [`EMPTY`] slots: an empty slot fetches nothing.
+fn elastic_moves(old: &[u16], new: &[u16], s: usize) -> usize {
+    old.chunks_exact(s.max(1))
+        .zip(new.chunks_exact(s.max(1)))
+        .map(|(o, nw)| {
+            nw.iter()
+                .enumerate()
+                .filter(|&(i, e)| *e != EMPTY && !nw[..i].contains(e) && !o.contains(e))
+                .count()
+        })
+        .sum()
+}
+
+/// Rows (layer, rank) holding some expert twice, [`EMPTY`] slots not counted.
+fn elastic_colocated_rows(p: &[u16], s: usize) -> usize {
+    p.chunks_exact(s.max(1))
+        .filter(|row| {
+            row.iter()
+                .enumerate()
+                .any(|(i, e)| *e != EMPTY && row[..i].contains(e))
+        })
+        .count()
 }
 
 /// The simulator's side of the rank machines: an in-memory collective, the policy called in
@@ -487,6 +871,11 @@ struct SimWorld {
     net: LocalCollective,
     /// Per rank: it submitted a request this round.
     asked: Vec<bool>,
+    /// Per rank: it folds the heat and may feed the shared planner.
+    feeders: Vec<bool>,
+    /// Per rank: expert copies planned to be read from host memory (no live rank held them)
+    /// since the last membership event.
+    reloads: Vec<u64>,
 }
 
 impl SimWorld {
@@ -494,6 +883,7 @@ impl SimWorld {
         shape: Shape,
         machines: &[RankMachine],
         policy: Box<dyn eplb_policies::Policy + Send>,
+        feeders: Vec<bool>,
     ) -> Result<Self, String> {
         let r = shape.ranks();
         // The shape's range, the policy's topology and its buffer sizes, before a window runs.
@@ -509,6 +899,8 @@ impl SimWorld {
             layer_ok: None,
             net: LocalCollective::new(machines),
             asked: vec![false; r],
+            feeders,
+            reloads: vec![0; r],
         })
     }
 
@@ -522,9 +914,9 @@ impl SimWorld {
     /// Runs every machine's actions until all are idle: local actions at once, collectives when
     /// every rank has entered the same one. A rank that never joins a collective its peers wait
     /// in, or more than [`LocalCollective::MAX_ROUNDS`] rounds, fails the run (a livelock).
-    fn drive(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
+    fn drive(&mut self, machines: &mut [RankMachine], driven: &[bool]) -> Result<(), String> {
         for _ in 0..LocalCollective::MAX_ROUNDS {
-            for m in machines.iter_mut() {
+            for (m, _) in machines.iter_mut().zip(driven).filter(|(_, d)| **d) {
                 self.run_local(m)?;
             }
             self.hand_plans(machines)?;
@@ -593,7 +985,14 @@ impl SimWorld {
             &m.placement()[range.clone()],
             &m.plan()[range],
         ) {
-            Ok(_) => true,
+            Ok(plan) => {
+                for load in &plan.loads {
+                    if let Some(x) = self.reloads.get_mut(usize::from(load.rank)) {
+                        *x += 1;
+                    }
+                }
+                true
+            }
             Err(e) => {
                 log::error!("eplb simulate: layer {layer}: {e}");
                 false
@@ -603,11 +1002,13 @@ impl SimWorld {
         ok
     }
 
-    /// Runs the policy for the input's cycle once, on rank 0's input (the other ranks share
-    /// its planner and submit empty inputs); the plan is handed to every rank that asked for
-    /// it by [`SimWorld::hand_plans`].
+    /// Runs the policy for the input's cycle once, on the first feeder's input (rank 0 without
+    /// failures; the other ranks share its planner and submit empty inputs); the plan is handed
+    /// to every rank that asked for it by [`SimWorld::hand_plans`].
     fn plan_for(&mut self, rank: usize, input: &PlanInput<'_>) -> Result<(), String> {
-        if rank == 0 && self.planned.map(|p| p.0) != Some(input.cycle) {
+        if self.feeders.get(rank).copied().unwrap_or(false)
+            && self.planned.map(|p| p.0) != Some(input.cycle)
+        {
             let ok = self.compute(input)?;
             self.planned = Some((input.cycle, ok));
         }

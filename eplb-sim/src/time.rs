@@ -29,8 +29,17 @@ use crate::simulate::{LogEntry, Router, SimConfig, SimPolicy, SimTrace};
 /// The hardware preset when none is given.
 pub const DEFAULT_HARDWARE: Hardware = Hardware::A3;
 
-/// The `--hw-param` keys (the fields of [`Hardware`]; rates in FLOP/s and bytes/s, times in ms).
-pub const HW_PARAMS: [&str; 8] = [
+/// How fast a rank reads a lost expert's weights back when no live rank holds a copy (elastic
+/// membership, `simulate --fail-rank`), in bytes/s: 25 GB/s, a host-to-device copy from pinned
+/// host memory over a PCIe Gen4 x16 link (32 GB/s raw, about 80 % of it in practice). It is an
+/// assumption, not a measurement: an Ascend A2/A3 host link is PCIe Gen5 x16 (faster), a read
+/// from local NVMe storage is about 3 to 7 GB/s (slower). One number for every hardware preset;
+/// `--hw-param reload_bytes_per_s=X` overrides it.
+pub const DEFAULT_RELOAD_BYTES_PER_S: f64 = 25e9;
+
+/// The `--hw-param` keys (the fields of [`Hardware`]; rates in FLOP/s and bytes/s, times in ms),
+/// and `reload_bytes_per_s` ([`DEFAULT_RELOAD_BYTES_PER_S`]).
+pub const HW_PARAMS: [&str; 9] = [
     "flops_bf16",
     "flops_8bit",
     "flops_fp4",
@@ -39,6 +48,7 @@ pub const HW_PARAMS: [&str; 8] = [
     "inter_node_bytes_per_s",
     "layer_overhead_ms",
     "collective_ms",
+    "reload_bytes_per_s",
 ];
 
 /// The `--model-param` keys (the numeric fields of [`ModelSpec`]).
@@ -76,6 +86,9 @@ pub struct TimeBasis {
     pub role: Role,
     /// Which of `hardware`, `role`, `tokens_per_rank` were defaulted.
     pub defaulted: Vec<&'static str>,
+    /// How fast a rank reads a lost expert back from host memory, bytes/s
+    /// ([`DEFAULT_RELOAD_BYTES_PER_S`] unless `--hw-param reload_bytes_per_s` says otherwise).
+    pub reload_bytes_per_s: f64,
 }
 
 fn setting(what: &str, why: String) -> SimError {
@@ -124,6 +137,7 @@ impl TimeSpec {
         for (k, v) in &self.hw_params {
             set_hw(&mut hw, k, *v)?;
         }
+        self.reload_bytes_per_s()?;
         let mut m = ModelSpec::DEEPSEEK_V3;
         for (k, v) in &self.model_params {
             set_model(&mut m, k, *v)?;
@@ -184,11 +198,37 @@ impl TimeSpec {
             model: tm,
             role,
             defaulted,
+            reload_bytes_per_s: self.reload_bytes_per_s()?,
         })
     }
 }
 
+impl TimeSpec {
+    /// The reload bandwidth: the last `reload_bytes_per_s` override, else the default; an error
+    /// unless it is a finite number > 0.
+    pub fn reload_bytes_per_s(&self) -> Result<f64, SimError> {
+        let v = self
+            .hw_params
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "reload_bytes_per_s")
+            .map_or(DEFAULT_RELOAD_BYTES_PER_S, |(_, v)| *v);
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(setting(
+                &format!("--hw-param reload_bytes_per_s={v}"),
+                "expected a finite number of bytes/s > 0".to_owned(),
+            ))
+        }
+    }
+}
+
 fn set_hw(hw: &mut Hardware, key: &str, v: f64) -> Result<(), SimError> {
+    if key == "reload_bytes_per_s" {
+        // Not a field of the hardware preset: checked by `TimeSpec::reload_bytes_per_s`.
+        return Ok(());
+    }
     let slot = match key {
         "flops_bf16" => &mut hw.flops_bf16,
         "flops_8bit" => &mut hw.flops_8bit,

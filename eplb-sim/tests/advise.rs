@@ -77,6 +77,7 @@ fn base(ranks: u16) -> SimConfig {
         seed: 0,
         expert_bytes: 64,
         payoff_gate: None,
+        events: Vec::new(),
     }
 }
 

@@ -125,6 +125,7 @@ fn a_recording_of_the_demo_trace_replays_to_the_windows_it_was_recorded_from() {
         seed: 0,
         expert_bytes: 0,
         payoff_gate: None,
+        events: Vec::new(),
     };
     let out = rec.run(&sim, &[], &mut |_, _| {}).unwrap();
     assert_eq!(out.result.par.len(), rec.trace.windows * t.layers);

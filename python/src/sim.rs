@@ -129,6 +129,7 @@ pub(crate) fn simulate(
             seed,
             expert_bytes: 64,
             payoff_gate: None,
+            events: Vec::new(),
         };
         let basis = time
             .resolve(&replay.basis, ranks_per_node)

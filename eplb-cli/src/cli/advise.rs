@@ -95,6 +95,7 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
         seed: a.run.seed,
         expert_bytes: 64,
         payoff_gate: None,
+        events: Vec::new(),
     };
     let threads = a.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, usize::from),

@@ -300,6 +300,13 @@ struct ReplayArgs {
     /// exceeds the stall of its exchange (the runtime's `eplb_payoff_gate`).
     #[arg(long)]
     payoff_gate: bool,
+    /// Rank R fails at the start of window W, `R@W` (repeatable): the survivors reroute, reload
+    /// what only it held and re-plan over the live ranks (SIMULATION.md, "Elastic membership").
+    #[arg(long = "fail-rank", value_name = "R@W")]
+    fail_ranks: Vec<String>,
+    /// Rank R, which failed earlier, joins again at the start of window W, `R@W` (repeatable).
+    #[arg(long = "join-rank", value_name = "R@W")]
+    join_ranks: Vec<String>,
 }
 
 impl ReplayArgs {
@@ -307,6 +314,7 @@ impl ReplayArgs {
     /// warnings go to standard error.
     fn load(&self, io: &Io, policy: SimPolicy) -> Result<(Replay, SimConfig), String> {
         let (initial, routing) = self.run.check()?;
+        let events = self.events()?;
         let bytes = io.read(&self.trace)?;
         let source = self.trace.display().to_string();
         let replay =
@@ -333,7 +341,22 @@ impl ReplayArgs {
             seed: self.run.seed,
             expert_bytes: 64,
             payoff_gate: None,
+            events,
         };
+        // The events against the trace and shape, before any window is replayed.
+        if !cfg.events.is_empty() {
+            let slots = (replay.trace.experts + self.redundant as usize)
+                .checked_div(usize::from(self.ranks))
+                .unwrap_or(0);
+            eplb_sim::simulate::validate_events(
+                &cfg.events,
+                usize::from(self.ranks),
+                replay.trace.windows,
+                replay.trace.experts,
+                slots,
+            )
+            .map_err(|e| e.to_string())?;
+        }
         let cfg = SimConfig {
             payoff_gate: if self.payoff_gate {
                 let basis = self
@@ -349,6 +372,26 @@ impl ReplayArgs {
             ..cfg
         };
         Ok((replay, cfg))
+    }
+}
+
+impl ReplayArgs {
+    /// `--fail-rank` and `--join-rank` as membership events in window order (a failure before a
+    /// join at the same window); an unreadable value is an error that names it.
+    fn events(&self) -> Result<Vec<eplb_sim::MemberEvent>, String> {
+        use eplb_sim::{MemberEvent, MemberKind};
+        let mut events = Vec::new();
+        for (kind, values) in [
+            (MemberKind::Fail, &self.fail_ranks),
+            (MemberKind::Join, &self.join_ranks),
+        ] {
+            for v in values {
+                events.push(MemberEvent::parse(kind, v).map_err(|e| e.to_string())?);
+            }
+        }
+        // Stable: at one window, failures (given first) before joins.
+        events.sort_by_key(|e| e.window);
+        Ok(events)
     }
 }
 

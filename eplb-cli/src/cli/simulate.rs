@@ -46,6 +46,13 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?;
     }
     let (replay, cfg) = a.replay.load(io, policy)?;
+    if a.metrics_out.is_some() && !cfg.events.is_empty() {
+        return Err(
+            "--metrics-out does not support --fail-rank/--join-rank yet (its per-cycle \
+             figures need every rank live)"
+                .to_owned(),
+        );
+    }
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut shown = false;
@@ -96,12 +103,24 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     if a.json {
         let mut v = json::run_json(&run, basis, policy.name(), cfg.routing);
         figures.add_json(&mut v, &time);
+        json::add_membership(
+            &mut v,
+            r,
+            basis.payload.total_bytes() as u64,
+            time.reload_bytes_per_s,
+        );
         outln!(io, "{v}");
     } else {
         print_sim(io, r, policy.name(), cfg.routing);
         outln!(io, "{}", basis.describe());
         outln!(io, "{}", sim_cost_line(&run.costs, basis));
         outln!(io, "{}", figures.describe(&time));
+        print_members(
+            io,
+            r,
+            basis.payload.total_bytes() as u64,
+            time.reload_bytes_per_s,
+        );
     }
     // A failed plan keeps the old placement: say so, and never pass a run whose every plan
     // failed off as the policy's result.
@@ -109,6 +128,31 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         errln!("warning: {warning}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per membership event: what was lost, reloaded and when PAR came back.
+fn print_members(io: &mut Io, r: &SimResult, expert_bytes: u64, reload_bytes_per_s: f64) {
+    for o in &r.membership {
+        let bytes = o.reload_copies.saturating_mul(expert_bytes);
+        let ms = o.reload_copies_max_rank as f64 * expert_bytes as f64 / reload_bytes_per_s * 1e3;
+        outln!(
+            io,
+            "window {}: rank {} {}s ({} live): {} experts lost, {} tokens unserved, {} copies reloaded ({}, about {} on the busiest rank); PAR {} before, {} at the event, back within 5 % at {}",
+            o.event.window,
+            o.event.rank,
+            o.event.kind.name(),
+            o.live_ranks,
+            o.lost_experts,
+            o.unserved_tokens,
+            o.reload_copies,
+            human_bytes(bytes),
+            human_ms(ms),
+            eplb_sim::time::fixed(o.par_before_event, 4),
+            eplb_sim::time::fixed(o.par_window_after, 4),
+            o.recovered_at_window
+                .map_or_else(|| "no window".to_owned(), |w| format!("window {w}"))
+        );
+    }
 }
 
 fn sim_cost_line(costs: &[MoveCost], basis: &CostBasis) -> String {

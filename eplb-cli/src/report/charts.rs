@@ -53,6 +53,42 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
         .map_err(err)
 }
 
+/// The colour of a membership event's line.
+const EVENT_RED: RGBColor = RGBColor(200, 30, 30);
+
+/// A membership event on a time-series chart: a vertical line at the window's left edge and
+/// its label (`rank 5 fails`) near the top.
+fn draw_events<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<
+        'a,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    events: &[(usize, String)],
+    y0: f64,
+    y1: f64,
+) -> Result<(), String> {
+    for (i, (w, label)) in events.iter().enumerate() {
+        let x = *w as f64 - 0.5;
+        chart
+            .draw_series(LineSeries::new(
+                [(x, y0), (x, y1)],
+                EVENT_RED.stroke_width(2),
+            ))
+            .map_err(err)?;
+        // Staggered, so that two events close together keep readable labels.
+        let y = y1 - (0.04 + 0.05 * (i % 3) as f64) * (y1 - y0);
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label.clone(),
+                (x + 0.3, y),
+                (FONT, 14).into_font().color(&EVENT_RED),
+            )))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
 /// Draws into a fresh SVG string of `w` x `h` pixels.
 fn svg(
     w: u32,
@@ -92,11 +128,13 @@ pub struct ParSeries<'a> {
     pub activations: &'a [usize],
 }
 
-/// PAR per window, one line per policy, the lower bound dashed, activations marked.
+/// PAR per window, one line per policy, the lower bound dashed, activations marked; each
+/// membership event `(window, label)` a red vertical line with its label.
 pub fn par_lines(
     series: &[ParSeries<'_>],
     lower: &[f64],
     first_active: usize,
+    events: &[(usize, String)],
 ) -> Result<String, String> {
     let t = lower.len();
     let all = series
@@ -188,6 +226,7 @@ pub fn par_lines(
                 )
                 .map_err(err)?;
         }
+        draw_events(&mut chart, events, y0, y1)?;
         legend(&mut chart)?;
         Ok(())
     })
@@ -210,7 +249,11 @@ pub struct TimeSeries<'a> {
 /// hollow circle on the policy's line at its activation window, its area proportional to the
 /// stall (labels would overlap where policies activate in the same window; the legend gives
 /// each policy's stalls in ms).
-pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<String, String> {
+pub fn time_lines(
+    series: &[TimeSeries<'_>],
+    first_active: usize,
+    events: &[(usize, String)],
+) -> Result<String, String> {
     let t = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
     let (lo, hi) = series
         .iter()
@@ -303,6 +346,7 @@ pub fn time_lines(series: &[TimeSeries<'_>], first_active: usize) -> Result<Stri
                 }))
                 .map_err(err)?;
         }
+        draw_events(&mut chart, events, y0, y1)?;
         legend(&mut chart)?;
         Ok(())
     })

@@ -342,6 +342,12 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
         let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
         eplb_sim::json::add_sim_cost(&mut metrics, &costs, job.basis);
         time.add_json(&mut metrics, job.time);
+        eplb_sim::json::add_membership(
+            &mut metrics,
+            &result,
+            job.basis.payload.total_bytes() as u64,
+            job.time.reload_bytes_per_s,
+        );
         progress.finished(
             i + 1,
             n,
@@ -508,11 +514,29 @@ impl Report {
             .collect();
         let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
         let mut at = |r: &SimResult| -> Result<Vec<f64>, String> {
-            let p = Placement::new(shape, placement_at(r, window)).map_err(|e| e.to_string())?;
-            let lp = p.try_layer(layer).map_err(|e| e.to_string())?;
+            let placement = placement_at(r, window);
             let mut out = vec![0.0; shape.ranks()];
-            metrics::rank_loads(&lp, &loads, self.base.routing, &mut scratch, &mut out)
-                .map_err(|e| e.to_string())?;
+            if placement.contains(&eplb_core::EMPTY) {
+                // After a membership event: a rank whose row is all EMPTY serves nothing.
+                let (per, s) = (shape.slots_per_layer(), shape.slots_per_rank());
+                let rows = placement
+                    .get(layer * per..(layer + 1) * per)
+                    .ok_or("the placement is shorter than its layers")?;
+                let flags: Vec<bool> = rows
+                    .chunks_exact(s)
+                    .map(|row| row.iter().any(|&e| e != eplb_core::EMPTY))
+                    .collect();
+                let live = eplb_core::LiveSet::from_flags(&flags).map_err(|e| e.to_string())?;
+                let lp = eplb_core::LayerPlacement::new_elastic(shape, layer, rows, &live)
+                    .map_err(|e| e.to_string())?;
+                metrics::rank_loads(&lp, &loads, self.base.routing, &mut scratch, &mut out)
+                    .map_err(|e| e.to_string())?;
+            } else {
+                let p = Placement::new(shape, placement).map_err(|e| e.to_string())?;
+                let lp = p.try_layer(layer).map_err(|e| e.to_string())?;
+                metrics::rank_loads(&lp, &loads, self.base.routing, &mut scratch, &mut out)
+                    .map_err(|e| e.to_string())?;
+            }
             Ok(out)
         };
         Ok(RankLoads {

@@ -159,7 +159,20 @@ pub fn render(rep: &Report) -> Result<String, String> {
         })
         .collect();
     let lower = super::layer_mean(&base.result.lower_bound, l);
-    let par_svg = charts::par_lines(&series, &lower, first)?;
+    // Membership events (`--fail-rank`, `--join-rank`): the same in every run.
+    let events: Vec<(usize, String)> = base
+        .result
+        .membership
+        .iter()
+        .map(|o| {
+            let verb = match o.event.kind {
+                eplb_sim::MemberKind::Fail => "fails",
+                eplb_sim::MemberKind::Join => "joins",
+            };
+            (o.event.window, format!("rank {} {verb}", o.event.rank))
+        })
+        .collect();
+    let par_svg = charts::par_lines(&series, &lower, first, &events)?;
 
     // 1b. Estimated MoE time per window, with each cycle's stall.
     let stalls: Vec<Vec<(usize, f64)>> = rep
@@ -206,7 +219,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
             stalls: &stalls[i],
         })
         .collect();
-    let time_svg = charts::time_lines(&time_series, first)?;
+    let time_svg = charts::time_lines(&time_series, first, &events)?;
 
     // 2. Fetches per cycle (static fetches nothing and is left out).
     let fetches: Vec<Vec<usize>> = rep.runs.iter().map(Run::fetches_per_cycle).collect();

@@ -33,6 +33,7 @@ pub fn anchor_cfg(ranks: &str, redundant: &str) -> SimConfig {
         seed: 0,
         expert_bytes: 8,
         payoff_gate: None,
+        events: Vec::new(),
     }
 }
 

@@ -58,6 +58,7 @@ fuzz_target!(|data: &[u8]| {
         },
         seed: u64::from(head[1]),
         expert_bytes: 8,
+        events: Vec::new(),
         payoff_gate: None,
     };
     match simulate(&trace, &cfg, &mut |_, _| {}) {

@@ -27,6 +27,7 @@ fn cfg(policy: SimPolicy) -> SimConfig {
         seed: 0,
         expert_bytes: 64,
         payoff_gate: None,
+        events: Vec::new(),
     }
 }
 

@@ -41,5 +41,6 @@ pub fn anchor_cfg(ranks: u16, redundant: u32, policy: SimPolicy) -> SimConfig {
         seed: 0,
         expert_bytes: 8,
         payoff_gate: None,
+        events: Vec::new(),
     }
 }
