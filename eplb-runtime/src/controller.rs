@@ -220,6 +220,15 @@ impl<T: Transport> Controller<T> {
     pub fn transport(&self) -> &T {
         &self.transport
     }
+    /// Hands the transport endpoint back, dropping the controller (e.g. to build the controller
+    /// of a rank that comes back over the endpoint it kept, [`Controller::new_elastic`]). An
+    /// exchange in flight is aborted first: its receive buffers are forgotten, live slots stay.
+    pub fn into_transport(mut self) -> T {
+        if let Some(f) = self.in_flight.take() {
+            self.transport.abort(&f.plan);
+        }
+        self.transport
+    }
     /// The rank machine.
     pub fn machine(&self) -> &RankMachine {
         &self.machine
