@@ -513,10 +513,6 @@ fn run(sc: Scenario) {
 }
 
 #[test]
-#[ignore = "fails: after a mid-walk death and the removal, the survivors' first walks over HCCL \
-            fail (ranks that hold a layer of unknown outcome from before the removal send-only, \
-            which the HCCL transport does as nothing, so their peers' blocking exchanges meet \
-            their vote gathers: HCCL_E_PARA) and they suspend again; see the report"]
 fn a_rank_dies_mid_walk_is_removed_and_its_stalled_endpoint_comes_back() {
     run(Scenario {
         death: Death::MidWalk,
@@ -537,10 +533,6 @@ fn a_rank_dies_between_cycles_is_removed_and_its_stalled_endpoint_comes_back() {
 }
 
 #[test]
-#[ignore = "fails: the layer whose load failed is voted down, but the survivors then suspend \
-            (3 collective failures) instead of reloading it next cycle; the same desync as the \
-            mid-walk case is suspected (a rank that votes no sends only, which the HCCL \
-            transport does as nothing), not pinned down; see the report"]
 fn a_backup_without_the_expert_keeps_the_layer_and_the_next_cycle_reloads_it() {
     run(Scenario {
         death: Death::BetweenCycles,

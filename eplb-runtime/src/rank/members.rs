@@ -9,8 +9,9 @@
 //!    the set).
 //! 2. **Agree**: a [`Gather::Members`] over the proposed set, `a` the set's digest, `live` the
 //!    rank's placement hash. Unanimous (every word sound, at that step, with this rank's digest):
-//!    every rank adopts the set. A failure here is read as the rank's own word says (adopt; the
-//!    placement check that follows compares the placements over the new set). Words of another
+//!    every rank adopts the set. A failure here is read as the rank's own word says (adopt). After
+//!    an adoption the ranks check their placements over the new set (it settles a layer held
+//!    open from before the change, and catches a rank on another placement). Words of another
 //!    step or another set: the ranks were not told the same thing; nothing is adopted, and
 //!    balancing is suspended on this rank until the engine resumes it or tells it a set again.
 //! 3. **Reroute**: the slots of every rank outside the set become [`EMPTY`] in the live
@@ -23,8 +24,9 @@
 //! The next cycle gathers the heat over the live ranks, plans over them (the policy's
 //! `rebalance_live`: dead ranks' slots stay [`EMPTY`], lost experts get slots) and walks the
 //! layers as usual; a layer whose new rows on this rank hold an expert that no live rank holds
-//! asks the driver to load it first ([`LayerAction::Load`]), and a failed load votes no on the
-//! layer, which then keeps its rows everywhere.
+//! asks the driver to load it first ([`LayerAction::Load`]); after a failed load the rank still
+//! exchanges the layer (its peers' sends and receives stay matched) but votes no on it, and the
+//! layer keeps its rows everywhere.
 
 use eplb_core::live::{EMPTY, LiveSet, retire};
 
@@ -140,18 +142,16 @@ impl RankMachine {
     /// The members' words answered, or failed here.
     pub(super) fn on_members(&mut self, all: Option<&[u64]>) {
         let digest = self.proposed.digest();
-        let (adopt, same_placement) = match self.hear(all, Gather::Members) {
+        let adopt = match self.hear(all, Gather::Members) {
             Heard::Unknown { .. } => {
                 self.collective_done(false, "membership agreement", false);
-                (true, false)
+                true
             }
-            Heard::OutOfStep => (false, false),
+            Heard::OutOfStep => false,
             Heard::InStep(words) => {
                 self.collective_done(true, "membership agreement", false);
                 let chunks = || words.chunks_exact(AGREE_WORDS);
                 let unanimous = chunks().all(|w| w.get(1) == Some(&digest));
-                let mine = placement_hash(&self.placement);
-                let same = chunks().all(|w| w.get(3) == Some(&mine));
                 // A rank that joined adopts the highest cycle of its peers.
                 let top = chunks()
                     .filter_map(|w| w.first().map(|&t| t >> 24))
@@ -160,7 +160,7 @@ impl RankMachine {
                 if unanimous && top > self.cycle_no {
                     self.cycle_no = top;
                 }
-                (unanimous, same)
+                unanimous
             }
         };
         if !adopt {
@@ -179,10 +179,10 @@ impl RankMachine {
             return;
         }
         self.adopt_members();
-        if !same_placement {
-            // The words could not show that every member holds this placement: compare them.
-            self.agree.check = true;
-        }
+        // Compare the placements over the new set at once: it settles a layer some rank holds
+        // open from before the change (its vote's outcome unknown there), and catches a rank
+        // on another placement.
+        self.agree.check = true;
     }
 
     /// Adopts the proposed set: retires the slots of ranks outside it and asks for the reroute.
@@ -192,6 +192,12 @@ impl RankMachine {
         self.net = self.proposed;
         let emptied = retire(&self.shape, &self.live, &mut self.placement).unwrap_or(0);
         self.plan.copy_from_slice(&self.placement);
+        // A layer held open keeps its new rows for the check: without the ranks that left.
+        if self.walk.kept.is_some()
+            && let Ok(one) = self.shape.with_layers(1)
+        {
+            let _ = retire(&one, &self.live, &mut self.kept);
+        }
         let lost = self.lost_count();
         self.stats.membership_changes += 1;
         self.events.membership = true;

@@ -55,8 +55,10 @@ pub(super) struct Walk {
     /// Failed installs of the layer in hand.
     pub(super) commit_tries: u32,
     /// The layer whose lost experts were loaded (`true`) or failed to load (`false`), to launch
-    /// or skip next.
+    /// next.
     loaded: Option<(u16, bool)>,
+    /// A launched layer this rank votes no on whatever its exchange says (its load failed).
+    vote_no: Option<u16>,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
     pub(super) walking: bool,
@@ -74,6 +76,7 @@ impl Walk {
             last_outcome: outcome::UNKNOWN,
             commit_tries: 0,
             loaded: None,
+            vote_no: None,
             walking: false,
         }
     }
@@ -122,9 +125,9 @@ impl Walk {
 
 impl RankMachine {
     /// The load of `layer`'s lost experts finished ([`LayerAction::Load`]): `ok` when every one
-    /// is in its receive buffer. A failed load is logged; this rank then sends its part of the
-    /// exchange, receives nothing and votes no, so the layer keeps its rows on every rank (the
-    /// next cycle's plan tries again).
+    /// is in its receive buffer. A failed load is logged; this rank then takes part in the
+    /// layer's exchange as usual (its peers' sends and receives stay matched) but votes no, so
+    /// the layer keeps its rows on every rank (the next cycle's plan tries again).
     pub fn handle_loaded(&mut self, layer: u16, ok: bool) {
         if self.agree.awaiting != Awaiting::Loaded(layer) {
             return;
@@ -148,6 +151,8 @@ impl RankMachine {
     /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
     pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
         if self.walk.job == LayerJob::Launched(layer) {
+            let ok = ok && self.walk.vote_no != Some(layer);
+            self.walk.vote_no = None;
             self.walk.job = LayerJob::Exchanged(layer, ok);
         }
     }
@@ -317,6 +322,7 @@ impl RankMachine {
             self.agree.awaiting = Awaiting::Nothing;
         }
         self.walk.loaded = None;
+        self.walk.vote_no = None;
         self.walk.due = None;
         self.walk.walking = false;
     }
@@ -358,9 +364,9 @@ impl RankMachine {
                     Some((l, ok)) if l == layer => Some(ok),
                     _ => None,
                 };
-                if self.walk.unsure.is_some() || loaded == Some(false) {
-                    // No receive while a layer's outcome is unknown (or its load failed): send
-                    // only, vote "no" after the forward, when the peers vote.
+                if self.walk.unsure.is_some() {
+                    // No receive while a layer's outcome is unknown: send only, vote "no"
+                    // after the forward, when the peers vote.
                     self.walk.job = LayerJob::Skipped(layer);
                     Some(LayerStep::Do(LayerAction::SendOnly { layer }))
                 } else if loaded.is_none() && self.needs_load(layer) {
@@ -368,6 +374,9 @@ impl RankMachine {
                     self.agree.awaiting = Awaiting::Loaded(layer);
                     Some(LayerStep::Do(LayerAction::Load { layer }))
                 } else {
+                    if loaded == Some(false) {
+                        self.walk.vote_no = Some(layer);
+                    }
                     self.walk.job = LayerJob::Launched(layer);
                     self.walk.launched = Some(layer);
                     Some(LayerStep::Do(LayerAction::Launch { layer }))
