@@ -6,7 +6,7 @@
 //! byte. The HCCL half runs over the fake CANN (feature `ascend`, as `cargo xtask test` does).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use eplb_core::{EMPTY, LiveSet, Shape};
@@ -356,6 +356,7 @@ mod hccl {
     use eplb_ascend_sys::fake::{self, FakeCann};
     use eplb_ascend_sys::{Cann, Runtime};
     use eplb_runtime::transport::hccl::{HcclTransport, SlotLayout, local_world};
+    use std::sync::Mutex;
 
     impl Endpoint for HcclTransport {
         fn read_slot(&self, layer: usize, slot: usize) -> Vec<u8> {
