@@ -225,6 +225,8 @@ struct Scenario {
     refuse: bool,
     /// Fake devices `base..base + R` (distinct per test: tests run in parallel).
     base: i32,
+    /// The policy every rank's planner runs.
+    policy: PolicyKind,
 }
 
 struct Seen {
@@ -294,7 +296,7 @@ fn run(sc: Scenario) {
             true
         }));
     }
-    let planner = Arc::new(Planner::spawn(policy_for(PolicyKind::Default), shape));
+    let planner = Arc::new(Planner::spawn(policy_for(sc.policy), shape));
     let handover: Arc<Mutex<Option<Handover>>> = Arc::new(Mutex::new(None));
     // The engine's own forward keeps the ranks in step: a barrier per iteration.
     let step = Arc::new(Barrier::new(R));
@@ -514,12 +516,15 @@ fn run(sc: Scenario) {
 
 #[test]
 fn a_rank_dies_mid_walk_is_removed_and_its_stalled_endpoint_comes_back() {
-    run(Scenario {
-        death: Death::MidWalk,
-        comeback: true,
-        refuse: false,
-        base: 1000,
-    });
+    for (i, policy) in PolicyKind::ALL.into_iter().enumerate() {
+        run(Scenario {
+            death: Death::MidWalk,
+            comeback: true,
+            refuse: false,
+            base: 1000 + 10 * i as i32,
+            policy,
+        });
+    }
 }
 
 #[test]
@@ -529,6 +534,7 @@ fn a_rank_dies_between_cycles_is_removed_and_its_stalled_endpoint_comes_back() {
         comeback: true,
         refuse: false,
         base: 1100,
+        policy: PolicyKind::Default,
     });
 }
 
@@ -539,6 +545,7 @@ fn a_backup_without_the_expert_keeps_the_layer_and_the_next_cycle_reloads_it() {
         comeback: false,
         refuse: true,
         base: 1200,
+        policy: PolicyKind::Default,
     });
 }
 
