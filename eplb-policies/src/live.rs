@@ -40,10 +40,8 @@ use eplb_core::live::validate_elastic;
 use eplb_core::{Placement, Shape};
 
 use crate::arena::{Arena, Words, words_u16, words_u32};
-use crate::policy::{check_loads_and_samples, check_range, scratch_len};
-use crate::{
-    BufferLens, Error, Input, MAX_BUFFER_BYTES, Output, Policy, Samples, Summary, rebalance,
-};
+use crate::policy::{check_loads_and_samples, check_range, checked_lens, scratch_len};
+use crate::{BufferLens, Error, Input, Output, Policy, Samples, Summary, rebalance};
 
 pub use eplb_core::live::{EMPTY, LiveSet, NO_COPY, lost_experts};
 
@@ -200,18 +198,7 @@ pub fn live_buffer_lens<P: Policy + ?Sized>(
     check_range(shape)?;
     policy.check_shape(shape)?;
     let (scratch, state) = live_words(policy, shape);
-    let bytes = scratch
-        .checked_add(state)
-        .and_then(|w| w.checked_mul(8))
-        .unwrap_or(usize::MAX);
-    if bytes > MAX_BUFFER_BYTES {
-        return Err(Error::TooLarge {
-            what: "scratch and state bytes",
-            needed: bytes,
-            limit: MAX_BUFFER_BYTES,
-        });
-    }
-    Ok(BufferLens { scratch, state })
+    checked_lens(scratch, state)
 }
 
 /// Copies the live rows of the elastic `current` into `compact` (`[L][R'][S]`).

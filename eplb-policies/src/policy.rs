@@ -336,8 +336,12 @@ pub struct BufferLens {
 pub fn buffer_lens<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> Result<BufferLens, Error> {
     check_range(shape)?;
     policy.check_shape(shape)?;
-    let scratch = scratch_len(policy, shape);
-    let state = policy.state_len(shape);
+    checked_lens(scratch_len(policy, shape), policy.state_len(shape))
+}
+
+/// `scratch` and `state` words as [`BufferLens`], if their bytes stay within
+/// [`MAX_BUFFER_BYTES`] (checked arithmetic).
+pub(crate) fn checked_lens(scratch: usize, state: usize) -> Result<BufferLens, Error> {
     let bytes = scratch
         .checked_add(state)
         .and_then(|w| w.checked_mul(8))

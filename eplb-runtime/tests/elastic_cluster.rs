@@ -102,18 +102,6 @@ struct Seen {
     membership_changes: u64,
 }
 
-struct Stderr;
-impl log::Log for Stderr {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        eprintln!("{} {}", r.level(), r.args());
-    }
-    fn flush(&self) {}
-}
-static LOGGER: Stderr = Stderr;
-
 /// What the engine hands a returning rank: the placement and live set its peers hold.
 type Handover = (Vec<u16>, LiveSet);
 
@@ -144,10 +132,7 @@ impl Death {
 }
 
 fn run(kind: PolicyKind, death: Death, second: Option<usize>) {
-    if std::env::var("EPLB_DEBUG").is_ok() {
-        let _ = log::set_logger(&LOGGER);
-        log::set_max_level(log::LevelFilter::Info);
-    }
+    common::debug_log();
     let shape = common::small_shape();
     let initial = common::default_layout(&shape);
     let world = HostWorld::new(R, Duration::from_millis(150));

@@ -247,23 +247,8 @@ struct Seen {
 
 type Handover = (Vec<u16>, LiveSet);
 
-struct Stderr;
-impl log::Log for Stderr {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        eprintln!("{} {}", r.level(), r.args());
-    }
-    fn flush(&self) {}
-}
-static LOGGER: Stderr = Stderr;
-
 fn run(sc: Scenario) {
-    if std::env::var("EPLB_DEBUG").is_ok() {
-        let _ = log::set_logger(&LOGGER);
-        log::set_max_level(log::LevelFilter::Info);
-    }
+    common::debug_log();
     let (rt, ctl) = runtime();
     let shape = shape();
     let init = initial();

@@ -65,3 +65,26 @@ pub fn slot_counts(
     }
     out
 }
+
+struct Stderr;
+
+impl log::Log for Stderr {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("{} {}", r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: Stderr = Stderr;
+
+/// With `EPLB_DEBUG` set, the runtime's log lines (info and up) go to stderr: for reading a
+/// failing cluster test (`cargo test ... -- --nocapture`).
+pub fn debug_log() {
+    if std::env::var("EPLB_DEBUG").is_ok() {
+        let _ = log::set_logger(&LOGGER);
+        log::set_max_level(log::LevelFilter::Info);
+    }
+}
