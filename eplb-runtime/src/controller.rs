@@ -467,7 +467,7 @@ impl<T: Transport> Controller<T> {
         let rank = self.machine.rank();
         loop {
             // The ranks the next collective runs over (a membership change alters it).
-            let members = self.machine.collective_ranks().count();
+            let members = self.machine.collective_count();
             let Some(action) = self.machine.poll() else {
                 break;
             };

@@ -466,7 +466,7 @@ impl RankMachine {
                 live
             };
         }
-        let members = self.net.count();
+        let members = self.net_count;
         let (agreed, holders) = majority_of(self.post.get(..members).unwrap_or(&self.post));
         let mut mine = placement_hash(&self.placement);
         if let Some(l) = self.walk.unsure {
@@ -493,7 +493,7 @@ impl RankMachine {
              {} ranks hold ({agreed:016x}) and it cannot repair it; balancing stopped on this \
              rank until the engine resumes it",
             self.rank,
-            self.net.count()
+            self.net_count
         );
         self.health = Health::Diverged;
         self.abandon_cycle();

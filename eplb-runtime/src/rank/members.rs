@@ -113,6 +113,12 @@ impl RankMachine {
         &self.net
     }
 
+    /// How many ranks the collectives run over ([`RankMachine::collective_ranks`]'s count, kept:
+    /// a driver sizes every gather's reply with it).
+    pub fn collective_count(&self) -> usize {
+        self.net_count
+    }
+
     /// Whether a membership change is under way on this rank (announced, not yet rerouted).
     pub fn is_changing_membership(&self) -> bool {
         self.members != MemberStep::Idle
@@ -125,6 +131,7 @@ impl RankMachine {
             MemberStep::Announce => {
                 self.members = MemberStep::Agree;
                 self.net = self.proposed;
+                self.net_count = self.net.count();
                 Some(Action::Members { live: &self.net })
             }
             MemberStep::Agree => {
@@ -190,6 +197,7 @@ impl RankMachine {
         let before = self.live;
         self.live = self.proposed;
         self.net = self.proposed;
+        self.net_count = self.net.count();
         let emptied = retire(&self.shape, &self.live, &mut self.placement).unwrap_or(0);
         self.plan.copy_from_slice(&self.placement);
         // A layer held open keeps its new rows for the check: without the ranks that left.

@@ -223,6 +223,8 @@ pub struct RankMachine {
     live: LiveSet,
     /// The ranks the collectives run over: `live`, or a proposed set being agreed.
     net: LiveSet,
+    /// `net.count()`, kept (a driver asks it before every poll).
+    net_count: usize,
     /// The set a membership change proposes.
     proposed: LiveSet,
     members: MemberStep,
@@ -295,6 +297,7 @@ impl RankMachine {
             stats: MachineStats::default(),
             live,
             net: live,
+            net_count: live.count(),
             proposed: live,
             members: MemberStep::Idle,
         })
@@ -428,7 +431,7 @@ impl RankMachine {
                 let words = match reply {
                     None => Ok(None),
                     Some(Reply::Words(w)) => {
-                        let want = self.net.count() * self.sent_len(of);
+                        let want = self.net_count * self.sent_len(of);
                         check(gather_what(of), want, w.len()).map(|()| Some(w))
                     }
                     Some(Reply::Flag(_)) => Err(MachineError::Reply {
