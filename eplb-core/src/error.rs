@@ -98,7 +98,7 @@ pub enum Error {
         expert: u16,
     },
     /// A rank outside the live set holds an expert (its slots must be
-    /// [`EMPTY`](crate::live::EMPTY)).
+    /// [`EMPTY`](crate::EMPTY)).
     NotLive {
         /// Layer.
         layer: u16,

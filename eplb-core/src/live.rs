@@ -10,15 +10,13 @@
 //!
 //! [`LayerPlacement::log2phy`]: crate::LayerPlacement::log2phy
 
-use crate::placement::{ExpertId, check_len};
+pub use crate::placement::NO_COPY;
+use crate::placement::{ExpertId, LayerPlacement, check_len};
 use crate::{Error, Shape, fnv1a};
 
 /// A slot that holds no expert: its rank is gone, or joined and has not received its weights.
 /// Expert ids are below `N <= u16::MAX`, so no expert has this id.
 pub const EMPTY: ExpertId = u16::MAX;
-
-/// `log2phy`'s entry for an expert with no copy on any live rank (lost until it is reloaded).
-pub const NO_COPY: u32 = u32::MAX;
 
 /// The most ranks a [`LiveSet`] holds (the policies' limit, `eplb_policies::MAX_RANKS`).
 pub const MAX_LIVE_RANKS: usize = 2048;
@@ -173,6 +171,45 @@ impl LiveSet {
                 *w &= !(1 << (rank % 64));
             }
         }
+    }
+}
+
+impl<'a> LayerPlacement<'a> {
+    /// Wraps one layer `[R][S]` of a placement after a membership change
+    /// ([`validate_elastic`]'s rules: [`EMPTY`] slots allowed, none but [`EMPTY`] on a rank
+    /// outside `live`, an expert may have no copy). Every method reads [`EMPTY`] as no expert.
+    pub fn new_elastic(
+        shape: Shape,
+        layer: usize,
+        slots: &'a [ExpertId],
+        live: &LiveSet,
+    ) -> Result<Self, Error> {
+        let one = shape.with_layers(1)?;
+        validate_elastic(&one, live, slots).map_err(|e| match e {
+            Error::ExpertOutOfRange {
+                rank,
+                slot,
+                expert,
+                experts,
+                ..
+            } => Error::ExpertOutOfRange {
+                layer: layer as u16,
+                rank,
+                slot,
+                expert,
+                experts,
+            },
+            Error::NotLive {
+                rank, slot, expert, ..
+            } => Error::NotLive {
+                layer: layer as u16,
+                rank,
+                slot,
+                expert,
+            },
+            other => other,
+        })?;
+        Ok(Self::from_checked(shape, layer, slots))
     }
 }
 

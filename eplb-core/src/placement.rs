@@ -9,6 +9,10 @@ pub type ExpertId = u16;
 /// The expert map's "not on this rank", as on the wire (`int32`).
 pub const NOT_HERE: i32 = -1;
 
+/// `log2phy`'s entry for an expert with no copy on any live rank: only in a placement after a
+/// membership change, where it is lost until it is reloaded (`live`).
+pub const NO_COPY: u32 = u32::MAX;
+
 /// Flag used while building `log2phy` in place; physical ids are below `i32::MAX` (see [`Shape`]).
 const FOUND: u32 = 1 << 31;
 
@@ -141,48 +145,13 @@ impl<'a> LayerPlacement<'a> {
         })
     }
 
-    /// Wraps one layer `[R][S]` of a placement after a membership change
-    /// ([`validate_elastic`](crate::live::validate_elastic)'s rules: [`EMPTY`] slots allowed,
-    /// none but [`EMPTY`] on a rank outside `live`, an expert may have no
-    /// copy). Every method reads [`EMPTY`] as no expert.
-    ///
-    /// [`EMPTY`]: crate::live::EMPTY
-    pub fn new_elastic(
-        shape: Shape,
-        layer: usize,
-        slots: &'a [ExpertId],
-        live: &crate::LiveSet,
-    ) -> Result<Self, Error> {
-        let one = shape.with_layers(1)?;
-        crate::live::validate_elastic(&one, live, slots).map_err(|e| match e {
-            Error::ExpertOutOfRange {
-                rank,
-                slot,
-                expert,
-                experts,
-                ..
-            } => Error::ExpertOutOfRange {
-                layer: layer as u16,
-                rank,
-                slot,
-                expert,
-                experts,
-            },
-            Error::NotLive {
-                rank, slot, expert, ..
-            } => Error::NotLive {
-                layer: layer as u16,
-                rank,
-                slot,
-                expert,
-            },
-            other => other,
-        })?;
-        Ok(Self {
+    /// Wraps a layer its caller has checked (`LayerPlacement::new_elastic` in `live`).
+    pub(crate) fn from_checked(shape: Shape, layer: usize, slots: &'a [ExpertId]) -> Self {
+        Self {
             shape,
             layer,
             slots,
-        })
+        }
     }
 
     /// The layer index.
@@ -254,8 +223,7 @@ impl<'a> LayerPlacement<'a> {
     /// keeps). An expert with no copy (only in an elastic placement, whose [`EMPTY`] slots
     /// hold nothing) gets [`NO_COPY`]. `O(R * S^2 + N)`, no scratch.
     ///
-    /// [`EMPTY`]: crate::live::EMPTY
-    /// [`NO_COPY`]: crate::live::NO_COPY
+    /// [`EMPTY`]: crate::EMPTY
     pub fn log2phy(
         &self,
         rank: usize,
@@ -280,7 +248,7 @@ impl<'a> LayerPlacement<'a> {
         // elastic placement's lost expert) is marked found already, as `NO_COPY`.
         for (e, o) in out.iter_mut().enumerate() {
             *o = if *o == 0 {
-                crate::live::NO_COPY
+                NO_COPY
             } else {
                 choice.index(rank, e, *o as usize) as u32
             };
@@ -303,7 +271,7 @@ impl<'a> LayerPlacement<'a> {
                 }
             }
         }
-        for o in out.iter_mut().filter(|o| **o != crate::live::NO_COPY) {
+        for o in out.iter_mut().filter(|o| **o != NO_COPY) {
             *o &= !FOUND;
         }
         Ok(())

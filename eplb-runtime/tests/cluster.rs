@@ -210,7 +210,8 @@ fn failed_or_timed_out_exchange_keeps_the_old_layer_everywhere() {
         assert!(!out[0].commits.contains(&0));
         assert!(
             out[0].stats.layers_committed > 0,
-            "{fault:?}: other layers should move"
+            "{fault:?}: other layers should move: {:?}",
+            out.iter().map(|o| o.stats).collect::<Vec<_>>()
         );
     }
 }

@@ -51,7 +51,7 @@ impl RankMachine {
     /// rank). Called on every rank of `live` at the same iteration, whatever each rank's state,
     /// mid-walk too (a second change during a recovery starts over). The cycle under way is
     /// dropped; the ranks agree on the set, reroute (a routing-only step), and the next cycles
-    /// plan over the live ranks ([module docs](self)).
+    /// plan over the live ranks (`ARCHITECTURE.md`, "Membership changes").
     ///
     /// Errors (nothing changes): `live` drawn from another number of ranks, not holding this
     /// rank, or with too few slots for every expert (`live * S < N`).

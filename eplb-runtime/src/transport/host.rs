@@ -95,7 +95,8 @@ pub struct HostWorld {
 }
 
 impl HostWorld {
-    /// A world of `ranks` ranks whose blocking calls give up after `timeout`.
+    /// A world of `ranks` ranks whose collectives give up after `timeout` (a layer exchange's
+    /// wait after half of it).
     pub fn new(ranks: usize, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             ranks,
@@ -582,7 +583,8 @@ impl Transport for HostTransport {
                 });
             }
             Some(Fault::Timeout) => {
-                std::thread::sleep(world.timeout);
+                // As a receive that never arrives: the exchange deadline (half the timeout).
+                std::thread::sleep(world.timeout / 2);
                 return Err(TransportError::Timeout {
                     at,
                     detail: String::new(),
@@ -610,7 +612,10 @@ impl Transport for HostTransport {
                 ),
             });
         }
-        let deadline = Deadline::after(world.timeout);
+        // An exchange gives up at half the collective timeout: a rank whose receive hangs then
+        // still enters the layer's vote before its peers give up on it there (the HCCL
+        // transport's collectives likewise wait longer than its point-to-point receives).
+        let deadline = Deadline::after(world.timeout / 2);
         let mut st = world.lock();
         for op in &plan.recvs {
             let key = (usize::from(op.peer), self.rank);
