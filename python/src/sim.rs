@@ -170,6 +170,12 @@ pub(crate) fn simulate(
             .map_err(|e| e.to_string())?;
         let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);
         figures.add_json(&mut v, &basis);
+        sim_json::add_membership(
+            &mut v,
+            &run.result,
+            replay.basis.payload.total_bytes() as u64,
+            basis.reload_bytes_per_s,
+        );
         for w in &warnings {
             log::warn!("eplb: {w}");
         }
