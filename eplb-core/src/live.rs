@@ -121,6 +121,22 @@ impl LiveSet {
         Ok(())
     }
 
+    /// This set with `gone` removed; an error names a rank out of range.
+    pub fn without(mut self, gone: &[usize]) -> Result<Self, Error> {
+        for &r in gone {
+            self.remove(r)?;
+        }
+        Ok(self)
+    }
+
+    /// This set with `back` added; an error names a rank out of range.
+    pub fn with(mut self, back: &[usize]) -> Result<Self, Error> {
+        for &r in back {
+            self.insert(r)?;
+        }
+        Ok(self)
+    }
+
     /// The live ranks in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.ranks()).filter(|&r| self.contains(r))
@@ -276,6 +292,43 @@ pub fn retire(shape: &Shape, live: &LiveSet, slots: &mut [ExpertId]) -> Result<u
     Ok(emptied)
 }
 
+/// How many experts of one layer (`[R][S]`) have no copy on a rank of `live`: the count of
+/// [`lost_experts`] without its `[N]` buffer (a 4096-bit stack set, one pass per 4096 experts).
+pub fn count_lost(shape: &Shape, layer: &[ExpertId], live: &LiveSet) -> Result<usize, Error> {
+    check_live(shape, live)?;
+    check_len(
+        "placement layer [R][S]",
+        shape.slots_per_layer(),
+        layer.len(),
+    )?;
+    const CHUNK: usize = 4096;
+    let (n, s) = (shape.experts(), shape.slots_per_rank());
+    let mut lost = 0;
+    let mut base = 0;
+    while base < n {
+        let mut seen = [0u64; CHUNK / 64];
+        for (r, row) in layer.chunks_exact(s).enumerate() {
+            if !live.contains(r) {
+                continue;
+            }
+            for &e in row {
+                let e = usize::from(e);
+                if e >= base
+                    && e < base + CHUNK
+                    && e < n
+                    && let Some(w) = seen.get_mut((e - base) / 64)
+                {
+                    *w |= 1 << ((e - base) % 64);
+                }
+            }
+        }
+        let held: usize = seen.iter().map(|w| w.count_ones() as usize).sum();
+        lost += n.min(base + CHUNK) - base - held;
+        base += CHUNK;
+    }
+    Ok(lost)
+}
+
 /// Marks in `lost` (`[N]`) the experts of one layer (`[R][S]`) that have no copy on a rank of
 /// `live` (a dead rank's slots and [`EMPTY`] slots count for nothing); returns how many.
 pub fn lost_experts(
@@ -337,6 +390,10 @@ mod tests {
         live.remove(1).unwrap();
         let mut lost = [false; 4];
         assert_eq!(lost_experts(&shape, &p, &live, &mut lost).unwrap(), 2);
+        assert_eq!(count_lost(&shape, &p, &live).unwrap(), 2);
+        assert_eq!(live, LiveSet::all(3).unwrap().without(&[1]).unwrap());
+        assert_eq!(live.with(&[1]).unwrap(), LiveSet::all(3).unwrap());
+        assert!(live.without(&[3]).is_err());
         assert_eq!(lost, [false, false, true, true]);
         assert_eq!(retire(&shape, &live, &mut p).unwrap(), 2);
         assert_eq!(p, [0, 1, EMPTY, EMPTY, 0, 1]);

@@ -272,19 +272,11 @@ impl<T: Transport> Controller<T> {
     }
     /// [`Controller::set_membership`] with `gone` removed from the live set.
     pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
-        let mut live = *self.machine.live();
-        for &r in gone {
-            live.remove(r)?;
-        }
-        self.set_membership(live)
+        self.set_membership(self.machine.live().without(gone)?)
     }
     /// [`Controller::set_membership`] with `back` added to the live set.
     pub fn add_ranks(&mut self, back: &[usize]) -> Result<(), MachineError> {
-        let mut live = *self.machine.live();
-        for &r in back {
-            live.insert(r)?;
-        }
-        self.set_membership(live)
+        self.set_membership(self.machine.live().with(back)?)
     }
     /// The ranks that serve.
     pub fn live(&self) -> &LiveSet {

@@ -6,8 +6,8 @@
 //! Forms, once each: u64 `[W][L][S]` (this rank's ring) → u64 `[R][T][L][S]` (the gather, the
 //! driver's buffer) → f64 `[T][L][N]` (`samples`) → f64 `[L][N]` (`loads`, the sum over `T`).
 
-use eplb_core::heat::{fold_live_slot_heat, fold_slot_heat, layout_for_interval, ring_len};
-use eplb_core::{EMPTY, Error, HeatRing, LiveSet, Shape};
+use eplb_core::heat::{fold_live_slot_heat, layout_for_interval, ring_len};
+use eplb_core::{Error, HeatRing, LiveSet, Shape};
 
 use super::{MachineError, check};
 
@@ -70,8 +70,9 @@ impl SlotHeat {
 
     /// Folds the gathered slot heat (`[R'][T][L][S]`, rank-major over the `R'` live ranks, `T`
     /// the windows this rank holds, at least 1) through `placement` into `samples` and their sum
-    /// `loads` ([`fold_slot_heat`], or [`fold_live_slot_heat`] after a membership change). A
-    /// rank that does not fold only checks the gather's length.
+    /// `loads` ([`fold_live_slot_heat`], which with every rank live is
+    /// [`eplb_core::heat::fold_slot_heat`]). A rank that does not fold only checks the gather's
+    /// length.
     pub(super) fn fold(
         &mut self,
         shape: &Shape,
@@ -96,19 +97,15 @@ impl SlotHeat {
                 got: t,
             });
         };
-        if live.is_all() && !placement.contains(&EMPTY) {
-            fold_slot_heat(shape, placement, t, gathered, samples, &mut self.loads)?;
-        } else {
-            fold_live_slot_heat(
-                shape,
-                placement,
-                live,
-                t,
-                gathered,
-                samples,
-                &mut self.loads,
-            )?;
-        }
+        fold_live_slot_heat(
+            shape,
+            placement,
+            live,
+            t,
+            gathered,
+            samples,
+            &mut self.loads,
+        )?;
         self.folded = t;
         Ok(())
     }

@@ -141,11 +141,6 @@ impl LocalCollective {
         self.live = (!live.is_all()).then_some(*live);
     }
 
-    /// Whether `rank` takes part in the collectives.
-    fn member(&self, rank: usize) -> bool {
-        self.live.is_none_or(|l| l.contains(rank))
-    }
-
     /// Where `rank`'s words go in a gather: its position among the members.
     fn position(&self, rank: usize) -> Option<usize> {
         match &self.live {
@@ -212,7 +207,8 @@ impl LocalCollective {
         let Some(first) = first else {
             return Ok(false);
         };
-        let members: Vec<bool> = (0..self.entered.len()).map(|r| self.member(r)).collect();
+        let live = self.live;
+        let member = |r: usize| live.is_none_or(|l| l.contains(r));
         let words_of = |e: &Entered| match e {
             Entered::AllGather { words, .. } => Some(*words),
             Entered::AllAnd => None,
@@ -224,8 +220,8 @@ impl LocalCollective {
         let timeout = match self
             .entered
             .iter()
-            .zip(&members)
-            .position(|(e, &m)| m && !same(e))
+            .enumerate()
+            .position(|(r, e)| member(r) && !same(e))
         {
             Some(rank) if !self.lenient => {
                 return Err(DriveError::Mismatch {
@@ -237,12 +233,12 @@ impl LocalCollective {
             Some(_) => true,
             None => false,
         };
-        let all = self.flags.iter().zip(&members).all(|(&f, &m)| f || !m);
-        let count = members.iter().filter(|&&m| m).count();
+        let all = self.flags.iter().enumerate().all(|(r, &f)| f || !member(r));
+        let count = live.map_or(self.entered.len(), |l| l.count());
         let len = words_of(&first).unwrap_or(0) * count;
         for m in machines.iter_mut() {
             let r = m.rank();
-            if !members.get(r).copied().unwrap_or(false) {
+            if !member(r) {
                 continue;
             }
             let (Some(entered), Some(fault)) = (self.entered.get_mut(r), self.faults.get_mut(r))

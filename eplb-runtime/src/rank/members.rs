@@ -28,7 +28,7 @@
 //! exchanges the layer (its peers' sends and receives stay matched) but votes no on it, and the
 //! layer keeps its rows everywhere.
 
-use eplb_core::live::{EMPTY, LiveSet, retire};
+use eplb_core::live::{EMPTY, LiveSet, count_lost, retire};
 
 use super::agree::{AGREE_WORDS, Heard, Task, placement_hash};
 use super::{Action, Gather, Health, MachineError, RankMachine};
@@ -76,10 +76,7 @@ impl RankMachine {
             self.rank,
             self.live
         );
-        self.health = Health::Running;
-        self.consecutive_failures = 0;
-        self.walk.commit_tries = 0;
-        self.abandon_cycle();
+        self.restart();
         self.proposed = live;
         self.members = MemberStep::Announce;
         Ok(())
@@ -87,20 +84,12 @@ impl RankMachine {
 
     /// [`RankMachine::handle_membership`] with `gone` removed from the agreed live set.
     pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
-        let mut live = self.live;
-        for &r in gone {
-            live.remove(r)?;
-        }
-        self.handle_membership(live)
+        self.handle_membership(self.live.without(gone)?)
     }
 
     /// [`RankMachine::handle_membership`] with `back` added to the agreed live set.
     pub fn add_ranks(&mut self, back: &[usize]) -> Result<(), MachineError> {
-        let mut live = self.live;
-        for &r in back {
-            live.insert(r)?;
-        }
-        self.handle_membership(live)
+        self.handle_membership(self.live.with(back)?)
     }
 
     /// The ranks that serve (agreed).
@@ -227,15 +216,10 @@ impl RankMachine {
 
     /// Experts (summed over layers) with no copy on a live rank of the live placement.
     pub fn lost_count(&self) -> usize {
-        let per = self.shape.slots_per_layer();
-        let mut lost = 0;
-        for layer in self.placement.chunks_exact(per) {
-            for e in 0..self.shape.experts() {
-                let held = layer.iter().any(|&x| usize::from(x) == e);
-                lost += usize::from(!held);
-            }
-        }
-        lost
+        self.placement
+            .chunks_exact(self.shape.slots_per_layer())
+            .map(|layer| count_lost(&self.shape, layer, &self.live).unwrap_or(0))
+            .sum()
     }
 
     /// Whether this rank's new rows of `layer` hold an expert that no live rank holds now: it

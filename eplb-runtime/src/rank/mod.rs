@@ -487,11 +487,16 @@ impl RankMachine {
             self.rank,
             self.health
         );
+        self.restart();
+        self.agree.check = true;
+    }
+
+    /// What resume and a membership change share: balancing runs again from a dropped cycle.
+    fn restart(&mut self) {
         self.health = Health::Running;
         self.consecutive_failures = 0;
         self.walk.commit_tries = 0;
         self.abandon_cycle();
-        self.agree.check = true;
     }
 
     /// The next action, or `None` when there is nothing to do or an answer is outstanding.
