@@ -57,7 +57,8 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
 const EVENT_RED: RGBColor = RGBColor(200, 30, 30);
 
 /// A membership event on a time-series chart: a vertical line at the window's left edge and
-/// its label (`rank 5 fails`) near the top.
+/// its label (`rank 5 fails`) near the top, below the legend's `legend_rows` rows (the legend
+/// box would hide a label under it).
 fn draw_events<'a, DB: DrawingBackend + 'a>(
     chart: &mut ChartContext<
         'a,
@@ -67,7 +68,10 @@ fn draw_events<'a, DB: DrawingBackend + 'a>(
     events: &[(usize, String)],
     y0: f64,
     y1: f64,
+    legend_rows: usize,
 ) -> Result<(), String> {
+    let (_, h) = chart.plotting_area().dim_in_pixel();
+    let below = |px: f64| y1 - px / f64::from(h.max(1)) * (y1 - y0);
     for (i, (w, label)) in events.iter().enumerate() {
         let x = *w as f64 - 0.5;
         chart
@@ -77,7 +81,7 @@ fn draw_events<'a, DB: DrawingBackend + 'a>(
             ))
             .map_err(err)?;
         // Staggered, so that two events close together keep readable labels.
-        let y = y1 - (0.04 + 0.05 * (i % 3) as f64) * (y1 - y0);
+        let y = below(24.0 + 20.0 * legend_rows as f64 + 18.0 * (i % 3) as f64);
         chart
             .draw_series(std::iter::once(Text::new(
                 label.clone(),
@@ -226,7 +230,7 @@ pub fn par_lines(
                 )
                 .map_err(err)?;
         }
-        draw_events(&mut chart, events, y0, y1)?;
+        draw_events(&mut chart, events, y0, y1, 2 + series.len())?;
         legend(&mut chart)?;
         Ok(())
     })
@@ -346,7 +350,7 @@ pub fn time_lines(
                 }))
                 .map_err(err)?;
         }
-        draw_events(&mut chart, events, y0, y1)?;
+        draw_events(&mut chart, events, y0, y1, 1 + series.len())?;
         legend(&mut chart)?;
         Ok(())
     })
