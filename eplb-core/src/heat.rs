@@ -6,7 +6,7 @@
 //! ([`fold_slot_heat`]).
 
 use crate::placement::check_len;
-use crate::{Error, Shape};
+use crate::{Error, Placement, Shape};
 
 /// The most windows the ring keeps per cycle (FlashLB's sample count).
 pub const MAX_WINDOWS: usize = 64;
@@ -140,7 +140,7 @@ impl<B: AsRef<[u64]> + AsMut<[u64]>> HeatRing<B> {
 
 /// Adds `values[i]` into `out[ids[i]]` for every slot `i` of one placement row: the fold of
 /// per-slot heat into logical experts. Pairs stop at the shorter of `ids` and `values`; an id
-/// outside `out` is skipped (callers check ids against `N` first, as [`fold_slot_heat`] does).
+/// outside `out` is skipped (a validated placement holds ids below `N` or [`EMPTY`](crate::EMPTY)).
 pub fn fold_row(ids: &[u16], values: impl IntoIterator<Item = f64>, out: &mut [f64]) {
     for (&e, v) in ids.iter().zip(values) {
         if let Some(o) = out.get_mut(usize::from(e)) {
@@ -149,74 +149,31 @@ pub fn fold_row(ids: &[u16], values: impl IntoIterator<Item = f64>, out: &mut [f
     }
 }
 
-/// Folds every rank's gathered slot heat `gathered` (`[R][T][L][S]`, rank-major, `T = windows`)
-/// through `placement` (`[L][R][S]`, the placement it was counted on) into logical per-window
-/// heat `samples` (`[T][L][N]`) and its sum over the windows `loads` (`[L][N]`). Both outputs
-/// are overwritten; on an error neither is touched.
+/// Folds the gathered slot heat of the ranks that serve `gathered` (`[R'][T][L][S]`,
+/// rank-major in ascending rank order, `R'` = `placement.live_count()`, `T = windows`: what a
+/// gather over the live ranks returns) through `placement` (the placement it was counted on,
+/// validated) into logical per-window heat `samples` (`[T][L][N]`) and its sum over the windows
+/// `loads` (`[L][N]`). [`EMPTY`](crate::EMPTY) slots fold nothing. Both outputs are overwritten;
+/// on an error neither is touched.
 ///
-/// Errors: a slice of the wrong length (which one, expected and given lengths); an expert id
-/// `>= N` in `placement` (its layer, rank and slot); sizes that overflow `usize`.
+/// Errors: a slice of the wrong length (which one, expected and given lengths); sizes that
+/// overflow `usize`.
 pub fn fold_slot_heat(
-    shape: &Shape,
-    placement: &[u16],
+    placement: &Placement<'_>,
     windows: usize,
     gathered: &[u64],
     samples: &mut [f64],
     loads: &mut [f64],
 ) -> Result<(), Error> {
-    let (l, r, s, n) = (
-        shape.layers(),
-        shape.ranks(),
-        shape.slots_per_rank(),
-        shape.experts(),
-    );
-    check_len(
-        "placement [L][R][S]",
-        shape.placement_len(),
-        placement.len(),
-    )?;
-    check_ids(shape, placement)?;
-    let overflow = Error::Overflow {
-        what: "heat windows [T]",
-    };
-    let part = windows.checked_mul(l * s).ok_or(overflow)?;
-    check_len(
-        "gathered slot heat [R][T][L][S]",
-        part.checked_mul(r).ok_or(overflow)?,
-        gathered.len(),
-    )?;
-    check_len(
-        "heat samples [T][L][N]",
-        windows.checked_mul(l * n).ok_or(overflow)?,
-        samples.len(),
-    )?;
-    check_len("heat loads [L][N]", l * n, loads.len())?;
-    fold_chunks(shape, placement, part, gathered, 0..r, samples, loads);
-    Ok(())
-}
-
-/// [`fold_slot_heat`] after a membership change: `gathered` holds the live ranks' heat only
-/// (`[R'][T][L][S]`, `R' = live.count()`, in ascending rank order, as a gather over the live
-/// ranks returns it), and `placement` may hold [`EMPTY`](crate::live::EMPTY) slots (checked by
-/// [`validate_elastic`](crate::live::validate_elastic)), which fold nothing.
-pub fn fold_live_slot_heat(
-    shape: &Shape,
-    placement: &[u16],
-    live: &crate::LiveSet,
-    windows: usize,
-    gathered: &[u64],
-    samples: &mut [f64],
-    loads: &mut [f64],
-) -> Result<(), Error> {
+    let shape = placement.shape();
     let (l, s, n) = (shape.layers(), shape.slots_per_rank(), shape.experts());
-    crate::live::validate_elastic(shape, live, placement)?;
     let overflow = Error::Overflow {
         what: "heat windows [T]",
     };
     let part = windows.checked_mul(l * s).ok_or(overflow)?;
     check_len(
         "gathered slot heat of the live ranks [R'][T][L][S]",
-        part.checked_mul(live.count()).ok_or(overflow)?,
+        part.checked_mul(placement.live_count()).ok_or(overflow)?,
         gathered.len(),
     )?;
     check_len(
@@ -227,10 +184,10 @@ pub fn fold_live_slot_heat(
     check_len("heat loads [L][N]", l * n, loads.len())?;
     fold_chunks(
         shape,
-        placement,
+        placement.as_slice(),
         part,
         gathered,
-        live.iter(),
+        (0..shape.ranks()).filter(|&r| placement.is_live(r)),
         samples,
         loads,
     );
@@ -275,25 +232,6 @@ fn fold_chunks(
         for (a, &b) in loads.iter_mut().zip(win) {
             *a += b;
         }
-    }
-}
-
-/// Every id of `placement` (`[L][R][S]`, length already checked) is below `N`.
-fn check_ids(shape: &Shape, placement: &[u16]) -> Result<(), Error> {
-    let (n, s, per_layer) = (
-        shape.experts(),
-        shape.slots_per_rank(),
-        shape.slots_per_layer(),
-    );
-    match placement.iter().position(|&e| usize::from(e) >= n) {
-        None => Ok(()),
-        Some(i) => Err(Error::ExpertOutOfRange {
-            layer: (i / per_layer.max(1)) as u16,
-            rank: (i % per_layer.max(1) / s.max(1)) as u16,
-            slot: (i % s.max(1)) as u16,
-            expert: placement.get(i).copied().unwrap_or(0),
-            experts: n as u16,
-        }),
     }
 }
 
@@ -367,11 +305,12 @@ mod tests {
         // L = 1, N = 3, R = 2, S = 2: rank 0 holds [0, 1], rank 1 holds [2, 0].
         let shape = Shape::new(1, 3, 2, 2).unwrap();
         let placement = [0u16, 1, 2, 0];
+        let placement = Placement::new(shape, &placement).unwrap();
         // [R][T][L][S], T = 2.
         let gathered = [1u64, 2, 3, 4, 10, 20, 30, 40];
         let mut samples = [9.0; 6];
         let mut loads = [9.0; 3];
-        fold_slot_heat(&shape, &placement, 2, &gathered, &mut samples, &mut loads).unwrap();
+        fold_slot_heat(&placement, 2, &gathered, &mut samples, &mut loads).unwrap();
         assert_eq!(samples, [1.0 + 20.0, 2.0, 10.0, 3.0 + 40.0, 4.0, 30.0]);
         assert_eq!(loads, [21.0 + 43.0, 6.0, 40.0]);
     }
@@ -379,77 +318,34 @@ mod tests {
     #[test]
     fn fold_names_bad_input_and_leaves_outputs() {
         let shape = Shape::new(2, 3, 2, 2).unwrap();
-        let mut placement = [0u16, 1, 2, 0, 0, 1, 2, 1];
+        let slots = [0u16, 1, 2, 0, 0, 1, 2, 1];
+        let placement = Placement::new(shape, &slots).unwrap();
         let gathered = [0u64; 8];
         let mut samples = [9.0; 6];
         let mut loads = [9.0; 6];
         assert_eq!(
-            fold_slot_heat(
-                &shape,
-                &placement,
-                1,
-                &gathered[..7],
-                &mut samples,
-                &mut loads
-            ),
+            fold_slot_heat(&placement, 1, &gathered[..7], &mut samples, &mut loads),
             Err(Error::Length {
-                what: "gathered slot heat [R][T][L][S]",
+                what: "gathered slot heat of the live ranks [R'][T][L][S]",
                 expected: 8,
                 got: 7
             })
         );
         assert_eq!(
-            fold_slot_heat(
-                &shape,
-                &placement,
-                1,
-                &gathered,
-                &mut samples[..5],
-                &mut loads
-            ),
+            fold_slot_heat(&placement, 1, &gathered, &mut samples[..5], &mut loads),
             Err(Error::Length {
                 what: "heat samples [T][L][N]",
                 expected: 6,
                 got: 5
             })
         );
-        placement[7] = 3;
-        assert_eq!(
-            fold_slot_heat(&shape, &placement, 1, &gathered, &mut samples, &mut loads),
-            Err(Error::ExpertOutOfRange {
-                layer: 1,
-                rank: 1,
-                slot: 1,
-                expert: 3,
-                experts: 3
-            })
-        );
         assert!(samples.iter().chain(&loads).all(|&x| x == 9.0));
         assert!(matches!(
-            fold_slot_heat(
-                &shape,
-                &placement[..7],
-                1,
-                &gathered,
-                &mut samples,
-                &mut loads
-            ),
-            Err(Error::Length { .. })
-        ));
-        placement[7] = 1;
-        assert!(matches!(
-            fold_slot_heat(
-                &shape,
-                &placement,
-                usize::MAX,
-                &gathered,
-                &mut samples,
-                &mut loads
-            ),
+            fold_slot_heat(&placement, usize::MAX, &gathered, &mut samples, &mut loads),
             Err(Error::Overflow { .. })
         ));
         // T = 0: nothing gathered, everything zero.
-        fold_slot_heat(&shape, &placement, 0, &[], &mut [], &mut loads).unwrap();
+        fold_slot_heat(&placement, 0, &[], &mut [], &mut loads).unwrap();
         assert!(loads.iter().all(|&x| x == 0.0));
     }
 
@@ -458,27 +354,18 @@ mod tests {
         // 1 layer, 4 experts, 3 ranks x 2 slots; rank 1 gone (its slots EMPTY).
         let shape = Shape::new(1, 4, 3, 2).unwrap();
         let full = [0u16, 1, 2, 3, 3, 2];
+        let full = Placement::new(shape, &full).unwrap();
         let elastic = [0u16, 1, crate::EMPTY, crate::EMPTY, 3, 2];
         let mut live = crate::LiveSet::all(3).unwrap();
         live.remove(1).unwrap();
+        let elastic = Placement::with_live(shape, &elastic, &live).unwrap();
         let (mut s1, mut l1) = (vec![0.0; 4], vec![0.0; 4]);
-        fold_slot_heat(&shape, &full, 1, &[5, 6, 0, 0, 7, 8], &mut s1, &mut l1).unwrap();
+        fold_slot_heat(&full, 1, &[5, 6, 0, 0, 7, 8], &mut s1, &mut l1).unwrap();
         let (mut s2, mut l2) = (vec![0.0; 4], vec![0.0; 4]);
-        fold_live_slot_heat(&shape, &elastic, &live, 1, &[5, 6, 7, 8], &mut s2, &mut l2).unwrap();
+        fold_slot_heat(&elastic, 1, &[5, 6, 7, 8], &mut s2, &mut l2).unwrap();
         assert_eq!((s1, l1.clone()), (s2.clone(), l2));
         assert_eq!(s2, vec![5.0, 6.0, 8.0, 7.0]);
         // The gather must hold the live ranks' words only.
-        assert!(
-            fold_live_slot_heat(
-                &shape,
-                &elastic,
-                &live,
-                1,
-                &[5, 6, 0, 0, 7, 8],
-                &mut s2,
-                &mut l1
-            )
-            .is_err()
-        );
+        assert!(fold_slot_heat(&elastic, 1, &[5, 6, 0, 0, 7, 8], &mut s2, &mut l1).is_err());
     }
 }

@@ -44,7 +44,7 @@ impl Layout {
             }
             Layout::Contiguous => contiguous(shape, out)?,
         }
-        validate_layer(shape, 0, out)
+        validate_layer(shape, 0, out, None).map(|_| ())
     }
 }
 

@@ -3,15 +3,16 @@
 //!
 //! A placement after a membership change may hold [`EMPTY`] slots: every slot of a rank that left
 //! (the routing-only step writes them, [`retire`]), and every slot of a rank that joined until its
-//! weights arrive. Such a placement is checked by [`validate_elastic`]: ids below `N` or
-//! [`EMPTY`], and no id on a rank outside the live set. An expert whose every copy was on a rank
-//! that left has no copy at all until it is reloaded; [`LayerPlacement::log2phy`] routes it to
+//! weights arrive. Such a placement is the same [`Placement`](crate::Placement), built with its
+//! live set ([`Placement::with_live`](crate::Placement::with_live)): ids below `N` or [`EMPTY`],
+//! and no id on a rank outside the live set. An expert whose every copy was on a rank that left
+//! has no copy at all until it is reloaded; [`LayerPlacement::log2phy`] routes it to
 //! [`NO_COPY`].
 //!
 //! [`LayerPlacement::log2phy`]: crate::LayerPlacement::log2phy
 
 pub use crate::placement::NO_COPY;
-use crate::placement::{ExpertId, LayerPlacement, check_len};
+use crate::placement::{ExpertId, check_len, check_live};
 use crate::{Error, Shape, fnv1a};
 
 /// A slot that holds no expert: its rank is gone, or joined and has not received its weights.
@@ -190,89 +191,6 @@ impl LiveSet {
     }
 }
 
-impl<'a> LayerPlacement<'a> {
-    /// Wraps one layer `[R][S]` of a placement after a membership change
-    /// ([`validate_elastic`]'s rules: [`EMPTY`] slots allowed, none but [`EMPTY`] on a rank
-    /// outside `live`, an expert may have no copy). Every method reads [`EMPTY`] as no expert.
-    pub fn new_elastic(
-        shape: Shape,
-        layer: usize,
-        slots: &'a [ExpertId],
-        live: &LiveSet,
-    ) -> Result<Self, Error> {
-        let one = shape.with_layers(1)?;
-        validate_elastic(&one, live, slots).map_err(|e| match e {
-            Error::ExpertOutOfRange {
-                rank,
-                slot,
-                expert,
-                experts,
-                ..
-            } => Error::ExpertOutOfRange {
-                layer: layer as u16,
-                rank,
-                slot,
-                expert,
-                experts,
-            },
-            Error::NotLive {
-                rank, slot, expert, ..
-            } => Error::NotLive {
-                layer: layer as u16,
-                rank,
-                slot,
-                expert,
-            },
-            other => other,
-        })?;
-        Ok(Self::from_checked(shape, layer, slots))
-    }
-}
-
-fn check_live(shape: &Shape, live: &LiveSet) -> Result<(), Error> {
-    check_len("live set ranks", shape.ranks(), live.ranks())?;
-    if live.count() == 0 {
-        return Err(Error::ZeroDimension { what: "live ranks" });
-    }
-    Ok(())
-}
-
-/// Checks a placement `[L][R][S]` after a membership change: every id below `N` or [`EMPTY`], and
-/// every slot of a rank outside `live` [`EMPTY`]. An expert may have no copy (lost until
-/// reloaded); a live rank may hold [`EMPTY`] slots (a rank that joined and waits for weights).
-pub fn validate_elastic(shape: &Shape, live: &LiveSet, slots: &[ExpertId]) -> Result<(), Error> {
-    check_live(shape, live)?;
-    check_len("placement [L][R][S]", shape.placement_len(), slots.len())?;
-    let s_len = shape.slots_per_rank();
-    let n = shape.experts();
-    for (i, &e) in slots.iter().enumerate() {
-        let layer = (i / shape.slots_per_layer()) as u16;
-        let rank = (i % shape.slots_per_layer()) / s_len;
-        let slot = (i % s_len) as u16;
-        if e == EMPTY {
-            continue;
-        }
-        if usize::from(e) >= n {
-            return Err(Error::ExpertOutOfRange {
-                layer,
-                rank: rank as u16,
-                slot,
-                expert: e,
-                experts: n as u16,
-            });
-        }
-        if !live.contains(rank) {
-            return Err(Error::NotLive {
-                layer,
-                rank: rank as u16,
-                slot,
-                expert: e,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// The routing-only step of a membership change: every slot of a rank outside `live` becomes
 /// [`EMPTY`] in `slots` (`[L][R][S]`). Returns the number of slots emptied.
 pub fn retire(shape: &Shape, live: &LiveSet, slots: &mut [ExpertId]) -> Result<usize, Error> {
@@ -397,10 +315,10 @@ mod tests {
         assert_eq!(lost, [false, false, true, true]);
         assert_eq!(retire(&shape, &live, &mut p).unwrap(), 2);
         assert_eq!(p, [0, 1, EMPTY, EMPTY, 0, 1]);
-        validate_elastic(&shape, &live, &p).unwrap();
+        crate::Placement::with_live(shape, &p, &live).unwrap();
         // A dead rank holding an expert is refused; so is an id >= N.
-        assert!(validate_elastic(&shape, &live, &[0, 1, 2, EMPTY, 0, 1]).is_err());
-        assert!(validate_elastic(&shape, &live, &[0, 9, EMPTY, EMPTY, 0, 1]).is_err());
+        assert!(crate::Placement::with_live(shape, &[0, 1, 2, EMPTY, 0, 1], &live).is_err());
+        assert!(crate::Placement::with_live(shape, &[0, 9, EMPTY, EMPTY, 0, 1], &live).is_err());
         let nobody = LiveSet::none(3).unwrap();
         assert!(retire(&shape, &nobody, &mut p).is_err());
     }
@@ -416,7 +334,7 @@ mod tests {
         ));
         let mut live = LiveSet::all(3).unwrap();
         live.remove(1).unwrap();
-        let layer = crate::LayerPlacement::new_elastic(shape, 0, &p, &live).unwrap();
+        let layer = crate::LayerPlacement::with_live(shape, 0, &p, &live).unwrap();
         let mut out = [0u32; 4];
         layer
             .log2phy(0, crate::ReplicaChoice::Plain, &mut out)

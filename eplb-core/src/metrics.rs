@@ -328,8 +328,9 @@ pub fn lower_bound_par(shape: &Shape, loads: &[f64], copies: &mut [u16]) -> Resu
 
 /// Weight fetches from `old` to `new` (both `[..][R][S]` rows of `slots_per_rank` ids): for each
 /// row, the distinct ids of the new row that the old row does not hold. Slot-only reshuffles
-/// within a rank count 0; a duplicate in the new row counts once. Ragged input counts only the
-/// whole rows both hold.
+/// within a rank count 0; a duplicate in the new row counts once; an
+/// [`EMPTY`](crate::EMPTY) slot (no expert) fetches nothing. Ragged input counts only the whole
+/// rows both hold.
 pub fn moves(old: &[u16], new: &[u16], slots_per_rank: usize) -> usize {
     if slots_per_rank == 0 {
         return 0;
@@ -339,7 +340,7 @@ pub fn moves(old: &[u16], new: &[u16], slots_per_rank: usize) -> usize {
         .map(|(o, n)| {
             n.iter()
                 .enumerate()
-                .filter(|&(i, e)| is_first_in_row(n, i) && !o.contains(e))
+                .filter(|&(i, e)| *e != crate::EMPTY && is_first_in_row(n, i) && !o.contains(e))
                 .count()
         })
         .sum()

@@ -1,7 +1,7 @@
 //! Placements `[L][R][S]` over caller-owned slices, and what derives from them per layer and
 //! rank: the expert map and `log2phy`.
 
-use crate::{Error, Shape};
+use crate::{EMPTY, Error, LiveSet, Shape};
 
 /// Expert, rank and slot ids are `u16`.
 pub type ExpertId = u16;
@@ -43,32 +43,64 @@ impl ReplicaChoice {
     }
 }
 
-/// A structurally valid placement of all layers: a view of a caller's `[L][R][S]` slice.
+/// A structurally valid placement of all layers: a view of a caller's `[L][R][S]` slice, with
+/// the ranks that serve.
 ///
-/// Structurally valid means: the slice has `L * R * S` ids, every id is below `N`, and every
-/// expert has at least one slot in every layer. Co-located copies (an expert twice on one rank)
-/// are allowed here and counted by [`Placement::colocated_rows`]; [`Placement::check_servable`]
-/// rejects them.
+/// Membership is a property of the placement. [`Placement::new`] is a placement of a static
+/// deployment (every rank serves, every slot holds an expert); [`Placement::with_live`] is the
+/// same placement type after a membership change, where a slot may be [`EMPTY`] (no expert
+/// here: its rank is gone, or joined and waits for its weights). One validator
+/// ([`validate_layer`]) checks both:
+///
+/// - the slice has `L * R * S` ids, every id is below `N` or (with a live set) [`EMPTY`];
+/// - a rank outside the live set holds only [`EMPTY`] slots;
+/// - a layer with no [`EMPTY`] slot holds every expert (an expert can be lost, with no copy,
+///   only where a rank left or has not been filled yet).
+///
+/// Co-located copies (an expert twice on one rank) are allowed here and counted by
+/// [`Placement::colocated_rows`]; [`Placement::check_servable`] rejects them.
+///
+/// [`EMPTY`]: crate::EMPTY
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
     shape: Shape,
     slots: &'a [ExpertId],
+    /// The ranks that serve; `None`: every rank, and no slot is [`EMPTY`](crate::EMPTY).
+    live: Option<&'a LiveSet>,
+    /// Every rank serves and every slot holds an expert (the common case, and the policies'
+    /// fast path).
+    whole: bool,
 }
 
 impl<'a> Placement<'a> {
-    /// Validates `slots` against `shape` (structural level) and wraps it.
+    /// Validates `slots` against `shape` as a placement of a static deployment (every rank
+    /// serves, every slot holds an expert) and wraps it.
     pub fn new(shape: Shape, slots: &'a [ExpertId]) -> Result<Self, Error> {
-        if slots.len() != shape.placement_len() {
-            return Err(Error::Length {
-                what: "placement [L][R][S]",
-                expected: shape.placement_len(),
-                got: slots.len(),
-            });
-        }
-        for (l, layer) in slots.chunks_exact(shape.slots_per_layer()).enumerate() {
-            validate_layer(&shape, l, layer)?;
-        }
-        Ok(Self { shape, slots })
+        validate(&shape, slots, None)?;
+        Ok(Self {
+            shape,
+            slots,
+            live: None,
+            whole: true,
+        })
+    }
+
+    /// Validates `slots` against `shape` as the placement the ranks of `live` hold (after a
+    /// membership change: [`EMPTY`](crate::EMPTY) slots allowed, none but [`EMPTY`](crate::EMPTY)
+    /// on a rank outside `live`, an expert may have no copy) and wraps it. With every rank
+    /// live and no [`EMPTY`](crate::EMPTY) slot it is [`Placement::new`]'s placement.
+    pub fn with_live(
+        shape: Shape,
+        slots: &'a [ExpertId],
+        live: &'a LiveSet,
+    ) -> Result<Self, Error> {
+        let empty = validate(&shape, slots, Some(live))?;
+        Ok(Self {
+            shape,
+            slots,
+            live: Some(live),
+            whole: !empty && live.is_all(),
+        })
     }
 
     /// The shape.
@@ -79,6 +111,31 @@ impl<'a> Placement<'a> {
     /// The whole `[L][R][S]` slice.
     pub fn as_slice(&self) -> &'a [ExpertId] {
         self.slots
+    }
+
+    /// The ranks that serve, when not every rank does or the placement was built with a live
+    /// set ([`Placement::with_live`]); `None`: every rank serves.
+    pub fn live(&self) -> Option<&'a LiveSet> {
+        self.live
+    }
+
+    /// The number of ranks that serve.
+    pub fn live_count(&self) -> usize {
+        self.live.map_or(self.shape.ranks(), LiveSet::count)
+    }
+
+    /// Whether `rank` serves.
+    pub fn is_live(&self, rank: usize) -> bool {
+        match self.live {
+            Some(l) => l.contains(rank),
+            None => rank < self.shape.ranks(),
+        }
+    }
+
+    /// Whether every rank serves and every slot holds an expert: the placement of a static
+    /// deployment, whatever constructor built it.
+    pub fn is_whole(&self) -> bool {
+        self.whole
     }
 
     /// One layer, or `None` when `layer >= L`.
@@ -126,6 +183,138 @@ impl<'a> Placement<'a> {
     }
 }
 
+/// A validated placement over storage of the caller's (`B`: a `Vec<u16>`, a slice, an array):
+/// validated once when it is built ([`Placed::new`]) and kept valid by every method that
+/// changes it, so that a holder (a plan, a rank's live placement) lends [`Placement`] views
+/// without validating again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed<B> {
+    shape: Shape,
+    slots: B,
+    live: Option<LiveSet>,
+    whole: bool,
+}
+
+impl<B: AsRef<[ExpertId]>> Placed<B> {
+    /// Validates `slots` ([`Placement::new`] when `live` is `None`, else
+    /// [`Placement::with_live`]) and keeps them.
+    pub fn new(shape: Shape, slots: B, live: Option<LiveSet>) -> Result<Self, Error> {
+        let empty = validate(&shape, slots.as_ref(), live.as_ref())?;
+        let whole = !empty && live.as_ref().is_none_or(LiveSet::is_all);
+        Ok(Self {
+            shape,
+            slots,
+            live,
+            whole,
+        })
+    }
+
+    /// The placement.
+    pub fn view(&self) -> Placement<'_> {
+        Placement {
+            shape: self.shape,
+            slots: self.slots.as_ref(),
+            live: self.live.as_ref(),
+            whole: self.whole,
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The whole `[L][R][S]` slice.
+    pub fn as_slice(&self) -> &[ExpertId] {
+        self.slots.as_ref()
+    }
+
+    /// The live set it was built with (`None`: a static deployment's placement).
+    pub fn live(&self) -> Option<&LiveSet> {
+        self.live.as_ref()
+    }
+
+    /// The storage.
+    pub fn into_inner(self) -> B {
+        self.slots
+    }
+}
+
+impl<B: AsRef<[ExpertId]> + AsMut<[ExpertId]>> Placed<B> {
+    /// `buf` holding a copy of `src` (no validation: `src` is valid); an error when `buf` has
+    /// not `src`'s length.
+    pub fn copy_of(src: &Placement<'_>, mut buf: B) -> Result<Self, Error> {
+        check_len("placement [L][R][S]", src.slots.len(), buf.as_ref().len())?;
+        buf.as_mut().copy_from_slice(src.slots);
+        Ok(Self {
+            shape: src.shape,
+            slots: buf,
+            live: src.live.copied(),
+            whole: src.whole,
+        })
+    }
+
+    /// Makes this placement a copy of `src` (no validation: `src` is valid); an error when the
+    /// shapes differ.
+    pub fn assign(&mut self, src: &Placement<'_>) -> Result<(), Error> {
+        check_len(
+            "placement [L][R][S]",
+            self.slots.as_ref().len(),
+            src.slots.len(),
+        )?;
+        self.slots.as_mut().copy_from_slice(src.slots);
+        self.shape = src.shape;
+        self.live = src.live.copied();
+        self.whole = src.whole;
+        Ok(())
+    }
+
+    /// Replaces layer `layer` by the same layer of `src`, a placement over the same shape and
+    /// live set (a layer of a valid placement is valid in any placement with that live set: no
+    /// validation). An error when the shapes or live sets differ, or `layer >= L`.
+    pub fn set_layer(&mut self, layer: usize, src: &Placement<'_>) -> Result<(), Error> {
+        if src.shape != self.shape || src.live.copied() != self.live {
+            return Err(Error::Length {
+                what: "placement of the same shape and live set",
+                expected: self.slots.as_ref().len(),
+                got: src.slots.len(),
+            });
+        }
+        let per = self.shape.slots_per_layer();
+        let range = layer
+            .checked_mul(per)
+            .and_then(|a| Some(a..a.checked_add(per)?));
+        let (Some(dst), Some(rows)) = (
+            range.clone().and_then(|r| self.slots.as_mut().get_mut(r)),
+            range.and_then(|r| src.slots.get(r)),
+        ) else {
+            return Err(Error::Index {
+                what: "layer",
+                index: layer,
+                bound: self.shape.layers(),
+            });
+        };
+        dst.copy_from_slice(rows);
+        if !src.whole {
+            self.whole = false;
+        } else if !self.whole {
+            self.whole = self.live.as_ref().is_none_or(LiveSet::is_all)
+                && !self.slots.as_ref().contains(&crate::EMPTY);
+        }
+        Ok(())
+    }
+
+    /// The routing-only step of a membership change: the ranks that serve become `live`, and
+    /// every slot of a rank outside it [`EMPTY`](crate::EMPTY) ([`crate::live::retire`]).
+    /// Returns the number of slots emptied.
+    pub fn retire(&mut self, live: LiveSet) -> Result<usize, Error> {
+        let emptied = crate::live::retire(&self.shape, &live, self.slots.as_mut())?;
+        self.whole = live.is_all() && !self.slots.as_ref().contains(&crate::EMPTY);
+        self.live = Some(live);
+        Ok(emptied)
+    }
+}
+
 /// One layer of a placement: `[R][S]`.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerPlacement<'a> {
@@ -135,9 +324,10 @@ pub struct LayerPlacement<'a> {
 }
 
 impl<'a> LayerPlacement<'a> {
-    /// Validates one layer `[R][S]` on its own (structural level); `layer` is used in errors.
+    /// Validates one layer `[R][S]` on its own as a layer of a static deployment
+    /// ([`Placement::new`]'s rules); `layer` is used in errors.
     pub fn new(shape: Shape, layer: usize, slots: &'a [ExpertId]) -> Result<Self, Error> {
-        validate_layer(&shape, layer, slots)?;
+        validate_layer(&shape, layer, slots, None)?;
         Ok(Self {
             shape,
             layer,
@@ -145,13 +335,21 @@ impl<'a> LayerPlacement<'a> {
         })
     }
 
-    /// Wraps a layer its caller has checked (`LayerPlacement::new_elastic` in `live`).
-    pub(crate) fn from_checked(shape: Shape, layer: usize, slots: &'a [ExpertId]) -> Self {
-        Self {
+    /// Validates one layer `[R][S]` as a layer of the placement the ranks of `live` hold
+    /// ([`Placement::with_live`]'s rules); every method reads [`EMPTY`] as no expert.
+    pub fn with_live(
+        shape: Shape,
+        layer: usize,
+        slots: &'a [ExpertId],
+        live: &LiveSet,
+    ) -> Result<Self, Error> {
+        check_live(&shape, live)?;
+        validate_layer(&shape, layer, slots, Some(live))?;
+        Ok(Self {
             shape,
             layer,
             slots,
-        }
+        })
     }
 
     /// The layer index.
@@ -315,11 +513,11 @@ fn is_last_in_row(row: &[ExpertId], s: usize) -> bool {
     }
 }
 
-/// The first expert that appears twice in `row`, if any.
+/// The first expert that appears twice in `row`, if any ([`EMPTY`] slots hold no expert).
 pub fn first_duplicate(row: &[ExpertId]) -> Option<ExpertId> {
     row.iter()
         .enumerate()
-        .find(|&(i, e)| row.get(i + 1..).is_some_and(|rest| rest.contains(e)))
+        .find(|&(i, e)| *e != EMPTY && row.get(i + 1..).is_some_and(|rest| rest.contains(e)))
         .map(|(_, &e)| e)
 }
 
@@ -335,9 +533,39 @@ pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Resu
     }
 }
 
-/// Structural check of one layer `[R][S]`: length, ids below `N`, every expert present.
-/// Uses a 4096-bit stack bitset, scanning the layer once per 4096 experts.
-pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result<(), Error> {
+/// The live set's checks: drawn from the shape's `R` ranks, at least one live.
+pub(crate) fn check_live(shape: &Shape, live: &LiveSet) -> Result<(), Error> {
+    check_len("live set ranks", shape.ranks(), live.ranks())?;
+    if live.count() == 0 {
+        return Err(Error::ZeroDimension { what: "live ranks" });
+    }
+    Ok(())
+}
+
+/// The one validator of a placement `[L][R][S]` (see [`Placement`]); returns whether some slot
+/// is [`EMPTY`].
+fn validate(shape: &Shape, slots: &[ExpertId], live: Option<&LiveSet>) -> Result<bool, Error> {
+    if let Some(live) = live {
+        check_live(shape, live)?;
+    }
+    check_len("placement [L][R][S]", shape.placement_len(), slots.len())?;
+    let mut empty = false;
+    for (l, layer) in slots.chunks_exact(shape.slots_per_layer()).enumerate() {
+        empty |= validate_layer(shape, l, layer, live)?;
+    }
+    Ok(empty)
+}
+
+/// Checks one layer `[R][S]` (the rules of [`Placement`]): length; every id below `N`, or
+/// [`EMPTY`] when a live set is given; only [`EMPTY`] on a rank outside `live`; every expert
+/// present unless some slot is [`EMPTY`]. Returns whether some slot is [`EMPTY`]. Uses a
+/// 4096-bit stack bitset, scanning the layer once per 4096 experts.
+pub fn validate_layer(
+    shape: &Shape,
+    layer: usize,
+    slots: &[ExpertId],
+    live: Option<&LiveSet>,
+) -> Result<bool, Error> {
     check_len(
         "placement layer [R][S]",
         shape.slots_per_layer(),
@@ -345,16 +573,33 @@ pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result
     )?;
     let n = shape.experts();
     let s_len = shape.slots_per_rank();
+    let mut empty = false;
     for (i, &e) in slots.iter().enumerate() {
+        let rank = i / s_len;
+        if e == EMPTY && live.is_some() {
+            empty = true;
+            continue;
+        }
         if usize::from(e) >= n {
             return Err(Error::ExpertOutOfRange {
                 layer: layer as u16,
-                rank: (i / s_len) as u16,
+                rank: rank as u16,
                 slot: (i % s_len) as u16,
                 expert: e,
                 experts: n as u16,
             });
         }
+        if live.is_some_and(|l| !l.contains(rank)) {
+            return Err(Error::NotLive {
+                layer: layer as u16,
+                rank: rank as u16,
+                slot: (i % s_len) as u16,
+                expert: e,
+            });
+        }
+    }
+    if empty {
+        return Ok(true);
     }
     const CHUNK: usize = 4096;
     let mut base = 0;
@@ -383,7 +628,7 @@ pub fn validate_layer(shape: &Shape, layer: usize, slots: &[ExpertId]) -> Result
         }
         base += CHUNK;
     }
-    Ok(())
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ fn hot_operations_do_not_allocate() {
     let mut heat = HeatRing::new(&shape, 600, storage.as_mut_slice()).unwrap();
     let classifier = StageClassifier::new(64, 1);
     let mut cycle = Cycle::new(600, 50).unwrap();
+    let placed = eplb_core::Placement::new(shape, &placement).unwrap();
     for i in 0..2000u64 {
         let stage = classifier.classify(i % 200);
         let matched = eplb_core::HeatStage::Decode.matches(stage);
@@ -86,8 +87,7 @@ fn hot_operations_do_not_allocate() {
                 }
                 let all = &gathered[..32 * held.len()];
                 let out = &mut samples[..t * shape.loads_len()];
-                eplb_core::heat::fold_slot_heat(&shape, &placement, t, all, out, &mut sums)
-                    .unwrap();
+                eplb_core::heat::fold_slot_heat(&placed, t, all, out, &mut sums).unwrap();
                 folds += 1;
             }
             eplb_core::Step::PlanDue => {

@@ -198,7 +198,8 @@ proptest! {
             .collect();
         let mut samples = vec![f64::NAN; t * l * n];
         let mut loads = vec![f64::NAN; l * n];
-        eplb_core::heat::fold_slot_heat(&shape, &p, t, &gathered, &mut samples, &mut loads).unwrap();
+        let placed = eplb_core::Placement::new(shape, &p).unwrap();
+        eplb_core::heat::fold_slot_heat(&placed, t, &gathered, &mut samples, &mut loads).unwrap();
         // Reference: slot (rank, window, layer, slot) of the gather adds to its expert.
         let mut want = vec![0.0; t * l * n];
         for rank in 0..r {

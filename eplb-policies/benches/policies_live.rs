@@ -12,10 +12,7 @@ mod common;
 use criterion::{Criterion, criterion_group, criterion_main};
 use eplb_core::live::retire;
 use eplb_core::{LiveSet, Placement};
-use eplb_policies::{
-    AnyPolicy, Input, LiveInput, Output, PolicyKind, buffer_lens, live_buffer_lens, rebalance,
-    rebalance_live,
-};
+use eplb_policies::{AnyPolicy, Error, Input, Output, PolicyKind, buffer_lens, rebalance};
 
 fn live_vs_full(c: &mut Criterion) {
     let case = common::golden("dsv3_decode_ep32");
@@ -28,7 +25,7 @@ fn live_vs_full(c: &mut Criterion) {
     retire(&shape, &live, &mut retired).unwrap();
     for kind in PolicyKind::ALL {
         let mut policy = AnyPolicy::new(kind);
-        let lens = live_buffer_lens(&policy, &shape).unwrap();
+        let lens = buffer_lens(&policy, &shape).unwrap();
         let full = buffer_lens(&policy, &shape).unwrap();
         let mut scratch = vec![0u64; lens.scratch.max(full.scratch)];
         let mut state = vec![0u64; lens.state.max(full.state)];
@@ -60,7 +57,10 @@ fn live_vs_full(c: &mut Criterion) {
                 .unwrap();
             })
         });
-        let input = LiveInput::new(shape, &retired, live, &case.loads, None, 0).unwrap();
+        let input = eplb_core::Placement::with_live(shape, &retired, &live)
+            .map_err(Error::from)
+            .and_then(|p| Input::new(p, &case.loads, None, 0))
+            .unwrap();
         c.bench_function(&format!("live_30_of_32/{}", kind.name()), |b| {
             b.iter(|| {
                 state.fill(0);
@@ -70,7 +70,7 @@ fn live_vs_full(c: &mut Criterion) {
                     par_before: &mut before,
                     par_after: &mut after,
                 };
-                black_box(rebalance_live(
+                black_box(rebalance(
                     &mut policy,
                     black_box(&input),
                     &mut scratch,

@@ -10,8 +10,8 @@
 //! of the shape, so a host allocates them once and an AICPU uses static buffers. Buffers are
 //! `u64` words so that any carve-out ([`Arena`]) is aligned for `f64`.
 //!
-//! After a membership change (elastic EP), [`rebalance_live`] plans any policy over the live
-//! ranks only ([`live`]).
+//! After a membership change (elastic EP) the current placement carries its live set, and
+//! [`rebalance`] plans any policy over the live ranks only ([`live`]).
 //!
 //! **Invariant:** `no_std`, no allocation, no `unsafe`, no panics on input: a bad input or too
 //! small a buffer is an [`Error`].
@@ -60,10 +60,7 @@ pub use arena::{Arena, Words, words_f64, words_u16, words_u32};
 pub use error::Error;
 pub use fixed::Static;
 pub use kind::PolicyKind;
-pub use live::{
-    LiveInput, LiveSet, compact_shape, live_buffer_lens, live_scratch_len, lost_experts,
-    rebalance_live,
-};
+pub use live::{LiveSet, compact_shape, lost_experts};
 pub use params::{ParamError, ParamInfo};
 pub use policy::{
     BufferLens, Input, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output, Policy, Samples,

@@ -1,9 +1,11 @@
-//! Planning over the live ranks only: [`rebalance_live`], one mechanism for every policy.
+//! Planning over the live ranks only: how [`rebalance`] plans a placement after a membership
+//! change, one mechanism for every policy.
 //!
 //! After a membership change (elastic EP) some ranks are gone: their slots are [`EMPTY`] in the
 //! current placement, and an expert whose every copy sat on them is *lost* (it must be loaded
-//! from storage). A rank that joined is live with an all-[`EMPTY`] row. [`rebalance_live`]
-//! plans a placement that uses only the live ranks, in three steps:
+//! from storage). A rank that joined is live with an all-[`EMPTY`] row. [`rebalance`] plans
+//! such a placement (one that is not [whole](eplb_core::Placement::is_whole)) on the live ranks
+//! only, in three steps:
 //!
 //! 1. **Compact.** The live ranks, in ascending order, form the shape
 //!    `(L, N, R' = live ranks, S)` ([`compact_shape`]). Its topology keeps `ranks_per_node` when
@@ -30,90 +32,19 @@
 //! `par_after` are the PAR over the live ranks only (the compact shape's), `par_before` of the
 //! servable current of step 2.
 //!
-//! Policy state: a state buffer sized for the full shape ([`live_buffer_lens`]) serves every
+//! Policy state: a state buffer sized for the full shape ([`crate::buffer_lens`]) serves every
 //! live set. The stateful policies (FlashLB, incremental) fingerprint the shape they last ran
 //! on, ranks included, so a state written for the full shape reads as fresh on a compact shape
 //! and the other way round. Compact shapes of equal size share their state: what it holds
 //! (per-expert estimates, load samples) does not depend on which ranks are live.
 
-use eplb_core::live::validate_elastic;
 use eplb_core::{Placement, Shape};
 
 use crate::arena::{Arena, Words, words_u16, words_u32};
-use crate::policy::{check_loads_and_samples, check_range, checked_lens, scratch_len};
-use crate::{BufferLens, Error, Input, Output, Policy, Samples, Summary, rebalance};
+use crate::policy::{check_range, rebalance_whole, whole_scratch_len};
+use crate::{Error, Input, Output, Policy, Summary};
 
 pub use eplb_core::live::{EMPTY, LiveSet, NO_COPY, lost_experts};
-
-/// What [`rebalance_live`] is given: an elastic current placement, the live ranks, loads.
-#[derive(Debug, Clone, Copy)]
-pub struct LiveInput<'a> {
-    shape: Shape,
-    compact: Shape,
-    current: &'a [u16],
-    live: LiveSet,
-    loads: &'a [f64],
-    samples: Option<Samples<'a>>,
-    seed: u64,
-}
-
-impl<'a> LiveInput<'a> {
-    /// The full `shape`, the elastic `current` placement `[L][R][S]` (ids below `N` or
-    /// [`EMPTY`], every slot of a rank outside `live` [`EMPTY`]: see
-    /// [`eplb_core::live::validate_elastic`]), the `live` ranks (a set over exactly `R` ranks,
-    /// at least one live, with `live ranks * S >= N`), logical `loads` `[L][N]` (finite,
-    /// `>= 0`), optional per-window samples and a seed.
-    pub fn new(
-        shape: Shape,
-        current: &'a [u16],
-        live: LiveSet,
-        loads: &'a [f64],
-        samples: Option<Samples<'a>>,
-        seed: u64,
-    ) -> Result<Self, Error> {
-        validate_elastic(&shape, &live, current)?;
-        let compact = compact_shape(&shape, live.count())?;
-        check_loads_and_samples(&shape, loads, samples.as_ref())?;
-        Ok(Self {
-            shape,
-            compact,
-            current,
-            live,
-            loads,
-            samples,
-            seed,
-        })
-    }
-
-    /// The full shape.
-    pub fn shape(&self) -> &Shape {
-        &self.shape
-    }
-    /// The shape the policy plans on: the live ranks only ([`compact_shape`]).
-    pub fn compact_shape(&self) -> &Shape {
-        &self.compact
-    }
-    /// The current placement `[L][R][S]` (may hold [`EMPTY`]).
-    pub fn current(&self) -> &'a [u16] {
-        self.current
-    }
-    /// The live ranks.
-    pub fn live(&self) -> &LiveSet {
-        &self.live
-    }
-    /// Logical loads `[L][N]`.
-    pub fn loads(&self) -> &'a [f64] {
-        self.loads
-    }
-    /// Per-window samples, if given.
-    pub fn samples(&self) -> Option<&Samples<'a>> {
-        self.samples.as_ref()
-    }
-    /// The seed.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-}
 
 /// The shape of `live` ranks of `shape` (see the module documentation): `R' = live`, the node
 /// size kept when it divides `R'` (else one node), the groups kept unless they would make an
@@ -155,16 +86,17 @@ pub fn compact_shape(shape: &Shape, live: usize) -> Result<Shape, Error> {
     )?)
 }
 
-/// Scratch words of [`rebalance_live`] on the compact shape `c`: the servable current, two
-/// per-expert counters, and [`scratch_len`] of the policy on `c`.
+/// Scratch words of a degraded plan on the compact shape `c`: the servable current, two
+/// per-expert counters, and the whole-placement scratch of the policy on `c`.
 fn compact_scratch<P: Policy + ?Sized>(policy: &P, c: &Shape) -> usize {
     (Words(words_u16(c.placement_len())) + 2 * Words(words_u32(c.experts())))
         .get()
-        .saturating_add(scratch_len(policy, c))
+        .saturating_add(whole_scratch_len(policy, c))
 }
 
-/// The largest `(scratch, state)` words over every live count the shape allows.
-fn live_words<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> (usize, usize) {
+/// The largest `(scratch, state)` words over every live count the shape allows (every count
+/// from `ceil(N / S)` to `R`; the whole placement's need is the count `R`'s).
+pub(crate) fn live_words<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> (usize, usize) {
     let min_live = shape
         .experts()
         .div_ceil(shape.slots_per_rank().max(1))
@@ -180,34 +112,13 @@ fn live_words<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> (usize, usize) {
     (scratch, state)
 }
 
-/// Scratch words (`u64`) [`rebalance_live`] needs for `policy` on `shape` with *any* live set
-/// (the most over every live count from `ceil(N / S)` to `R`): a caller sizes once for the full
-/// shape. `usize::MAX` when the size overflows ([`live_buffer_lens`] turns that into an error).
-pub fn live_scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
-    live_words(policy, shape).0
-}
-
-/// [`crate::buffer_lens`] for [`rebalance_live`]: checks the range and the policy's topology on
-/// the full shape, and returns [`live_scratch_len`] and the state words of the full shape (the
-/// most over every live count; for every policy here the full shape's
-/// [`Policy::state_len`]).
-pub fn live_buffer_lens<P: Policy + ?Sized>(
-    policy: &P,
-    shape: &Shape,
-) -> Result<BufferLens, Error> {
-    check_range(shape)?;
-    policy.check_shape(shape)?;
-    let (scratch, state) = live_words(policy, shape);
-    checked_lens(scratch, state)
-}
-
 /// Copies the live rows of the elastic `current` into `compact` (`[L][R'][S]`).
-fn gather(input: &LiveInput<'_>, compact: &mut [u16]) {
-    let s = input.shape.slots_per_rank().max(1);
-    let r = input.shape.ranks();
+fn gather(current: &Placement<'_>, compact: &mut [u16]) {
+    let s = current.shape().slots_per_rank().max(1);
+    let r = current.shape().ranks();
     let mut dst = compact.chunks_exact_mut(s);
-    for (i, row) in input.current.chunks_exact(s).enumerate() {
-        if input.live.contains(i % r.max(1))
+    for (i, row) in current.as_slice().chunks_exact(s).enumerate() {
+        if current.is_live(i % r.max(1))
             && let Some(d) = dst.next()
         {
             d.copy_from_slice(row);
@@ -328,17 +239,22 @@ fn layer_reloads(old: &[u16], new: &[u16], s: usize, copies: &mut [u32]) -> usiz
 
 /// Writes the compact placement held in the front of `out` (`[L][R'][S]`) out to the full
 /// `[L][R][S]` in place: live rows from the compact rows, dead rows [`EMPTY`].
-fn expand(shape: &Shape, live: &LiveSet, out: &mut [u16]) {
+fn expand(current: &Placement<'_>, out: &mut [u16]) {
+    let shape = current.shape();
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
     let rows = shape.layers() * r;
-    let live_rows = live.count();
+    let live_rows = current.live_count();
     // Full row `j` of layer `l` takes compact row `l * R' + position(rank)`; that index is never
     // above `j`, so walking down from the last row reads every compact row before it is written
     // over.
     for j in (0..rows).rev() {
         let (l, rank) = (j / r.max(1), j % r.max(1));
         let dst = j * s;
-        match live.position(rank) {
+        let position = match current.live() {
+            Some(live) => live.position(rank),
+            None => Some(rank),
+        };
+        match position {
             Some(p) => {
                 let src = (l * live_rows + p) * s;
                 if src != dst && src + s <= out.len() && dst + s <= out.len() {
@@ -354,24 +270,22 @@ fn expand(shape: &Shape, live: &LiveSet, out: &mut [u16]) {
     }
 }
 
-/// [`rebalance`] over the live ranks of `input`: plans on the compact shape from a servable
-/// current (see the module documentation), then writes the full placement `[L][R][S]` into
-/// `out.placement` with every slot of a dead rank [`EMPTY`].
+/// [`rebalance`] of a current placement that is not whole: plans on the compact shape from a
+/// servable current (see the module documentation), then writes the full placement `[L][R][S]`
+/// into `out.placement` with every slot of a dead rank [`EMPTY`].
 ///
-/// `scratch` holds at least the compact shape's need (size it with [`live_scratch_len`] of the
-/// full shape), `state` at least [`Policy::state_len`] of the compact shape (the full shape's
-/// is enough for every policy here). `out.changed`, `out.par_before` and `out.par_after` have
-/// `L` entries. On error `out.placement` holds the input's current placement (once its length
-/// is checked). With every rank live and no [`EMPTY`] slot the output is [`rebalance`]'s, bit
-/// for bit.
-pub fn rebalance_live<P: Policy + ?Sized>(
+/// `scratch` holds at least the compact shape's need ([`crate::scratch_len`] of the full shape
+/// serves every live set), `state` at least [`Policy::state_len`] of the compact shape (the
+/// full shape's is enough for every policy here). On error `out.placement` holds the input's
+/// current placement (once its length is checked).
+pub(crate) fn rebalance_degraded<P: Policy + ?Sized>(
     policy: &mut P,
-    input: &LiveInput<'_>,
+    input: &Input<'_>,
     scratch: &mut [u64],
     state: &mut [u64],
     out: Output<'_>,
 ) -> Result<Summary, Error> {
-    crate::check_out_len(&input.shape, out.placement)?;
+    crate::check_out_len(input.shape(), out.placement)?;
     let Output {
         placement,
         changed,
@@ -391,22 +305,23 @@ pub fn rebalance_live<P: Policy + ?Sized>(
         },
     );
     if planned.is_err() {
-        placement.copy_from_slice(input.current);
+        placement.copy_from_slice(input.current().as_slice());
     }
     planned
 }
 
-/// [`rebalance_live`] after the placement's length check; the caller restores the current
+/// [`rebalance_degraded`] after the placement's length check; the caller restores the current
 /// placement on error.
 fn plan_live<P: Policy + ?Sized>(
     policy: &mut P,
-    input: &LiveInput<'_>,
+    input: &Input<'_>,
     scratch: &mut [u64],
     state: &mut [u64],
     out: Output<'_>,
 ) -> Result<Summary, Error> {
-    let shape = input.shape;
-    let compact = input.compact;
+    let shape = *input.shape();
+    let compact = *input.compact_shape();
+    let current = input.current();
     check_range(&shape)?;
     let needed = compact_scratch(policy, &compact);
     if scratch.len() < needed {
@@ -415,20 +330,21 @@ fn plan_live<P: Policy + ?Sized>(
             got: scratch.len(),
         });
     }
-    let (mine, rest) = scratch.split_at_mut(needed.saturating_sub(scratch_len(policy, &compact)));
+    let (mine, rest) =
+        scratch.split_at_mut(needed.saturating_sub(whole_scratch_len(policy, &compact)));
     let mut arena = Arena::new(mine);
     let cur = arena.u16s(compact.placement_len())?;
     let copies = arena.u32s(shape.experts())?;
     let mark = arena.u32s(shape.experts())?;
-    gather(input, cur);
-    let (n, s) = (shape.experts(), shape.slots_per_rank());
+    gather(current, cur);
+    let s = shape.slots_per_rank();
     for (l, lay) in cur.chunks_exact_mut(compact.slots_per_layer()).enumerate() {
-        let loads = input.loads.get(l * n..(l + 1) * n).unwrap_or(&[]);
+        let loads = input.layer_loads(l);
         make_servable(lay, s, loads, copies, mark);
     }
     let planned = Placement::new(compact, cur)
         .map_err(Error::InvalidOutput)
-        .and_then(|p| Input::new(p, input.loads, input.samples, input.seed))
+        .and_then(|p| Input::new(p, input.loads(), input.samples().copied(), input.seed()))
         .and_then(|inp| {
             let small = out.placement.get_mut(..compact.placement_len()).ok_or(
                 eplb_core::Error::Length {
@@ -437,7 +353,7 @@ fn plan_live<P: Policy + ?Sized>(
                     got: 0,
                 },
             )?;
-            rebalance(
+            rebalance_whole(
                 policy,
                 &inp,
                 rest,
@@ -454,20 +370,20 @@ fn plan_live<P: Policy + ?Sized>(
 
     let mut reloads = 0;
     let (full_layer, small_layer) = (shape.slots_per_layer(), compact.slots_per_layer());
-    for (old, new) in input
-        .current
+    for (old, new) in current
+        .as_slice()
         .chunks_exact(full_layer)
         .zip(out.placement.chunks_exact(small_layer))
     {
         reloads += layer_reloads(old, new, s, copies);
     }
-    expand(&shape, &input.live, out.placement);
+    expand(current, out.placement);
 
     let mut changed_layers = 0;
     for ((c, old), new) in out
         .changed
         .iter_mut()
-        .zip(input.current.chunks_exact(full_layer))
+        .zip(current.as_slice().chunks_exact(full_layer))
         .zip(out.placement.chunks_exact(full_layer))
     {
         *c = old != new;
@@ -475,7 +391,7 @@ fn plan_live<P: Policy + ?Sized>(
     }
     Ok(Summary {
         changed_layers,
-        moves: eplb_core::metrics::moves(input.current, out.placement, s),
+        moves: eplb_core::metrics::moves(current.as_slice(), out.placement, s),
         reloads,
         ..summary
     })

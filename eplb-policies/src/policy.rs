@@ -93,26 +93,36 @@ pub(crate) fn check_loads_and_samples(
 }
 
 /// What a policy is given.
+///
+/// The current placement carries its live set ([`Placement::with_live`]). A policy's
+/// [`Policy::place`] only ever sees a whole placement (every rank serves, every slot holds an
+/// expert): [`rebalance`] plans a placement after a membership change on the live ranks alone
+/// ([`crate::live`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
     current: Placement<'a>,
+    /// The shape the policy plans on: the live ranks only ([`crate::live::compact_shape`]); the
+    /// shape itself when every rank serves.
+    compact: Shape,
     loads: &'a [f64],
     samples: Option<Samples<'a>>,
     seed: u64,
 }
 
 impl<'a> Input<'a> {
-    /// The current placement, logical loads `[L][N]` (finite, `>= 0`), optional per-window
-    /// samples and a seed.
+    /// The current placement (with its live set: at least `ceil(N / S)` live ranks), logical
+    /// loads `[L][N]` (finite, `>= 0`), optional per-window samples and a seed.
     pub fn new(
         current: Placement<'a>,
         loads: &'a [f64],
         samples: Option<Samples<'a>>,
         seed: u64,
     ) -> Result<Self, Error> {
+        let compact = crate::live::compact_shape(current.shape(), current.live_count())?;
         check_loads_and_samples(current.shape(), loads, samples.as_ref())?;
         Ok(Self {
             current,
+            compact,
             loads,
             samples,
             seed,
@@ -126,6 +136,10 @@ impl<'a> Input<'a> {
     /// The current placement.
     pub fn current(&self) -> &Placement<'a> {
         &self.current
+    }
+    /// The shape the policy plans on: the live ranks only ([`crate::live::compact_shape`]).
+    pub fn compact_shape(&self) -> &Shape {
+        &self.compact
     }
     /// Logical loads `[L][N]`.
     pub fn loads(&self) -> &'a [f64] {
@@ -250,11 +264,17 @@ fn repair_words(shape: &Shape) -> usize {
     (Words(shape.placement_len()).u16s() + Words(shape.experts()).u32s()).get()
 }
 
-/// Scratch words [`rebalance`] needs for `policy` on `shape` (`usize::MAX` when the size
-/// overflows; [`buffer_lens`] turns that into an error). For a policy that does not
-/// [`colocate`](Policy::colocates) it includes room for a servable copy of the current
-/// placement.
+/// Scratch words [`rebalance`] needs for `policy` on `shape` for any current placement, whole
+/// or with any live set (`usize::MAX` when the size overflows; [`buffer_lens`] turns that into
+/// an error): a caller sizes once for the full shape.
 pub fn scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
+    crate::live::live_words(policy, shape).0
+}
+
+/// Scratch words [`rebalance`] needs for `policy` on `shape` with a whole current placement.
+/// For a policy that does not [`colocate`](Policy::colocates) it includes room for a servable
+/// copy of the current placement.
+pub(crate) fn whole_scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
     let own = if policy.colocates() {
         policy.scratch_len(shape)
     } else {
@@ -332,11 +352,14 @@ pub struct BufferLens {
 /// Checks `shape` against the supported range ([`MAX_RANKS`], [`MAX_SLOTS_PER_LAYER`]) and
 /// the policy's [`Policy::check_shape`], then the buffer sizes of `policy` against
 /// [`MAX_BUFFER_BYTES`] with checked arithmetic, and returns the sizes; call it before
-/// allocating. [`rebalance`] applies the same range check.
+/// allocating. The sizes serve every current placement of `shape`, whole or with any live set
+/// ([`scratch_len`]; the state is the full shape's [`Policy::state_len`], the most over every
+/// live count for every policy here). [`rebalance`] applies the same range check.
 pub fn buffer_lens<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> Result<BufferLens, Error> {
     check_range(shape)?;
     policy.check_shape(shape)?;
-    checked_lens(scratch_len(policy, shape), policy.state_len(shape))
+    let (scratch, state) = crate::live::live_words(policy, shape);
+    checked_lens(scratch, state)
 }
 
 /// `scratch` and `state` words as [`BufferLens`], if their bytes stay within
@@ -380,7 +403,32 @@ pub fn check_range(shape: &Shape) -> Result<(), Error> {
 /// The new placement must be structurally valid, and free of co-located copies unless the policy
 /// [`colocates`](Policy::colocates); otherwise the result is [`Error::InvalidOutput`] and
 /// `out.placement` holds the current placement again.
+///
+/// A current placement after a membership change (some rank gone, or some slot
+/// [`EMPTY`](eplb_core::EMPTY)) is planned over the live ranks only ([`crate::live`]): every
+/// slot of a rank outside the live set comes out [`EMPTY`](eplb_core::EMPTY), every lost expert
+/// gets a copy again, and [`Summary::reloads`] counts those copies. With a whole current
+/// placement that path is never taken.
+///
+/// `scratch` holds at least [`scratch_len`] words for the current placement's live set (the
+/// full shape's [`scratch_len`] serves every one), `state` at least [`Policy::state_len`] of
+/// the full shape.
 pub fn rebalance<P: Policy + ?Sized>(
+    policy: &mut P,
+    input: &Input<'_>,
+    scratch: &mut [u64],
+    state: &mut [u64],
+    out: Output<'_>,
+) -> Result<Summary, Error> {
+    if input.current().is_whole() {
+        rebalance_whole(policy, input, scratch, state, out)
+    } else {
+        crate::live::rebalance_degraded(policy, input, scratch, state, out)
+    }
+}
+
+/// [`rebalance`] of a whole current placement.
+pub(crate) fn rebalance_whole<P: Policy + ?Sized>(
     policy: &mut P,
     input: &Input<'_>,
     scratch: &mut [u64],
@@ -405,7 +453,7 @@ pub fn rebalance<P: Policy + ?Sized>(
     }
     check_out_len(&shape, out.placement)?;
     check_range(&shape)?;
-    let needed = scratch_len(policy, &shape);
+    let needed = whole_scratch_len(policy, &shape);
     if scratch.len() < needed {
         return Err(Error::Scratch {
             needed,
@@ -446,20 +494,20 @@ pub fn rebalance<P: Policy + ?Sized>(
         out.placement.copy_from_slice(current);
         return Err(e);
     }
-    let checked = Placement::new(shape, out.placement).and_then(|p| {
+    // The one validation of the policy's output.
+    let checked = Placement::new(shape, &*out.placement).and_then(|p| {
         if !policy.colocates() {
             p.check_servable()?;
         }
-        Ok(p.colocated_rows())
+        Ok((p, p.colocated_rows()))
     });
-    let colocated_rows = match checked {
+    let (new, colocated_rows) = match checked {
         Ok(c) => c,
         Err(e) => {
             out.placement.copy_from_slice(current);
             return Err(Error::InvalidOutput(e));
         }
     };
-    let new = Placement::new(shape, out.placement)?;
 
     let mut arena = Arena::new(scratch);
     let m_scratch = arena.u32s(metrics::scratch_len(&shape))?;

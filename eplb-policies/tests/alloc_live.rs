@@ -6,7 +6,7 @@ mod common;
 
 use eplb_core::live::{EMPTY, LiveSet, retire};
 use eplb_core::{Layout, Shape};
-use eplb_policies::{AnyPolicy, LiveInput, Output, PolicyKind, live_buffer_lens, rebalance_live};
+use eplb_policies::{AnyPolicy, Error, Input, Output, PolicyKind, buffer_lens, rebalance};
 
 #[test]
 fn rebalance_live_does_not_allocate() {
@@ -24,17 +24,20 @@ fn rebalance_live_does_not_allocate() {
     let loads: Vec<f64> = (0..shape.loads_len())
         .map(|i| ((i * 7919) % 1009) as f64 + 0.5)
         .collect();
-    let input = LiveInput::new(shape, &current, live, &loads, None, 42).unwrap();
+    let input = eplb_core::Placement::with_live(shape, &current, &live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, &loads, None, 42))
+        .unwrap();
     let l = shape.layers();
     for kind in PolicyKind::ALL {
         let mut policy = AnyPolicy::new(kind);
-        let lens = live_buffer_lens(&policy, &shape).unwrap();
+        let lens = buffer_lens(&policy, &shape).unwrap();
         let (mut scratch, mut state) = (vec![0u64; lens.scratch], vec![0u64; lens.state]);
         let mut out = vec![0u16; shape.placement_len()];
         let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
         for _ in 0..2 {
             let (n, summary) = common::allocations(|| {
-                rebalance_live(
+                rebalance(
                     &mut policy,
                     &input,
                     &mut scratch,

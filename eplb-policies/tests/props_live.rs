@@ -1,15 +1,13 @@
 //! Properties of `rebalance_live` for every policy on random shapes, loads, placements and live
-//! sets: the new placement passes `validate_elastic`, dead ranks hold only EMPTY, live ranks no
+//! sets: the new placement is a valid placement of the live set, dead ranks hold only EMPTY, live ranks no
 //! EMPTY, every expert has a copy on a live rank, no co-located copies except DeepSeek's,
 //! `reloads` counts the copies of the lost experts, and the same input twice gives the same
 //! output.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use eplb_core::live::{EMPTY, LiveSet, lost_experts, retire, validate_elastic};
-use eplb_core::{Layout, Shape};
-use eplb_policies::{
-    AnyPolicy, LiveInput, Output, PolicyKind, Summary, live_buffer_lens, rebalance_live,
-};
+use eplb_core::live::{EMPTY, LiveSet, lost_experts, retire};
+use eplb_core::{Layout, Placement, Shape};
+use eplb_policies::{AnyPolicy, Error, Input, Output, PolicyKind, Summary, buffer_lens, rebalance};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -110,15 +108,15 @@ fn current_of(c: &Case) -> Vec<u16> {
 
 /// `None` when the full shape is outside the policy's limits (DeepSeek hierarchical with
 /// `N % groups != 0`).
-fn run(kind: PolicyKind, input: &LiveInput<'_>) -> Option<(Vec<u16>, Vec<bool>, Summary)> {
+fn run(kind: PolicyKind, input: &Input<'_>) -> Option<(Vec<u16>, Vec<bool>, Summary)> {
     let shape = *input.shape();
     let mut p = AnyPolicy::new(kind);
-    let lens = live_buffer_lens(&p, &shape).ok()?;
+    let lens = buffer_lens(&p, &shape).ok()?;
     let (mut scratch, mut state) = (vec![0u64; lens.scratch], vec![0u64; lens.state]);
     let l = shape.layers();
     let mut out = vec![0u16; shape.placement_len()];
     let (mut ch, mut pb, mut pa) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-    let summary = rebalance_live(
+    let summary = rebalance(
         &mut p,
         input,
         &mut scratch,
@@ -154,13 +152,13 @@ proptest! {
                 }
             }
         }
-        let input = LiveInput::new(shape, &current, live, &c.loads, None, c.seed).unwrap();
+        let input = eplb_core::Placement::with_live(shape, &current, &live).map_err(Error::from).and_then(|p| Input::new(p, &c.loads, None, c.seed)).unwrap();
         for kind in PolicyKind::ALL {
             let Some((out, changed, summary)) = run(kind, &input) else {
                 prop_assert_eq!(kind, PolicyKind::DeepSeek);
                 continue;
             };
-            validate_elastic(&shape, &live, &out).unwrap();
+            Placement::with_live(shape, &out, &live).unwrap();
             let mut reloads = 0;
             for (l, (old, new)) in current.chunks_exact(per).zip(out.chunks_exact(per)).enumerate() {
                 let mut lost = vec![false; shape.experts()];

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use eplb_core::{Cycle, EMPTY, LayerPlacement, LiveSet, Placement, ReplicaChoice, Shape};
+use eplb_core::{Cycle, LayerPlacement, LiveSet, Placement, ReplicaChoice, Shape};
 
 use crate::planner::{Plan, PlanRequest, Planner};
 use crate::rank::{Action, Collective, LayerAction, PlanInput, PlannerAction, RankMachine, Reply};
@@ -88,51 +88,27 @@ impl<T: Transport> fmt::Debug for Controller<T> {
 }
 
 impl<T: Transport> Controller<T> {
-    /// The controller of `transport.rank()`, starting from `placement` (`[L][R][S]`, the same on
-    /// every rank).
+    /// The controller of `transport.rank()`, starting from `placement` (the same on every
+    /// rank). With a live set ([`Placement::with_live`]) it is the controller of a rank of a
+    /// deployment after membership changes (a rank that comes back, say): `placement` is the
+    /// one the ranks of the set hold, with [`EMPTY`](eplb_core::EMPTY) slots on the ranks outside it. A rank
+    /// outside the set serves nothing and takes part in no collective until every rank is told
+    /// a set that holds it ([`Controller::set_membership`]); then it receives its weights from
+    /// its peers layer by layer, and no token reaches a slot before its weights are there.
     pub fn new(
-        shape: Shape,
-        placement: Vec<u16>,
+        placement: Placement<'_>,
         cfg: ControllerConfig,
         transport: T,
         planner: Arc<Planner>,
     ) -> Result<Self, MachineError> {
-        let p = Placement::new(shape, &placement)?;
-        let colocated = p.colocated_rows();
+        let shape = *placement.shape();
+        let colocated = placement.colocated_rows();
         if colocated > 0 {
             log::warn!(
                 "eplb: the initial placement has {colocated} rank rows holding an expert twice; \
                  the second copy gets no tokens under log2phy routing"
             );
         }
-        Self::build(shape, placement, None, cfg, transport, planner)
-    }
-
-    /// The controller of a rank that comes back after membership changes (or of any rank of a
-    /// deployment whose live set is `live`): `placement` is the one the ranks of `live` hold,
-    /// with [`EMPTY`] slots on the ranks outside it. A rank outside `live` serves nothing and
-    /// takes part in no collective until every rank is told a set that holds it
-    /// ([`Controller::set_membership`]); then it receives its weights from its peers layer by
-    /// layer, and no token reaches a slot before its weights are there.
-    pub fn new_elastic(
-        shape: Shape,
-        placement: Vec<u16>,
-        live: LiveSet,
-        cfg: ControllerConfig,
-        transport: T,
-        planner: Arc<Planner>,
-    ) -> Result<Self, MachineError> {
-        Self::build(shape, placement, Some(live), cfg, transport, planner)
-    }
-
-    fn build(
-        shape: Shape,
-        placement: Vec<u16>,
-        live: Option<LiveSet>,
-        cfg: ControllerConfig,
-        transport: T,
-        planner: Arc<Planner>,
-    ) -> Result<Self, MachineError> {
         if transport.ranks() != shape.ranks() || transport.rank() >= shape.ranks() {
             return Err(MachineError::Endpoint {
                 rank: transport.rank(),
@@ -144,12 +120,7 @@ impl<T: Transport> Controller<T> {
             atomic_collectives: transport.atomic_collectives(),
             ..cfg.machine
         };
-        let machine = match live {
-            None => RankMachine::new(shape, transport.rank(), &placement, mcfg)?,
-            Some(live) => {
-                RankMachine::new_elastic(shape, transport.rank(), &placement, live, mcfg)?
-            }
-        };
+        let machine = RankMachine::new(transport.rank(), placement, mcfg)?;
         let gather_words = shape.ranks() * machine.max_gather_words();
         let mut c = Self {
             machine,
@@ -303,12 +274,7 @@ impl<T: Transport> Controller<T> {
                 index: layer,
                 bound: shape.layers(),
             })?;
-        let live = self.machine.live();
-        let lp = if live.is_all() && !rows.contains(&EMPTY) {
-            LayerPlacement::new(shape, layer, rows)?
-        } else {
-            LayerPlacement::new_elastic(shape, layer, rows, live)?
-        };
+        let lp = LayerPlacement::with_live(shape, layer, rows, self.machine.live())?;
         if let Some(m) = self.expert_map.get_mut(layer * n..(layer + 1) * n) {
             lp.expert_map(rank, m)?;
         }
@@ -440,17 +406,10 @@ impl<T: Transport> Controller<T> {
             return;
         };
         self.waiting_for = None;
-        match outcome.as_ref() {
-            Ok(plan) => match self
-                .machine
-                .handle_elastic_plan(cycle, Some(&plan.placement))
-            {
-                Ok(()) => self.plan = Some(Arc::clone(&outcome)),
-                Err(e) => log::error!("eplb: cycle {cycle}: the planner's placement: {e}"),
-            },
-            Err(_) => {
-                let _ = self.machine.handle_elastic_plan(cycle, None);
-            }
+        let plan = outcome.as_ref().as_ref().ok();
+        self.machine.handle_plan(cycle, plan);
+        if plan.is_some() {
+            self.plan = Some(Arc::clone(&outcome));
         }
     }
 
@@ -585,20 +544,20 @@ impl<T: Transport> Controller<T> {
         let Some(plan) = self.current_plan() else {
             return;
         };
-        if self.machine.rank() != 0 || plan.cycle != self.machine.cycle_number() {
+        if self.machine.rank() != 0 || plan.cycle() != self.machine.cycle_number() {
             return;
         }
         log::info!(
             "[Expert Hotness] current: mean={:.3} max={:.3}, updated: mean={:.3} max={:.3}",
-            plan.summary.before.mean,
-            plan.summary.before.max,
-            plan.summary.after.mean,
-            plan.summary.after.max
+            plan.summary().before.mean,
+            plan.summary().before.max,
+            plan.summary().after.mean,
+            plan.summary().after.max
         );
-        if plan.summary.colocated_rows > 0 {
+        if plan.summary().colocated_rows > 0 {
             log::warn!(
                 "eplb: the plan holds an expert twice on {} rank rows; applied as is",
-                plan.summary.colocated_rows
+                plan.summary().colocated_rows
             );
         }
     }
@@ -640,7 +599,7 @@ fn request(input: &PlanInput<'_>) -> PlanRequest {
     PlanRequest {
         cycle: input.cycle,
         current: input.current.to_vec(),
-        live: (!input.live.is_all()).then_some(*input.live),
+        live: *input.live,
         loads: input.loads.to_vec(),
         samples: Some((input.windows, input.samples.to_vec())),
         seed: input.seed,

@@ -696,11 +696,11 @@ impl RankObserver {
         if let Some(changed) = ev.plan_taken {
             let taken = failures.failed_plans == 0 && failures.digest_mismatches == 0;
             let sample = plan
-                .filter(|p| taken && p.cycle == machine.cycle_number())
+                .filter(|p| taken && p.cycle() == machine.cycle_number())
                 .map(|p| PlanSample {
-                    par_before: &p.par_before,
-                    par_after: &p.par_after,
-                    planner_time: p.elapsed,
+                    par_before: p.par_before(),
+                    par_after: p.par_after(),
+                    planner_time: p.elapsed(),
                 });
             m.record_plan(sample.as_ref());
             if changed > 0 {

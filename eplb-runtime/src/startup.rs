@@ -114,7 +114,8 @@ pub fn controller<T: Transport>(
     let planner = Arc::new(Planner::with_gate(policy, shape, gate));
     let rank = transport.rank();
     let record = ccfg.machine.mode == RunMode::Record;
-    let mut c = Controller::new(shape, placement, ccfg, transport, planner)?;
+    let placement = eplb_core::Placement::new(shape, &placement).map_err(MachineError::from)?;
+    let mut c = Controller::new(placement, ccfg, transport, planner)?;
     if record
         && rank == 0
         && let Some(path) = cfg.expert_map_record_path()

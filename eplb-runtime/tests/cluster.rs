@@ -95,9 +95,13 @@ fn run(
             } else {
                 Arc::clone(&shared)
             };
-            let mut c =
-                Controller::new(shape, initial.clone(), cfg(mode, stage), transport, planner)
-                    .unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+                cfg(mode, stage),
+                transport,
+                planner,
+            )
+            .unwrap();
             std::thread::spawn(move || {
                 let mut commits = Vec::new();
                 // At least `iters` iterations, and on until 3 plans were taken (a slow planner,
@@ -270,7 +274,13 @@ fn filter_that_never_matches_never_plans() {
     let planner = default_planner(one);
     let mut config = cfg(RunMode::Dynamic, HeatStage::Prefill);
     config.machine.classifier = StageClassifier::new(1_000_000, 0);
-    let mut c = Controller::new(one, one_initial, config, t, Arc::clone(&planner)).unwrap();
+    let mut c = Controller::new(
+        eplb_core::Placement::new(one, &one_initial).unwrap(),
+        config,
+        t,
+        Arc::clone(&planner),
+    )
+    .unwrap();
     for it in 0..500 {
         c.before_forward();
         let rep = c.after_forward(&vec![3; 64], 64 + it).unwrap();
@@ -292,8 +302,7 @@ fn record_mode_never_moves_a_weight() {
             let rows = common::rank_rows(&shape, &initial, rank);
             let t = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let mut c = Controller::new(
-                shape,
-                initial.clone(),
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
                 cfg(RunMode::Record, HeatStage::All),
                 t,
                 Arc::clone(&planner),
@@ -474,9 +483,13 @@ fn a_rank_that_stops_mid_exchange_leaves_its_peers_serving_then_suspended() {
             let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
             let mut cc = cfg(RunMode::Dynamic, HeatStage::All);
             cc.machine.max_collective_failures = 3;
-            let mut c =
-                Controller::new(shape, initial.clone(), cc, transport, Arc::clone(&planner))
-                    .unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+                cc,
+                transport,
+                Arc::clone(&planner),
+            )
+            .unwrap();
             std::thread::spawn(move || {
                 let mut before_launch = None;
                 let mut suspended_at = None;
@@ -711,8 +724,7 @@ fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
                 done: false,
             };
             let mut c = Controller::new(
-                shape,
-                initial.clone(),
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
                 cfg(RunMode::Dynamic, HeatStage::All),
                 t,
                 Arc::clone(&planner),

@@ -147,7 +147,13 @@ fn run(kind: PolicyKind, death: Death, second: Option<usize>) {
         let rows = common::rank_rows(&shape, &initial, rank);
         let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
         let planner = Arc::new(Planner::spawn(policy_for(kind), shape));
-        let mut c = Controller::new(shape, initial.clone(), cfg(), transport, planner).unwrap();
+        let mut c = Controller::new(
+            eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+            cfg(),
+            transport,
+            planner,
+        )
+        .unwrap();
         let handover = Arc::clone(&handover);
         threads.push(std::thread::spawn(move || {
             let mut lost_after_recovery = usize::MAX;
@@ -230,7 +236,13 @@ fn run(kind: PolicyKind, death: Death, second: Option<usize>) {
         assert!(rows.iter().flatten().all(|&e| e == EMPTY));
         let transport = HostTransport::new(world2, DEAD, &rows, BYTES);
         let planner = Arc::new(Planner::spawn(policy_for(kind), shape));
-        let mut c = Controller::new_elastic(shape, p, without, cfg(), transport, planner).unwrap();
+        let mut c = Controller::new(
+            eplb_core::Placement::with_live(shape, &p, &without).unwrap(),
+            cfg(),
+            transport,
+            planner,
+        )
+        .unwrap();
         c.add_ranks(&[DEAD]).unwrap();
         for it in ADD_AT..END {
             if it > ADD_AT {

@@ -282,7 +282,13 @@ fn run<T: Slots>(
                 plan: Arc::clone(plan),
                 collectives: 0,
             };
-            let mut c = Controller::new(shape, initial.clone(), cfg(), t, planner).unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+                cfg(),
+                t,
+                planner,
+            )
+            .unwrap();
             let mid_walk = Arc::clone(&mid_walk);
             let forward = Arc::clone(&forward);
             let plan = Arc::clone(plan);

@@ -132,7 +132,13 @@ fn run(base: i32, iters: usize, inject: &dyn Fn(&FakeCann)) -> Vec<Outcome> {
         .into_iter()
         .map(|t| {
             let rank = t.rank();
-            let mut c = Controller::new(shape, init.clone(), cfg, t, Arc::clone(&planner)).unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &init.clone()).unwrap(),
+                cfg,
+                t,
+                Arc::clone(&planner),
+            )
+            .unwrap();
             std::thread::spawn(move || {
                 let (mut commits, mut failed) = (Vec::new(), Vec::new());
                 check_weights(&c);

@@ -289,8 +289,13 @@ fn run(sc: Scenario) {
         .into_iter()
         .map(|t| {
             let rank = t.rank();
-            let mut c =
-                Controller::new(shape, init.clone(), cfg(), t, Arc::clone(&planner)).unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &init.clone()).unwrap(),
+                cfg(),
+                t,
+                Arc::clone(&planner),
+            )
+            .unwrap();
             let (step, handover, refusal) = (
                 Arc::clone(&step),
                 Arc::clone(&handover),
@@ -327,8 +332,13 @@ fn run(sc: Scenario) {
                                 t.load_slot(l, slot, &[0u8; BYTES]).unwrap();
                             }
                         }
-                        c = Controller::new_elastic(shape, p, live, cfg(), t, Arc::clone(&planner))
-                            .unwrap();
+                        c = Controller::new(
+                            eplb_core::Placement::with_live(shape, &p, &live).unwrap(),
+                            cfg(),
+                            t,
+                            Arc::clone(&planner),
+                        )
+                        .unwrap();
                         c.add_ranks(&[DEAD]).unwrap();
                         dead = false;
                         joined_at = Some(it);

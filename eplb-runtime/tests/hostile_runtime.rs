@@ -37,7 +37,7 @@ fn the_planner_waits_with_duration_max() {
     planner.submit(PlanRequest {
         cycle: 1,
         current,
-        live: None,
+        live: eplb_core::LiveSet::all(shape.ranks()).unwrap(),
         loads: vec![4.0, 3.0, 2.0, 1.0],
         samples: None,
         seed: 0,
@@ -71,14 +71,14 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
     let req = |current: Vec<u16>| PlanRequest {
         cycle: 1,
         current,
-        live: None,
+        live: eplb_core::LiveSet::all(shape.ranks()).unwrap(),
         loads: loads.clone(),
         samples: None,
         seed: 3,
     };
     // The static start: DeepSeek's map, with co-located copies.
     let mut ds = PolicyHost::new(policy_for(PolicyKind::DeepSeek), shape);
-    let start = plan_once(&mut ds, &req(initial)).unwrap().placement;
+    let start = plan_once(&mut ds, &req(initial)).unwrap().into_placement();
     assert!(Placement::new(shape, &start).unwrap().colocated_rows() > 0);
     // Then a dynamic cycle through the planner thread, as the controller runs it.
     for kind in PolicyKind::ALL {
@@ -90,8 +90,8 @@ fn a_dynamic_cycle_from_a_deepseek_map_plans_with_every_policy() {
             .as_ref()
             .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
         if kind != PolicyKind::DeepSeek {
-            assert_eq!(plan.summary.colocated_rows, 0, "{kind:?}");
-            Placement::new(shape, &plan.placement)
+            assert_eq!(plan.summary().colocated_rows, 0, "{kind:?}");
+            Placement::new(shape, plan.placement())
                 .unwrap()
                 .check_servable()
                 .unwrap();

@@ -66,7 +66,9 @@ impl Cluster {
         let shape = common::small_shape();
         let p = common::default_layout(&shape);
         let machines: Vec<RankMachine> = (0..shape.ranks())
-            .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
+            .map(|r| {
+                RankMachine::new(r, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap()
+            })
             .collect();
         let mut net = LocalCollective::new(&machines);
         net.set_lenient(true);
@@ -165,14 +167,14 @@ impl Cluster {
                     let req = PlanRequest {
                         cycle: input.cycle,
                         current: input.current.to_vec(),
-                        live: (!input.live.is_all()).then_some(*input.live),
+                        live: *input.live,
                         loads: input.loads.to_vec(),
                         samples: Some((input.windows, input.samples.to_vec())),
                         seed: input.seed,
                     };
                     let cycle = req.cycle;
                     match self.hosts[r].plan_request(&req) {
-                        Ok(p) => m.handle_elastic_plan(cycle, Some(&p.placement)).unwrap(),
+                        Ok(p) => m.handle_plan(cycle, Some(&p)),
                         Err(e) => panic!("{:?}: rank {r}: cycle {cycle}: {e}", self.kind),
                     }
                 }
@@ -226,7 +228,7 @@ impl Cluster {
             let (per, s) = (self.shape.slots_per_layer(), self.shape.slots_per_rank());
             let mut out = vec![0u32; self.shape.experts()];
             for (l, rows) in m.placement().chunks_exact(per).enumerate() {
-                let lp = LayerPlacement::new_elastic(self.shape, l, rows, live).unwrap();
+                let lp = LayerPlacement::with_live(self.shape, l, rows, live).unwrap();
                 lp.log2phy(r, ReplicaChoice::Plain, &mut out).unwrap();
                 for (e, &phy) in out.iter().enumerate() {
                     if phy == NO_COPY {
@@ -431,8 +433,12 @@ fn a_returning_rank_gets_its_weights_from_its_peers_before_it_serves() {
         assert_eq!(c.lost(), 0, "{kind:?}");
         // Rank 3 restarts from the survivors' placement (its rows empty) and waits to join.
         let survivors = c.machines[0].placement().to_vec();
-        c.machines[dead] =
-            RankMachine::new_elastic(shape, dead, &survivors, without3, cfg()).unwrap();
+        c.machines[dead] = RankMachine::new(
+            dead,
+            eplb_core::Placement::with_live(shape, &survivors, &without3).unwrap(),
+            cfg(),
+        )
+        .unwrap();
         c.hosts[dead] = PolicyHost::new(policy_for(kind), shape);
         c.driven[dead] = true;
         c.iterate(); // it does nothing until told
@@ -440,8 +446,12 @@ fn a_returning_rank_gets_its_weights_from_its_peers_before_it_serves() {
         // The engine hands it the placement its peers hold when it is let in (they may have
         // walked a layer meanwhile).
         let survivors = c.machines[0].placement().to_vec();
-        c.machines[dead] =
-            RankMachine::new_elastic(shape, dead, &survivors, without3, cfg()).unwrap();
+        c.machines[dead] = RankMachine::new(
+            dead,
+            eplb_core::Placement::with_live(shape, &survivors, &without3).unwrap(),
+            cfg(),
+        )
+        .unwrap();
         // Every rank, the returning one too, is told the full set.
         let all = LiveSet::all(shape.ranks()).unwrap();
         c.membership(all);
@@ -478,7 +488,7 @@ fn ranks_told_different_sets_adopt_nothing_and_say_so() {
     use eplb_runtime::rank::{AGREE_WORDS, Collective, Gather, Reply, agree_tag, seal};
     let shape = common::small_shape();
     let p = common::default_layout(&shape);
-    let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();
+    let mut m = RankMachine::new(0, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap();
     let mine = without(shape.ranks(), &[7]);
     let theirs = without(shape.ranks(), &[6, 7]);
     m.handle_membership(mine).unwrap();

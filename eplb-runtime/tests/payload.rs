@@ -325,9 +325,13 @@ fn run_payload(payload: &ExpertPayload, kind: PolicyKind, iters: usize) -> (u64,
             let transport = HostTransport::with_payload(Arc::clone(&world), rank, &rows, payload);
             assert_eq!(transport.expert_bytes(), payload.total_bytes());
             assert_eq!(transport.payload(), Some(payload));
-            let mut c =
-                Controller::new(shape, initial.clone(), cfg, transport, Arc::clone(&planner))
-                    .unwrap();
+            let mut c = Controller::new(
+                eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+                cfg,
+                transport,
+                Arc::clone(&planner),
+            )
+            .unwrap();
             let payload = payload.clone();
             std::thread::spawn(move || {
                 let mut checked = check_tensors(&c, &payload);

@@ -8,7 +8,7 @@
 
 mod common;
 
-use eplb_core::{HeatStage, Phase, Placement, Shape, StageClassifier};
+use eplb_core::{HeatStage, Phase, Shape, StageClassifier};
 use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PolicyHost, policy_input};
 use eplb_runtime::policies::policy_for;
@@ -89,7 +89,9 @@ impl World {
         let shape = common::small_shape();
         let p = common::default_layout(&shape);
         let machines: Vec<RankMachine> = (0..shape.ranks())
-            .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
+            .map(|r| {
+                RankMachine::new(r, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap()
+            })
             .collect();
         let mut net = LocalCollective::new(&machines);
         net.set_lenient(lenient);
@@ -156,16 +158,17 @@ impl World {
                         input.loads.to_vec(),
                         input.samples.to_vec(),
                     );
-                    let (windows, seed) = (input.windows, input.seed);
-                    let plan =
-                        policy_input(&shape, &current, &loads, Some((windows, &samples)), seed)
-                            .and_then(|i| self.hosts[r].plan(cycle, &i));
-                    match plan {
-                        Ok(p) => {
-                            m.handle_plan(cycle, Some(Placement::new(shape, &p.placement).unwrap()))
-                        }
-                        Err(_) => m.handle_plan(cycle, None),
-                    }
+                    let (windows, seed, live) = (input.windows, input.seed, *input.live);
+                    let plan = policy_input(
+                        &shape,
+                        &current,
+                        &live,
+                        &loads,
+                        Some((windows, &samples)),
+                        seed,
+                    )
+                    .and_then(|i| self.hosts[r].plan(cycle, &i));
+                    m.handle_plan(cycle, plan.as_ref().ok());
                 }
                 Some(Action::Planner(PlannerAction::Settle {
                     cycle,

@@ -3,7 +3,7 @@
 
 mod common;
 
-use eplb_core::{HeatStage, Phase, Placement, Shape, StageClassifier};
+use eplb_core::{HeatStage, Phase, Shape, StageClassifier};
 use eplb_runtime::rank::{
     Action, Collective, Gather, Health, LayerAction, LocalCollective, MachineConfig, PlannerAction,
     RankMachine, Reply, RunMode,
@@ -44,7 +44,9 @@ impl Cluster {
         let shape = common::small_shape();
         let p = common::default_layout(&shape);
         let machines: Vec<RankMachine> = (0..shape.ranks())
-            .map(|r| RankMachine::new(shape, r, &p, cfg()).unwrap())
+            .map(|r| {
+                RankMachine::new(r, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap()
+            })
             .collect();
         Self {
             net: LocalCollective::new(&machines),
@@ -99,10 +101,8 @@ impl Cluster {
                 Some(Action::Planner(PlannerAction::Submit(input))) => {
                     let (cycle, current) = (input.cycle, input.current.to_vec());
                     let new = (self.plan)(r, cycle, &current);
-                    match &new {
-                        Some(p) => m.handle_plan(cycle, Some(Placement::new(shape, p).unwrap())),
-                        None => m.handle_plan(cycle, None),
-                    }
+                    let plan = new.and_then(|p| common::plan_of(shape, cycle, &current, &p));
+                    m.handle_plan(cycle, plan.as_ref());
                 }
                 Some(Action::Planner(PlannerAction::Settle {
                     cycle,
@@ -268,9 +268,9 @@ fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
 fn bad_input_is_an_error_not_a_panic() {
     let shape = common::small_shape();
     let p = common::default_layout(&shape);
-    assert!(RankMachine::new(shape, 8, &p, cfg()).is_err());
-    assert!(RankMachine::new(shape, 0, &p[1..], cfg()).is_err());
-    let mut m = RankMachine::new(shape, 0, &p, cfg()).unwrap();
+    assert!(RankMachine::new(8, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).is_err());
+    assert!(eplb_core::Placement::new(shape, &p[1..]).is_err());
+    let mut m = RankMachine::new(0, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap();
     let e = m.handle_forward(&[1, 2, 3], 0).unwrap_err();
     assert!(e.to_string().contains("expected 12 values, got 3"), "{e}");
     // The gathered heat of the wrong length is an error naming it, not a panic.

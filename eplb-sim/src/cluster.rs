@@ -257,8 +257,10 @@ fn by_hand<T: Transport>(
     let gate = payoff_gate(cfg, model).map_err(ClusterError::Start)?;
     let planner = Arc::new(Planner::with_gate(p, shape, gate));
     let rank = t.rank();
-    let mut c = Controller::new(shape, initial.to_vec(), ccfg, t, planner)
-        .map_err(|e| ClusterError::Start(e.into()))?;
+    let start = eplb_core::Placement::new(shape, initial)
+        .map_err(|e| ClusterError::Start(eplb_runtime::rank::MachineError::from(e).into()))?;
+    let mut c =
+        Controller::new(start, ccfg, t, planner).map_err(|e| ClusterError::Start(e.into()))?;
     if rank == 0
         && let Some(path) = cfg.observe().heat_record_path.as_deref()
     {

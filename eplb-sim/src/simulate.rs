@@ -19,7 +19,7 @@ use eplb_core::{
 };
 
 use eplb_policies::PolicyKind;
-use eplb_runtime::planner::{PolicyHost, policy_input, policy_live_input};
+use eplb_runtime::planner::{Plan, PolicyHost, policy_input};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
     Action, LayerAction, LocalCollective, MachineConfig, PlanInput, PlannerAction, RankMachine,
@@ -460,8 +460,9 @@ pub fn simulate_with(
         atomic_collectives: true,
     };
     validate_events(&cfg.events, r, t_len, n, shape.slots_per_rank()).map_err(|e| e.to_string())?;
+    let start = eplb_core::Placement::new(shape, &initial).map_err(|e| e.to_string())?;
     let mut machines = (0..r)
-        .map(|rank| RankMachine::new(shape, rank, &initial, mcfg))
+        .map(|rank| RankMachine::new(rank, start, mcfg))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     // One planner serves every rank: one rank (the feeder) folds the heat and feeds it, once per
@@ -539,13 +540,13 @@ pub fn simulate_with(
                     if driving {
                         // A fresh machine from the placement the survivors hold.
                         let lead = lead_rank(anchor, &driven, &machines);
-                        let mut m = RankMachine::new_elastic(
+                        let mut m = eplb_core::Placement::with_live(
                             shape,
-                            q,
                             machines[lead].placement(),
-                            before,
-                            mcfg,
+                            &before,
                         )
+                        .map_err(|e| e.to_string())
+                        .and_then(|p| RankMachine::new(q, p, mcfg).map_err(|e| e.to_string()))
                         .map_err(|e| format!("{}: {e}", ev.describe()))?;
                         if !feeders[q] {
                             m.share_planner();
@@ -619,7 +620,7 @@ pub fn simulate_with(
                     *x = c as f64;
                 }
                 let rows = &live[layer * per..(layer + 1) * per];
-                let lp = LayerPlacement::new_elastic(shape, layer, rows, &live_set)
+                let lp = LayerPlacement::with_live(shape, layer, rows, &live_set)
                     .map_err(|e| format!("simulation: window {w}: {e}"))?;
                 for (routing, out) in [(cfg.routing, &mut par), (other_routing, &mut other)] {
                     metrics::rank_loads(&lp, &loads, routing, &mut scratch, &mut rank_buf)
@@ -859,7 +860,7 @@ struct SimWorld {
     /// rank's `Settle` (the host ignores the repeats).
     host: PolicyHost,
     /// The placement of the last plan (valid when `planned` says so).
-    plan: Vec<u16>,
+    plan: Option<Plan>,
     /// The cycle planned last and whether its plan is valid.
     planned: Option<(u64, bool)>,
     /// Wall time of the last policy call (0 when it failed).
@@ -892,7 +893,7 @@ impl SimWorld {
             first_failure: None,
             shape,
             host: PolicyHost::new(policy, shape),
-            plan: vec![0; shape.placement_len()],
+            plan: None,
             planned: None,
             plan_time: 0.0,
             launched: vec![None; r],
@@ -1024,11 +1025,10 @@ impl SimWorld {
         if !self.asked.iter().any(|&a| a) {
             return Ok(());
         }
-        let plan = ok.then_some(self.plan.as_slice());
+        let plan = self.plan.as_ref().filter(|_| ok);
         for (m, asked) in machines.iter_mut().zip(self.asked.iter_mut()) {
             if core::mem::take(asked) {
-                m.handle_elastic_plan(cycle, plan)
-                    .map_err(|e| format!("simulation: cycle {cycle}: the plan: {e}"))?;
+                m.handle_plan(cycle, plan);
             }
         }
         Ok(())
@@ -1038,24 +1038,19 @@ impl SimWorld {
         let cycle = input.cycle;
         let shape = self.shape;
         let samples = Some((input.windows, input.samples));
-        let outcome = if input.live.is_all() && !input.current.contains(&eplb_core::EMPTY) {
-            policy_input(&shape, input.current, input.loads, samples, input.seed)
-                .and_then(|i| self.host.plan(cycle, &i))
-        } else {
-            policy_live_input(
-                &shape,
-                input.current,
-                *input.live,
-                input.loads,
-                samples,
-                input.seed,
-            )
-            .and_then(|i| self.host.plan_live(cycle, &i))
-        };
+        let outcome = policy_input(
+            &shape,
+            input.current,
+            input.live,
+            input.loads,
+            samples,
+            input.seed,
+        )
+        .and_then(|i| self.host.plan(cycle, &i));
         match outcome {
             Ok(plan) => {
-                self.plan_time = plan.elapsed.as_secs_f64();
-                self.plan = plan.placement;
+                self.plan_time = plan.elapsed().as_secs_f64();
+                self.plan = Some(plan);
                 Ok(true)
             }
             Err(e) => {

@@ -223,14 +223,14 @@ impl NativePolicy {
             let plan = host
                 .plan_and_take(0, &input)
                 .map_err(|e| format!("{}: {e}", self.kind.name()))?;
-            let (placement, changed, before, after, summary) = (
-                plan.placement,
-                plan.changed,
-                plan.par_before,
-                plan.par_after,
-                plan.summary,
+            let (changed, before, after, summary) = (
+                plan.changed().to_vec(),
+                plan.par_before().to_vec(),
+                plan.par_after().to_vec(),
+                *plan.summary(),
             );
-            let rust_s = plan.elapsed.as_secs_f64();
+            let rust_s = plan.elapsed().as_secs_f64();
+            let placement = plan.into_placement();
             let per = shape.slots_per_layer();
             let moves: Vec<i64> = current_v
                 .chunks_exact(per)
@@ -327,7 +327,7 @@ pub(crate) fn rebalance_experts<'py>(
         let placement = host
             .plan_and_take(0, &input)
             .map_err(|e| format!("deepseek: {e}"))?
-            .placement;
+            .into_placement();
         Ok(placement)
     })?;
     let p = num_replicas;

@@ -95,7 +95,7 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let req = PlanRequest {
         cycle: 1,
         current,
-        live: None,
+        live: eplb_core::LiveSet::all(shape.ranks()).map_err(|e| e.to_string())?,
         loads: heat.summed(),
         samples,
         seed: a.seed,
@@ -108,10 +108,10 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
         None => format!("policy {}: {e}", kind.name()),
     })?;
-    if plan.summary.colocated_rows > 0 {
+    if plan.summary().colocated_rows > 0 {
         errln!(
             "warning: the plan holds an expert twice on {} device rows (the second copy gets no tokens under log2phy)",
-            plan.summary.colocated_rows
+            plan.summary().colocated_rows
         );
     }
     let mut copies = vec![0u16; shape.experts()];
@@ -121,15 +121,15 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         .map(|w| metrics::lower_bound_par(&shape, w, &mut copies).unwrap_or(1.0))
         .collect();
     if let Some(out) = &a.out {
-        let p = Placement::new(shape, &plan.placement).map_err(|e| e.to_string())?;
+        let p = Placement::new(shape, plan.placement()).map_err(|e| e.to_string())?;
         eplb_runtime::fsio::write_atomic(out, to_json(&p).as_bytes())
             .map_err(|e| format!("{}: {e}", out.display()))?;
     }
-    let elapsed_us = plan.elapsed.as_secs_f64() * 1e6;
+    let elapsed_us = plan.elapsed().as_secs_f64() * 1e6;
     let cost = move_cost(
         &shape,
         &req.current,
-        &plan.placement,
+        plan.placement(),
         basis.payload.total_bytes(),
     )
     .map_err(|e| e.to_string())?;
@@ -137,13 +137,13 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         let mut v = json!({
             "policy": kind.name(),
             "layers": shape.layers(),
-            "par_before": plan.par_before,
-            "par_after": plan.par_after,
+            "par_before": plan.par_before(),
+            "par_after": plan.par_after(),
             "lower_bound": lower,
-            "moves": plan.summary.moves,
+            "moves": plan.summary().moves,
             "elapsed_us": elapsed_us,
-            "changed_layers": plan.summary.changed_layers,
-            "colocated_rows": plan.summary.colocated_rows,
+            "changed_layers": plan.summary().changed_layers,
+            "colocated_rows": plan.summary().colocated_rows,
         });
         add_plan_cost(&mut v, &cost, &basis);
         outln!(io, "{v}");
@@ -167,17 +167,17 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         outln!(
             io,
             "PAR (even split): before mean={:.4} max={:.4}, after mean={:.4} max={:.4}, lower bound mean={:.4}",
-            plan.summary.before.mean,
-            plan.summary.before.max,
-            plan.summary.after.mean,
-            plan.summary.after.max,
+            plan.summary().before.mean,
+            plan.summary().before.max,
+            plan.summary().after.mean,
+            plan.summary().after.max,
             mean(&lower)
         );
         outln!(
             io,
             "changed layers: {}, weight fetches: {}, policy time: {:.1} us",
-            plan.summary.changed_layers,
-            plan.summary.moves,
+            plan.summary().changed_layers,
+            plan.summary().moves,
             elapsed_us
         );
         outln!(io, "{}", basis.describe());

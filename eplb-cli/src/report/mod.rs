@@ -527,7 +527,7 @@ impl Report {
                     .map(|row| row.iter().any(|&e| e != eplb_core::EMPTY))
                     .collect();
                 let live = eplb_core::LiveSet::from_flags(&flags).map_err(|e| e.to_string())?;
-                let lp = eplb_core::LayerPlacement::new_elastic(shape, layer, rows, &live)
+                let lp = eplb_core::LayerPlacement::with_live(shape, layer, rows, &live)
                     .map_err(|e| e.to_string())?;
                 metrics::rank_loads(&lp, &loads, self.base.routing, &mut scratch, &mut out)
                     .map_err(|e| e.to_string())?;

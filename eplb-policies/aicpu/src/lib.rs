@@ -16,7 +16,7 @@
 //! before; so does a version 2 block with `payoff_gate = 0`.
 //!
 //! Version 3 appends the live ranks (elastic EP): with `live` set (`[R]` bytes, 1 = live) the call
-//! runs `eplb_policies::rebalance_live` instead: the current placement may hold
+//! runs `eplb_policies::rebalance` with the live set instead: the current placement may hold
 //! [`EPLB_AICPU_EMPTY`] slots (every slot of a dead rank is one), the new placement uses only
 //! the live ranks, and `reloads` counts the copies of experts that had no copy on a live rank.
 //! A null `live` (and every version 2 or 1 block) behaves as version 2.
@@ -407,7 +407,7 @@ pub struct EplbAicpuArgs {
     pub gate_result: EplbAicpuGateResult,
     /// Version 3: the live ranks, `[R]` bytes (1 live, 0 gone), read; null: every rank live and
     /// the call is version 2's. With it set the call plans over the live ranks only
-    /// (`eplb_policies::rebalance_live`): `current` may hold [`EPLB_AICPU_EMPTY`] (every slot of
+    /// (`eplb_policies::rebalance` over the live set): `current` may hold [`EPLB_AICPU_EMPTY`] (every slot of
     /// a dead rank must), `out_placement` holds it on every slot of a dead rank.
     pub live: *const u8,
     /// Version 3: elements at `live` (at least `R` when `live` is set).
@@ -714,10 +714,10 @@ fn buffer_words(
 }
 
 /// Scratch and state words of a call with `live` set, for any live set of `shape`
-/// (`eplb_policies::live_scratch_len`; the state is the full shape's, which covers every live
+/// (`eplb_policies::buffer_lens`; the state is the full shape's, which covers every live
 /// set). `None` when the policy refuses the shape.
 fn live_words(p: &AnyPolicy, shape: &Shape) -> Option<(usize, usize)> {
-    eplb_policies::live_buffer_lens(p, shape)
+    eplb_policies::buffer_lens(p, shape)
         .ok()
         .map(|b| (b.scratch, b.state))
 }
@@ -1204,17 +1204,10 @@ fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, F
         }
     };
     let mut policy = AnyPolicy::new(kind);
-    let (policy_scratch, policy_state) = if elastic {
-        (
-            eplb_policies::live_scratch_len(&policy, &shape),
-            policy.state_len(&shape),
-        )
-    } else {
-        (
-            eplb_policies::scratch_len(&policy, &shape),
-            policy.state_len(&shape),
-        )
-    };
+    let (policy_scratch, policy_state) = (
+        eplb_policies::scratch_len(&policy, &shape),
+        policy.state_len(&shape),
+    );
     let (gate_scratch, gate_state) = if gate.is_some() {
         gate_words(&shape)
     } else {
@@ -1375,25 +1368,18 @@ fn run(a: &EplbAicpuArgs, args_addr: usize, args_bytes: usize) -> Result<Done, F
         par_after,
     };
     if elastic {
-        let summary = run_live(
-            &mut policy,
-            shape,
-            current,
-            live_flags,
-            loads,
-            samples,
-            a.seed,
-        )
-        .and_then(|input| {
-            eplb_policies::rebalance_live(
-                &mut policy,
-                &input,
-                scratch,
-                state,
-                out_of(out_placement, changed, par_before, par_after),
-            )
-            .map_err(|e| rebalance_fail(&e, n))
-        })?;
+        let live = live_set(&mut policy, shape, live_flags)?;
+        let summary =
+            live_input(shape, current, &live, loads, samples, a.seed).and_then(|input| {
+                eplb_policies::rebalance(
+                    &mut policy,
+                    &input,
+                    scratch,
+                    state,
+                    out_of(out_placement, changed, par_before, par_after),
+                )
+                .map_err(|e| rebalance_fail(&e, n))
+            })?;
         return Ok(Done {
             result: result_of(&summary),
             gate: EplbAicpuGateResult::default(),
@@ -1467,17 +1453,13 @@ fn result_of(summary: &eplb_policies::Summary) -> EplbAicpuResult {
     }
 }
 
-/// The checked input of a call with `live` set: the live set of `flags` (each byte 0 or 1),
-/// then `eplb_policies::LiveInput::new` with its errors as status codes.
-fn run_live<'a>(
+/// The checked live set of a call with `live` set: the set of `flags` (each byte 0 or 1), with
+/// enough live ranks, and a full shape that suits the policy.
+fn live_set(
     policy: &mut AnyPolicy,
     shape: Shape,
-    current: &'a [u16],
     flags: &[u8],
-    loads: &'a [f64],
-    samples: Option<Samples<'a>>,
-    seed: u64,
-) -> Result<eplb_policies::LiveInput<'a>, Fail> {
+) -> Result<eplb_policies::LiveSet, Fail> {
     let bad_live = |detail: usize| fail(EPLB_AICPU_E_LIVE, EPLB_AICPU_FIELD_LIVE, to_u64(detail));
     let mut live = eplb_policies::LiveSet::none(shape.ranks()).map_err(|_| bad_live(0))?;
     for (r, &f) in flags.iter().enumerate() {
@@ -1494,24 +1476,41 @@ fn run_live<'a>(
     policy
         .check_shape(&shape)
         .map_err(|e| rebalance_fail(&e, shape.experts()))?;
-    eplb_policies::LiveInput::new(shape, current, live, loads, samples, seed).map_err(|e| match e {
-        Error::Core(
-            ref c @ (eplb_core::Error::NotLive { .. }
-            | eplb_core::Error::ExpertOutOfRange { .. }
-            | eplb_core::Error::Length { .. }),
-        ) => fail(
-            EPLB_AICPU_E_PLACEMENT,
-            EPLB_AICPU_FIELD_CURRENT,
-            placement_layer(c),
-        ),
-        Error::TooFewLiveRanks { live, .. } => bad_live(live),
-        e => load_fail(
-            &e,
-            EPLB_AICPU_FIELD_LOADS,
-            shape.experts(),
-            fail(EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_LOADS, 0),
-        ),
-    })
+    Ok(live)
+}
+
+/// The checked input of a call with `live` set: `current` as the placement the ranks of
+/// `live` hold, then `eplb_policies::Input::new`, with their errors as status codes.
+fn live_input<'a>(
+    shape: Shape,
+    current: &'a [u16],
+    live: &'a eplb_policies::LiveSet,
+    loads: &'a [f64],
+    samples: Option<Samples<'a>>,
+    seed: u64,
+) -> Result<Input<'a>, Fail> {
+    let bad_live = |detail: usize| fail(EPLB_AICPU_E_LIVE, EPLB_AICPU_FIELD_LIVE, to_u64(detail));
+    Placement::with_live(shape, current, live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, loads, samples, seed))
+        .map_err(|e| match e {
+            Error::Core(
+                ref c @ (eplb_core::Error::NotLive { .. }
+                | eplb_core::Error::ExpertOutOfRange { .. }
+                | eplb_core::Error::Length { .. }),
+            ) => fail(
+                EPLB_AICPU_E_PLACEMENT,
+                EPLB_AICPU_FIELD_CURRENT,
+                placement_layer(c),
+            ),
+            Error::TooFewLiveRanks { live, .. } => bad_live(live),
+            e => load_fail(
+                &e,
+                EPLB_AICPU_FIELD_LOADS,
+                shape.experts(),
+                fail(EPLB_AICPU_E_TOO_SHORT, EPLB_AICPU_FIELD_LOADS, 0),
+            ),
+        })
 }
 
 /// Applies the pay-off gate to the policy's output `out` (computed from `input`) as the
@@ -1622,7 +1621,7 @@ fn apply_gate(
 /// alignment, length; scratch and state sized with the gate's words when it is on, for any
 /// live set when `live` is set), overlaps, the samples, with `live` set the live bytes and the
 /// live count, the current placement and the loads; then runs `eplb_policies::rebalance` (or
-/// `rebalance_live` with `live` set) and, when on, the gate. After the version check
+/// `rebalance` over the live set with `live` set) and, when on, the gate. After the version check
 /// `args.result` (and, in a version 2 or 3 block, `args.gate_result`; in a version 3 block
 /// `args.reloads`) is always written. On a non-zero status the
 /// output buffers' contents are unspecified (keep the current placement); the gate's ages are

@@ -681,7 +681,7 @@ fn a_live_set_plans_over_the_live_ranks_as_the_rust_api() {
         );
 
         let mut p = AnyPolicy::new(policy_kind(policy).unwrap());
-        let lens = eplb_policies::live_buffer_lens(&p, &shape).unwrap();
+        let lens = eplb_policies::buffer_lens(&p, &shape).unwrap();
         assert_eq!(lens.scratch as u64, a.scratch_len);
         assert_eq!(
             eplb_aicpu_scratch_len_v3(L, N, R, S, 0, 0, policy, 0, 0),
@@ -691,9 +691,14 @@ fn a_live_set_plans_over_the_live_ranks_as_the_rust_api() {
         let (mut out, mut changed) = (vec![0; b.out.len()], vec![false; usize::from(L)]);
         let (mut before, mut after) = (vec![0.0; usize::from(L)], vec![0.0; usize::from(L)]);
         let live = eplb_policies::LiveSet::from_flags(&[true, false, true, true]).unwrap();
-        let input =
-            eplb_policies::LiveInput::new(shape, &b.current, live, &b.loads, None, 3).unwrap();
-        let summary = eplb_policies::rebalance_live(
+        let input = eplb_policies::Input::new(
+            eplb_core::Placement::with_live(shape, &b.current, &live).unwrap(),
+            &b.loads,
+            None,
+            3,
+        )
+        .unwrap();
+        let summary = eplb_policies::rebalance(
             &mut p,
             &input,
             &mut scratch,

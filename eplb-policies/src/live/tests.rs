@@ -4,7 +4,7 @@ use std::vec::Vec;
 use eplb_core::Layout;
 
 use super::*;
-use crate::{AnyPolicy, PolicyKind};
+use crate::{AnyPolicy, PolicyKind, buffer_lens, rebalance, scratch_len};
 
 /// The new placement and everything `rebalance_live` reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,19 +16,15 @@ struct Run {
     summary: Summary,
 }
 
-fn run_live(
-    policy: &mut AnyPolicy,
-    input: &LiveInput<'_>,
-    state: &mut [u64],
-) -> Result<Run, Error> {
+fn run_live(policy: &mut AnyPolicy, input: &Input<'_>, state: &mut [u64]) -> Result<Run, Error> {
     let shape = *input.shape();
-    let lens = live_buffer_lens(policy, &shape)?;
+    let lens = buffer_lens(policy, &shape)?;
     assert!(state.len() >= lens.state);
     let mut scratch = vec![0u64; lens.scratch];
     let l = shape.layers();
     let mut placement = vec![0u16; shape.placement_len()];
     let (mut changed, mut par_before, mut par_after) = (vec![false; l], vec![0.0; l], vec![0.0; l]);
-    let summary = rebalance_live(
+    let summary = rebalance(
         policy,
         input,
         &mut scratch,
@@ -105,14 +101,16 @@ fn expected_reloads(shape: &Shape, live: &LiveSet, current: &[u16], new: &[u16])
 }
 
 /// The properties every live plan has; returns the number of lost (layer, expert) pairs.
-fn check_plan(kind: PolicyKind, input: &LiveInput<'_>, run: &Run) -> usize {
+fn check_plan(kind: PolicyKind, input: &Input<'_>, run: &Run) -> usize {
     let shape = *input.shape();
-    let live = input.live();
+    let all = LiveSet::all(shape.ranks()).unwrap();
+    let live = input.current().live().unwrap_or(&all);
     let (per, s) = (shape.slots_per_layer(), shape.slots_per_rank());
-    validate_elastic(&shape, live, &run.placement).unwrap();
+    Placement::with_live(shape, &run.placement, live).unwrap();
     let mut lost_total = 0;
     for (l, (old, new)) in input
         .current()
+        .as_slice()
         .chunks_exact(per)
         .zip(run.placement.chunks_exact(per))
         .enumerate()
@@ -143,7 +141,7 @@ fn check_plan(kind: PolicyKind, input: &LiveInput<'_>, run: &Run) -> usize {
     }
     assert_eq!(
         run.summary.reloads,
-        expected_reloads(&shape, live, input.current(), &run.placement)
+        expected_reloads(&shape, live, input.current().as_slice(), &run.placement)
     );
     assert!(
         run.summary.reloads >= lost_total,
@@ -151,7 +149,7 @@ fn check_plan(kind: PolicyKind, input: &LiveInput<'_>, run: &Run) -> usize {
     );
     assert_eq!(
         run.summary.moves,
-        eplb_core::metrics::moves(input.current(), &run.placement, s)
+        eplb_core::metrics::moves(input.current().as_slice(), &run.placement, s)
     );
     lost_total
 }
@@ -185,9 +183,12 @@ fn dead_ranks_for(kind: PolicyKind) {
         let live = live_without(5, dead);
         let mut current = full.clone();
         eplb_core::live::retire(&shape, &live, &mut current).unwrap();
-        let input = LiveInput::new(shape, &current, live, &loads, None, 7).unwrap();
+        let input = eplb_core::Placement::with_live(shape, &current, &live)
+            .map_err(Error::from)
+            .and_then(|p| Input::new(p, &loads, None, 7))
+            .unwrap();
         let mut policy = AnyPolicy::new(kind);
-        let mut state = vec![0u64; live_buffer_lens(&policy, &shape).unwrap().state];
+        let mut state = vec![0u64; buffer_lens(&policy, &shape).unwrap().state];
         let run = run_live(&mut policy, &input, &mut state).unwrap();
         let lost = check_plan(kind, &input, &run);
         assert!(lost >= 2, "{kind} {dead:?}: expert 7 lost in both layers");
@@ -198,7 +199,7 @@ fn dead_ranks_for(kind: PolicyKind) {
         }
         // Deterministic.
         let mut policy = AnyPolicy::new(kind);
-        let mut state = vec![0u64; live_buffer_lens(&policy, &shape).unwrap().state];
+        let mut state = vec![0u64; buffer_lens(&policy, &shape).unwrap().state];
         assert_eq!(run_live(&mut policy, &input, &mut state).unwrap(), run);
     }
     // Rank 1 gone, rank 2 joined (live, all EMPTY): rank 2 is filled.
@@ -208,9 +209,12 @@ fn dead_ranks_for(kind: PolicyKind) {
     for layer in current.chunks_exact_mut(shape.slots_per_layer()) {
         layer[6..9].fill(EMPTY);
     }
-    let input = LiveInput::new(shape, &current, live, &loads, None, 7).unwrap();
+    let input = eplb_core::Placement::with_live(shape, &current, &live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, &loads, None, 7))
+        .unwrap();
     let mut policy = AnyPolicy::new(kind);
-    let mut state = vec![0u64; live_buffer_lens(&policy, &shape).unwrap().state];
+    let mut state = vec![0u64; buffer_lens(&policy, &shape).unwrap().state];
     let run = run_live(&mut policy, &input, &mut state).unwrap();
     check_plan(kind, &input, &run);
     for layer in run.placement.chunks_exact(shape.slots_per_layer()) {
@@ -267,14 +271,17 @@ fn all_live_is_rebalance_bit_for_bit() {
         for kind in PolicyKind::ALL.into_iter().chain([PolicyKind::Static]) {
             let mut a = AnyPolicy::new(kind);
             let mut b = AnyPolicy::new(kind);
-            let state_len = live_buffer_lens(&a, &shape).unwrap().state;
+            let state_len = buffer_lens(&a, &shape).unwrap().state;
             assert_eq!(state_len, a.state_len(&shape));
             let (mut sa, mut sb) = (vec![0u64; state_len], vec![0u64; state_len]);
             let mut cur = current.clone();
             // Twice, the second from the first's output with the warm state.
             for _ in 0..2 {
                 let full = run_full(&mut a, shape, &cur, &loads, 3, &mut sa);
-                let input = LiveInput::new(shape, &cur, live, &loads, None, 3).unwrap();
+                let input = eplb_core::Placement::with_live(shape, &cur, &live)
+                    .map_err(Error::from)
+                    .and_then(|p| Input::new(p, &loads, None, 3))
+                    .unwrap();
                 let live_run = run_live(&mut b, &input, &mut sb).unwrap();
                 assert_eq!(full.placement, live_run.placement, "{kind} {shape:?}");
                 assert_eq!(full.changed, live_run.changed, "{kind}");
@@ -296,10 +303,13 @@ fn a_full_shape_state_is_fresh_on_the_compact_shape() {
     let live = live_without(5, &[1]);
     let mut current = full.clone();
     eplb_core::live::retire(&shape, &live, &mut current).unwrap();
-    let input = LiveInput::new(shape, &current, live, &loads, None, 1).unwrap();
+    let input = eplb_core::Placement::with_live(shape, &current, &live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, &loads, None, 1))
+        .unwrap();
     for kind in [PolicyKind::FlashLb, PolicyKind::Incremental] {
         let mut p = AnyPolicy::new(kind);
-        let len = live_buffer_lens(&p, &shape).unwrap().state;
+        let len = buffer_lens(&p, &shape).unwrap().state;
         // A warm state of the full shape (two cycles), and a fresh one.
         let mut warm = vec![0u64; len];
         let other: Vec<f64> = loads.iter().rev().map(|x| x * 3.0).collect();
@@ -346,14 +356,19 @@ fn bad_live_inputs_are_typed_errors() {
     // A dead rank that still holds experts.
     let live = live_without(5, &[1]);
     assert!(matches!(
-        LiveInput::new(shape, &full, live, &loads, None, 0),
+        eplb_core::Placement::with_live(shape, &full, &live)
+            .map_err(Error::from)
+            .and_then(|p| Input::new(p, &loads, None, 0)),
         Err(Error::Core(eplb_core::Error::NotLive { rank: 1, .. }))
     ));
     // Too few live ranks: 2 x 3 slots < 8 experts.
     let live = live_without(5, &[0, 1, 2]);
     let mut current = full.clone();
     eplb_core::live::retire(&shape, &live, &mut current).unwrap();
-    let err = LiveInput::new(shape, &current, live, &loads, None, 0).unwrap_err();
+    let err = eplb_core::Placement::with_live(shape, &current, &live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, &loads, None, 0))
+        .unwrap_err();
     assert_eq!(
         err,
         Error::TooFewLiveRanks {
@@ -369,20 +384,33 @@ fn bad_live_inputs_are_typed_errors() {
     );
     // A live set over another number of ranks.
     let live = LiveSet::all(4).unwrap();
-    assert!(LiveInput::new(shape, &full, live, &loads, None, 0).is_err());
+    assert!(
+        eplb_core::Placement::with_live(shape, &full, &live)
+            .map_err(Error::from)
+            .and_then(|p| Input::new(p, &loads, None, 0))
+            .is_err()
+    );
     // Loads of the wrong length.
     let live = LiveSet::all(5).unwrap();
-    assert!(LiveInput::new(shape, &full, live, &loads[1..], None, 0).is_err());
+    assert!(
+        eplb_core::Placement::with_live(shape, &full, &live)
+            .map_err(Error::from)
+            .and_then(|p| Input::new(p, &loads[1..], None, 0))
+            .is_err()
+    );
     // Scratch too small: an error, and the output is the current placement.
     let live = live_without(5, &[1]);
     let mut current = full.clone();
     eplb_core::live::retire(&shape, &live, &mut current).unwrap();
-    let input = LiveInput::new(shape, &current, live, &loads, None, 0).unwrap();
+    let input = eplb_core::Placement::with_live(shape, &current, &live)
+        .map_err(Error::from)
+        .and_then(|p| Input::new(p, &loads, None, 0))
+        .unwrap();
     let mut p = AnyPolicy::new(PolicyKind::Default);
     let mut out = vec![0u16; shape.placement_len()];
     let (mut c, mut b, mut a) = ([false; 2], [0.0; 2], [0.0; 2]);
     let mut small_scratch = vec![0u64; 3];
-    let err = rebalance_live(
+    let err = rebalance(
         &mut p,
         &input,
         &mut small_scratch,
@@ -398,9 +426,9 @@ fn bad_live_inputs_are_typed_errors() {
     assert_eq!(out, current);
     // A too-small state for a stateful policy: the error restores the current placement.
     let mut p = AnyPolicy::new(PolicyKind::FlashLb);
-    let mut scratch = vec![0u64; live_scratch_len(&p, &shape)];
+    let mut scratch = vec![0u64; scratch_len(&p, &shape)];
     out.fill(0);
-    let err = rebalance_live(
+    let err = rebalance(
         &mut p,
         &input,
         &mut scratch,
@@ -447,7 +475,7 @@ fn compact_shapes_keep_what_still_fits() {
     }
     // Scratch for any live set covers each compact shape's need.
     let p = AnyPolicy::new(PolicyKind::Incremental);
-    let all = live_scratch_len(&p, &shape);
+    let all = scratch_len(&p, &shape);
     for live in 8..=16 {
         let c = compact_shape(&shape, live).unwrap();
         assert!(compact_scratch(&p, &c) <= all);

@@ -39,7 +39,13 @@ pub fn dsv3_controller(stage: HeatStage) -> Controller<HostTransport> {
         },
         replica_choice: ReplicaChoice::Plain,
     };
-    Controller::new(shape, initial, cfg, transport, planner).unwrap()
+    Controller::new(
+        eplb_core::Placement::new(shape, &initial).unwrap(),
+        cfg,
+        transport,
+        planner,
+    )
+    .unwrap()
 }
 
 /// Per-slot counts `[L][S]` of one iteration.

@@ -6,10 +6,7 @@ use std::time::Instant;
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
 use eplb_core::time::gate::Gate;
-use eplb_policies::{
-    BufferLens, Input, LiveInput, Output, Policy, Summary, buffer_lens, live_buffer_lens,
-    rebalance, rebalance_live,
-};
+use eplb_policies::{BufferLens, Input, Output, Policy, Summary, buffer_lens, rebalance};
 
 use super::{Outcome, Plan, PlanFailure};
 
@@ -120,51 +117,31 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
 
     /// Runs the policy for `cycle` on `input`, on a working copy of the state (validated by
     /// [`rebalance`]; a panic becomes [`PlanFailure::Panicked`]). The copy waits for
-    /// [`PolicyHost::settle`].
+    /// [`PolicyHost::settle`]. A current placement after a membership change is planned over
+    /// its live ranks ([`rebalance`]); the pay-off gate does not apply to it: such a plan
+    /// restores every expert and the balance over the ranks left, which no saving estimate
+    /// should hold back.
     pub fn plan(&mut self, cycle: u64, input: &Input<'_>) -> Outcome {
         self.check_input_shape(input.shape())?;
-        let mut plan = self.run(cycle, |policy, scratch, state, out| {
+        let live = match input.current().live() {
+            Some(l) => *l,
+            None => eplb_core::LiveSet::all(self.shape.ranks()).map_err(PlanFailure::input)?,
+        };
+        let mut plan = self.run(cycle, live, |policy, scratch, state, out| {
             rebalance(policy, input, scratch, state, out)
         })?;
-        if let Some(g) = self.gate.as_mut() {
+        if input.current().is_whole()
+            && let Some(g) = self.gate.as_mut()
+        {
             g.apply(input, &mut plan).map_err(PlanFailure::input)?;
         }
         Ok(plan)
     }
 
-    /// [`PolicyHost::plan`] over the live ranks of `input` only (after a membership change:
-    /// [`rebalance_live`]). The scratch grows once to what any live set needs. The pay-off gate
-    /// does not apply here: a plan after a membership change restores every expert and the
-    /// balance over the ranks left, which no saving estimate should hold back.
-    pub fn plan_live(&mut self, cycle: u64, input: &LiveInput<'_>) -> Outcome {
-        self.check_input_shape(input.shape())?;
-        let lens =
-            live_buffer_lens(self.policy.as_ref(), &self.shape).map_err(PlanFailure::Shape)?;
-        if self.scratch.len() < lens.scratch {
-            self.scratch.resize(lens.scratch, 0);
-        }
-        if self.state.len() < lens.state {
-            self.state.resize(lens.state, 0);
-            self.working.resize(lens.state, 0);
-        }
-        self.run(cycle, |policy, scratch, state, out| {
-            rebalance_live(policy, input, scratch, state, out)
-        })
-    }
-
-    /// Plans `req` ([`PolicyHost::plan`], or [`PolicyHost::plan_live`] when it names a live
-    /// set or its placement holds [`EMPTY`](eplb_core::EMPTY) slots).
+    /// Plans `req` ([`PolicyHost::plan`] on [`PlanRequest::input`](super::PlanRequest::input)).
     pub fn plan_request(&mut self, req: &super::PlanRequest) -> Outcome {
-        if req.live.is_none() && !req.current.contains(&eplb_core::EMPTY) {
-            let input = req.input(&self.shape)?;
-            return self.plan(req.cycle, &input);
-        }
-        let live = match req.live {
-            Some(l) => l,
-            None => eplb_core::LiveSet::all(self.shape.ranks()).map_err(PlanFailure::input)?,
-        };
-        let input = req.live_input(&self.shape, live)?;
-        self.plan_live(req.cycle, &input)
+        let input = req.input(&self.shape)?;
+        self.plan(req.cycle, &input)
     }
 
     fn check_input_shape(&self, shape: &Shape) -> Result<(), PlanFailure> {
@@ -187,6 +164,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
     fn run(
         &mut self,
         cycle: u64,
+        live: eplb_core::LiveSet,
         call: impl FnOnce(
             &mut P,
             &mut [u64],
@@ -227,6 +205,7 @@ impl<P: Policy + ?Sized> PolicyHost<P> {
         Ok(Plan {
             cycle,
             placement,
+            live,
             changed,
             par_before,
             par_after,

@@ -18,8 +18,8 @@ use core::fmt;
 use std::time::Duration;
 
 use eplb_core::time::gate::GateSummary;
-use eplb_core::{Placement, Shape};
-use eplb_policies::{Input, LiveInput, Samples, Summary};
+use eplb_core::{LiveSet, Placement, Shape};
+use eplb_policies::{Input, Samples, Summary};
 
 mod host;
 mod thread;
@@ -34,9 +34,9 @@ pub struct PlanRequest {
     pub cycle: u64,
     /// The live placement the heat was measured on, `[L][R][S]`.
     pub current: Vec<u16>,
-    /// The ranks that serve, when not every rank does (the slots of the others in `current`
-    /// are [`EMPTY`](eplb_core::EMPTY)): the plan may use only them.
-    pub live: Option<eplb_core::LiveSet>,
+    /// The ranks that serve (every rank, until a membership change): the slots of the others
+    /// in `current` are [`EMPTY`](eplb_core::EMPTY), and the plan may use only them.
+    pub live: LiveSet,
     /// Logical loads `[L][N]`, summed over the heat interval.
     pub loads: Vec<f64>,
     /// Per-window logical loads `(T, [T][L][N])`, oldest first.
@@ -46,35 +46,34 @@ pub struct PlanRequest {
 }
 
 impl PlanRequest {
-    /// The policy's input for `shape`, checked: the placement, the loads and the samples.
+    /// The policy's input for `shape`, checked: the placement with its live set, the loads and
+    /// the samples.
     pub fn input(&self, shape: &Shape) -> Result<Input<'_>, PlanFailure> {
         let samples = self.samples.as_ref().map(|(t, data)| (*t, data.as_slice()));
-        policy_input(shape, &self.current, &self.loads, samples, self.seed)
-    }
-
-    /// The policy's input over the live ranks `live` ([`eplb_policies::rebalance_live`]),
-    /// checked.
-    pub fn live_input(
-        &self,
-        shape: &Shape,
-        live: eplb_core::LiveSet,
-    ) -> Result<LiveInput<'_>, PlanFailure> {
-        let samples = self.samples.as_ref().map(|(t, data)| (*t, data.as_slice()));
-        policy_live_input(shape, &self.current, live, &self.loads, samples, self.seed)
+        policy_input(
+            shape,
+            &self.current,
+            &self.live,
+            &self.loads,
+            samples,
+            self.seed,
+        )
     }
 }
 
-/// The policy's input for `shape`, checked: the placement `current` (`[L][R][S]`), the loads
-/// (`[L][N]`), the per-window samples (`T`, `[T][L][N]`) and the seed. The one conversion from
-/// a plan request (the planner thread's, the simulator's) to what a policy takes.
+/// The policy's input for `shape`, checked: the placement `current` (`[L][R][S]`) that the
+/// ranks of `live` hold ([`Placement::with_live`]), the loads (`[L][N]`), the per-window
+/// samples (`T`, `[T][L][N]`) and the seed. The one conversion from a plan request (the
+/// planner thread's, the simulator's) to what a policy takes.
 pub fn policy_input<'a>(
     shape: &Shape,
     current: &'a [u16],
+    live: &'a LiveSet,
     loads: &'a [f64],
     samples: Option<(usize, &'a [f64])>,
     seed: u64,
 ) -> Result<Input<'a>, PlanFailure> {
-    let current = Placement::new(*shape, current).map_err(PlanFailure::input)?;
+    let current = Placement::with_live(*shape, current, live).map_err(PlanFailure::input)?;
     let samples = match samples {
         Some((t, data)) => Some(Samples::new(shape, t, data).map_err(PlanFailure::Input)?),
         None => None,
@@ -82,42 +81,64 @@ pub fn policy_input<'a>(
     Input::new(current, loads, samples, seed).map_err(PlanFailure::Input)
 }
 
-/// [`policy_input`] over the live ranks `live` ([`eplb_policies::rebalance_live`]): `current`
-/// may hold [`EMPTY`](eplb_core::EMPTY) slots (every slot of a rank outside `live` must be).
-pub fn policy_live_input<'a>(
-    shape: &Shape,
-    current: &'a [u16],
-    live: eplb_core::LiveSet,
-    loads: &'a [f64],
-    samples: Option<(usize, &'a [f64])>,
-    seed: u64,
-) -> Result<LiveInput<'a>, PlanFailure> {
-    let samples = match samples {
-        Some((t, data)) => Some(Samples::new(shape, t, data).map_err(PlanFailure::Input)?),
-        None => None,
-    };
-    LiveInput::new(*shape, current, live, loads, samples, seed).map_err(PlanFailure::Input)
-}
-
-/// A computed plan.
+/// A computed plan: only [`PolicyHost`] builds one, from a policy output that
+/// [`eplb_policies::rebalance`] validated, so its holders (the rank machine, the controller)
+/// take it without validating again.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    cycle: u64,
+    placement: Vec<u16>,
+    live: LiveSet,
+    changed: Vec<bool>,
+    par_before: Vec<f64>,
+    par_after: Vec<f64>,
+    summary: Summary,
+    elapsed: Duration,
+    gate: Option<GateSummary>,
+}
+
+impl Plan {
     /// The cycle it answers.
-    pub cycle: u64,
-    /// The new placement `[L][R][S]`.
-    pub placement: Vec<u16>,
+    pub fn cycle(&self) -> u64 {
+        self.cycle
+    }
+    /// The new placement `[L][R][S]` (the slots of ranks outside [`Plan::live`] are
+    /// [`EMPTY`](eplb_core::EMPTY)).
+    pub fn placement(&self) -> &[u16] {
+        &self.placement
+    }
+    /// The ranks the placement uses (the request's live set).
+    pub fn live(&self) -> &LiveSet {
+        &self.live
+    }
     /// Per layer: changed.
-    pub changed: Vec<bool>,
-    /// Per layer PAR before (even split).
-    pub par_before: Vec<f64>,
-    /// Per layer PAR after (even split).
-    pub par_after: Vec<f64>,
+    pub fn changed(&self) -> &[bool] {
+        &self.changed
+    }
+    /// Per layer PAR before (even split, over the live ranks).
+    pub fn par_before(&self) -> &[f64] {
+        &self.par_before
+    }
+    /// Per layer PAR after (even split, over the live ranks).
+    pub fn par_after(&self) -> &[f64] {
+        &self.par_after
+    }
     /// Totals.
-    pub summary: Summary,
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
     /// Wall time of the policy call alone.
-    pub elapsed: Duration,
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
     /// What the pay-off gate decided, when it is on ([`PolicyHost::set_gate`]).
-    pub gate: Option<GateSummary>,
+    pub fn gate(&self) -> Option<&GateSummary> {
+        self.gate.as_ref()
+    }
+    /// The placement, taken out.
+    pub fn into_placement(self) -> Vec<u16> {
+        self.placement
+    }
 }
 
 /// Why a cycle has no plan. Every one keeps the live placement.

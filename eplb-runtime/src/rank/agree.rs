@@ -9,7 +9,7 @@
 //! (every rank that reads the words sees it, so every one of them drops the cycle at this step
 //! and checks its placement at once); otherwise the step's own rule decides.
 
-use eplb_core::{Placement, Shape, Step};
+use eplb_core::{Shape, Step};
 
 use super::{Action, Collective, Gather, Health, PlanInput, PlannerAction, RankMachine, RunMode};
 
@@ -159,38 +159,13 @@ fn placement_hash_with_layer(placement: &[u16], new: &[u16], shape: &Shape, laye
 }
 
 impl RankMachine {
-    /// The planner's answer for `cycle`: the plan's placement, or `None` when the policy failed.
-    /// Answers for another cycle are ignored.
-    pub fn handle_plan(&mut self, cycle: u64, plan: Option<Placement<'_>>) {
-        self.take_plan(cycle, plan.map(|p| (*p.shape(), p.as_slice())));
-    }
-
-    /// [`RankMachine::handle_plan`] for a plan after membership changes: `plan` is `[L][R][S]`
-    /// with [`EMPTY`](eplb_core::EMPTY) slots on the ranks outside the live set
-    /// ([`validate_elastic`](eplb_core::live::validate_elastic)). A plan that is not valid for
-    /// the live set is an error and counts as a failed plan.
-    pub fn handle_elastic_plan(
-        &mut self,
-        cycle: u64,
-        plan: Option<&[u16]>,
-    ) -> Result<(), super::MachineError> {
-        let checked = match plan {
-            Some(p) => eplb_core::live::validate_elastic(&self.shape, &self.live, p).map(|()| p),
-            None => {
-                self.take_plan(cycle, None);
-                return Ok(());
-            }
-        };
-        match checked {
-            Ok(p) => {
-                self.take_plan(cycle, Some((self.shape, p)));
-                Ok(())
-            }
-            Err(e) => {
-                self.take_plan(cycle, None);
-                Err(e.into())
-            }
-        }
+    /// The planner's answer for `cycle`: the plan, or `None` when the policy failed. Answers
+    /// for another cycle are ignored. The plan was validated when the planner host built it; a
+    /// plan for another shape or live set (a stale answer across a membership change) counts
+    /// as a failed plan.
+    pub fn handle_plan(&mut self, cycle: u64, plan: Option<&crate::planner::Plan>) {
+        let plan = plan.filter(|p| *p.live() == self.live);
+        self.take_plan(cycle, plan.map(|p| (self.shape, p.placement())));
     }
 
     fn take_plan(&mut self, cycle: u64, plan: Option<(Shape, &[u16])>) {

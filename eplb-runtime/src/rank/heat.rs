@@ -6,7 +6,8 @@
 //! Forms, once each: u64 `[W][L][S]` (this rank's ring) → u64 `[R][T][L][S]` (the gather, the
 //! driver's buffer) → f64 `[T][L][N]` (`samples`) → f64 `[L][N]` (`loads`, the sum over `T`).
 
-use eplb_core::heat::{fold_live_slot_heat, layout_for_interval, ring_len};
+use eplb_core::Placement;
+use eplb_core::heat::{fold_slot_heat, layout_for_interval, ring_len};
 use eplb_core::{Error, HeatRing, LiveSet, Shape};
 
 use super::{MachineError, check};
@@ -70,9 +71,7 @@ impl SlotHeat {
 
     /// Folds the gathered slot heat (`[R'][T][L][S]`, rank-major over the `R'` live ranks, `T`
     /// the windows this rank holds, at least 1) through `placement` into `samples` and their sum
-    /// `loads` ([`fold_live_slot_heat`], which with every rank live is
-    /// [`eplb_core::heat::fold_slot_heat`]). A rank that does not fold only checks the gather's
-    /// length.
+    /// `loads` ([`fold_slot_heat`]). A rank that does not fold only checks the gather's length.
     pub(super) fn fold(
         &mut self,
         shape: &Shape,
@@ -97,15 +96,8 @@ impl SlotHeat {
                 got: t,
             });
         };
-        fold_live_slot_heat(
-            shape,
-            placement,
-            live,
-            t,
-            gathered,
-            samples,
-            &mut self.loads,
-        )?;
+        let placement = Placement::with_live(*shape, placement, live)?;
+        fold_slot_heat(&placement, t, gathered, samples, &mut self.loads)?;
         self.folded = t;
         Ok(())
     }

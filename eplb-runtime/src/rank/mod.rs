@@ -231,32 +231,23 @@ pub struct RankMachine {
 }
 
 impl RankMachine {
-    /// The machine of `rank`, starting from `placement` (`[L][R][S]`, the same on every rank).
+    /// The machine of `rank`, starting from `placement` (the same on every rank). With a live
+    /// set ([`Placement::with_live`]) it is the machine of a deployment after membership
+    /// changes: the slots of ranks outside the set are [`EMPTY`](eplb_core::EMPTY). A rank that
+    /// is not in the set (one that comes back) does nothing until the engine tells every rank a
+    /// set that holds it ([`RankMachine::handle_membership`]); its rows stay empty, so no token
+    /// reaches it, until a layer walk brings its weights from its peers.
     pub fn new(
-        shape: Shape,
         rank: usize,
-        placement: &[u16],
+        placement: Placement<'_>,
         cfg: MachineConfig,
     ) -> Result<Self, MachineError> {
-        Placement::new(shape, placement)?;
-        Self::build(shape, rank, placement, LiveSet::all(shape.ranks())?, cfg)
-    }
-
-    /// The machine of `rank` after membership changes: `placement` is the one the ranks of
-    /// `live` hold (the slots of ranks outside it [`EMPTY`](eplb_core::EMPTY),
-    /// [`validate_elastic`](eplb_core::live::validate_elastic)). A rank that is not in `live`
-    /// (one that comes back) does nothing until the engine tells every rank a set that holds it
-    /// ([`RankMachine::handle_membership`]); its rows stay empty, so no token reaches it, until
-    /// a layer walk brings its weights from its peers.
-    pub fn new_elastic(
-        shape: Shape,
-        rank: usize,
-        placement: &[u16],
-        live: LiveSet,
-        cfg: MachineConfig,
-    ) -> Result<Self, MachineError> {
-        eplb_core::live::validate_elastic(&shape, &live, placement)?;
-        Self::build(shape, rank, placement, live, cfg)
+        let shape = *placement.shape();
+        let live = match placement.live() {
+            Some(l) => *l,
+            None => LiveSet::all(shape.ranks())?,
+        };
+        Self::build(shape, rank, placement.as_slice(), live, cfg)
     }
 
     fn build(

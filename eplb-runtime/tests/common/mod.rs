@@ -88,3 +88,55 @@ pub fn debug_log() {
         log::set_max_level(log::LevelFilter::Info);
     }
 }
+
+/// A policy that answers with a given placement: how a test hands a rank machine a plan of its
+/// choosing ([`eplb_runtime::planner::Plan`]s come only from a `PolicyHost`).
+struct Given(Vec<u16>);
+
+impl eplb_policies::Policy for Given {
+    fn kind(&self) -> eplb_policies::PolicyKind {
+        eplb_policies::PolicyKind::Static
+    }
+    fn scratch_len(&self, _shape: &Shape) -> usize {
+        0
+    }
+    fn colocates(&self) -> bool {
+        true
+    }
+    fn place(
+        &mut self,
+        _input: &eplb_policies::Input<'_>,
+        _scratch: &mut [u64],
+        _state: &mut [u64],
+        out: &mut [u16],
+    ) -> Result<(), eplb_policies::Error> {
+        if out.len() != self.0.len() {
+            return Err(eplb_core::Error::Length {
+                what: "given placement",
+                expected: out.len(),
+                got: self.0.len(),
+            }
+            .into());
+        }
+        out.copy_from_slice(&self.0);
+        Ok(())
+    }
+}
+
+/// The plan for `cycle` that moves every rank from `current` to `new` (both `[L][R][S]` of
+/// `shape`, every rank live), or `None` when `new` is not a valid placement.
+pub fn plan_of(
+    shape: Shape,
+    cycle: u64,
+    current: &[u16],
+    new: &[u16],
+) -> Option<eplb_runtime::planner::Plan> {
+    let mut host = eplb_runtime::planner::PolicyHost::new(
+        Box::new(Given(new.to_vec())) as Box<dyn eplb_policies::Policy + Send>,
+        shape,
+    );
+    let loads = vec![1.0; shape.loads_len()];
+    let current = eplb_core::Placement::new(shape, current).ok()?;
+    let input = eplb_policies::Input::new(current, &loads, None, 0).ok()?;
+    host.plan_and_take(cycle, &input).ok()
+}

@@ -31,9 +31,10 @@ pub extern "C" fn eplb_no_std_smoke() -> u32 {
     let (mut samples, mut loads) = ([0.0f64; 16], [0.0f64; 16]);
     let mut gathered = [0u64; 20];
     gathered[..10].copy_from_slice(ring.held());
-    if eplb_core::heat::fold_slot_heat(&shape, &buf, 1, &gathered, &mut samples, &mut loads)
-        .is_err()
-    {
+    let Ok(placed) = eplb_core::Placement::new(shape, &buf) else {
+        return u32::MAX;
+    };
+    if eplb_core::heat::fold_slot_heat(&placed, 1, &gathered, &mut samples, &mut loads).is_err() {
         return u32::MAX;
     }
     // A plan over the live ranks with stack buffers: 1 layer, 4 experts, 3 ranks x 2 slots,
@@ -49,14 +50,14 @@ pub extern "C" fn eplb_no_std_smoke() -> u32 {
     if live.remove(1).is_err() || eplb_core::live::retire(&small, &live, &mut elastic).is_err() {
         return u32::MAX;
     }
-    let Ok(input) = eplb_policies::LiveInput::new(small, &elastic, live, &loads[..4], None, 1)
+    let Ok(input) = eplb_core::Placement::with_live(small, &elastic, &live).map_err(eplb_policies::Error::from).and_then(|p| eplb_policies::Input::new(p, &loads[..4], None, 1))
     else {
         return u32::MAX;
     };
     let mut policy = eplb_policies::default::DefaultEplb::new();
     let (mut scratch, mut out) = ([0u64; 1024], [0u16; 6]);
     let (mut changed, mut before, mut after) = ([false; 1], [0.0f64; 1], [0.0f64; 1]);
-    let planned = eplb_policies::rebalance_live(
+    let planned = eplb_policies::rebalance(
         &mut policy,
         &input,
         &mut scratch,
