@@ -92,6 +92,9 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
     let (params, rebuilt) = one_shot_params(kind, &a.params, current == default);
     let policy = policy_with(kind, &params).map_err(|e| format!("--param: {e}"))?;
     let samples = (heat.windows() > 1).then(|| (heat.windows(), heat.as_slice().to_vec()));
+    // The shape's range, the policy's topology and its buffer sizes, before any allocation.
+    eplb_policies::buffer_lens(&policy, &shape)
+        .map_err(|e| format!("policy {}: {e}", kind.name()))?;
     let req = PlanRequest {
         cycle: 1,
         current,
@@ -100,9 +103,6 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         samples,
         seed: a.seed,
     };
-    // The shape's range, the policy's topology and its buffer sizes, before any allocation.
-    eplb_policies::buffer_lens(&policy, &shape)
-        .map_err(|e| format!("policy {}: {e}", kind.name()))?;
     let mut host = PolicyHost::new(Box::new(policy), shape);
     let plan = plan_once(&mut host, &req).map_err(|e| match &a.current {
         Some(p) => format!("policy {} on --current {}: {e}", kind.name(), p.display()),
