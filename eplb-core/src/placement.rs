@@ -693,4 +693,82 @@ mod tests {
             }
         );
     }
+
+    #[test]
+    fn one_validator_reads_empty_as_no_expert_only_with_a_live_set() {
+        use crate::{EMPTY, LiveSet};
+        // 1 layer, 4 experts, 3 ranks x 2 slots.
+        let shape = Shape::new(1, 4, 3, 2).unwrap();
+        let all = LiveSet::all(3).unwrap();
+        let whole = [0u16, 1, 2, 3, 1, 0];
+        // The same placement through both constructors: whole either way.
+        assert!(Placement::new(shape, &whole).unwrap().is_whole());
+        let p = Placement::with_live(shape, &whole, &all).unwrap();
+        assert!(p.is_whole());
+        assert_eq!(p.live_count(), 3);
+        // A static deployment's placement has no EMPTY slot.
+        let joined = [0u16, 1, 2, 3, EMPTY, EMPTY];
+        assert!(matches!(
+            Placement::new(shape, &joined).unwrap_err(),
+            Error::ExpertOutOfRange { expert: EMPTY, .. }
+        ));
+        // Every rank live, one waiting for its weights: valid, not whole.
+        let p = Placement::with_live(shape, &joined, &all).unwrap();
+        assert!(!p.is_whole());
+        assert_eq!(p.colocated_rows(), 0, "two EMPTY slots are not a co-located copy");
+        // A layer with no EMPTY slot must hold every expert, even with a live set.
+        assert_eq!(
+            Placement::with_live(shape, &[0, 1, 2, 0, 1, 2], &all).unwrap_err(),
+            Error::MissingExpert {
+                layer: 0,
+                expert: 3
+            }
+        );
+        // Rank 1 gone: experts 2 and 3 lost, allowed; an id on the dead rank is not.
+        let gone = all.without(&[1]).unwrap();
+        let lost = [0u16, 1, EMPTY, EMPTY, 1, 0];
+        let p = Placement::with_live(shape, &lost, &gone).unwrap();
+        assert!(!p.is_whole());
+        assert!(!p.is_live(1) && p.is_live(2));
+        assert_eq!(
+            Placement::with_live(shape, &[0, 1, 2, EMPTY, 1, 0], &gone).unwrap_err(),
+            Error::NotLive {
+                layer: 0,
+                rank: 1,
+                slot: 0,
+                expert: 2
+            }
+        );
+        // A live set of another size is refused.
+        assert!(Placement::with_live(shape, &whole, &LiveSet::all(4).unwrap()).is_err());
+    }
+
+    #[test]
+    fn placed_stays_valid_through_layer_swaps_and_retirement() {
+        use crate::{EMPTY, LiveSet};
+        let shape = Shape::new(2, 4, 3, 2).unwrap();
+        let a = [0u16, 1, 2, 3, 1, 0, 0, 1, 2, 3, 1, 0];
+        let b = [3u16, 2, 1, 0, 0, 1, 3, 2, 1, 0, 0, 1];
+        let mut placed = Placed::new(shape, a.to_vec(), None).unwrap();
+        assert!(placed.view().is_whole());
+        let other = Placement::new(shape, &b).unwrap();
+        placed.set_layer(1, &other).unwrap();
+        assert_eq!(placed.as_slice(), &[0, 1, 2, 3, 1, 0, 3, 2, 1, 0, 0, 1]);
+        assert!(placed.set_layer(2, &other).is_err());
+        // Rank 2 leaves: its rows go EMPTY and the view carries the live set.
+        let live = LiveSet::all(3).unwrap().without(&[2]).unwrap();
+        assert_eq!(placed.retire(live).unwrap(), 4);
+        let v = placed.view();
+        assert!(!v.is_whole());
+        assert_eq!(v.live(), Some(&live));
+        assert_eq!(v.as_slice()[4..6], [EMPTY, EMPTY]);
+        let copy = Placed::copy_of(&v, std::vec![0u16; 12]).unwrap();
+        assert_eq!(copy.view().as_slice(), v.as_slice());
+        assert_eq!(copy.live(), Some(&live));
+        assert!(Placed::copy_of(&v, std::vec![0u16; 11]).is_err());
+        // What it holds is what a fresh validation accepts.
+        Placement::with_live(shape, copy.as_slice(), &live).unwrap();
+        // Only a placement of the same live set may lend it a layer.
+        assert!(placed.set_layer(0, &other).is_err());
+    }
 }
