@@ -89,8 +89,8 @@ use heat::SlotHeat;
 pub use local::{DriveError, Entered, LocalCollective, LocalFault};
 use members::{Adopt, MemberPoll, Members};
 use walk::{Dropped, Install, LayerStep, Walk};
-use wire::Heard;
 pub use wire::{AGREE_WORDS, FAILED_PLAN, agree_tag, outcome, placement_hash, seal, tag_gather};
+use wire::{Heard, PlacementHash};
 
 /// What a rank does with an agreed plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,9 +207,9 @@ pub struct RankMachine {
     cycle: Cycle,
     heat: SlotHeat,
     placement: Vec<u16>,
-    /// [`placement_hash`] of `placement`, kept: set wherever the placement changes (a layer's
-    /// install, a membership change), never recomputed in a poll.
-    live_hash: u64,
+    /// [`placement_hash`] of `placement`, kept: updated wherever the placement changes (from
+    /// the installed layer on, or whole after a membership change), never recomputed in a poll.
+    live_hash: PlacementHash,
     plan: Vec<u16>,
     changed: Vec<bool>,
     cycle_no: u64,
@@ -276,7 +276,7 @@ impl RankMachine {
             cycle: Cycle::new(cfg.heat_interval, cfg.algo_interval)?,
             heat: SlotHeat::new(&shape, cfg.heat_interval)?,
             placement: placement.to_vec(),
-            live_hash: placement_hash(placement),
+            live_hash: PlacementHash::new(placement, shape.slots_per_layer()),
             plan: placement.to_vec(),
             changed: vec![false; shape.layers()],
             cycle_no: 0,
@@ -585,7 +585,7 @@ impl RankMachine {
             self.cfg.atomic_collectives,
             &self.plan,
             &self.placement,
-            self.live_hash,
+            &self.live_hash,
         );
         self.book(dropped);
         if heard == Heard::OutOfStep {
@@ -625,7 +625,7 @@ impl RankMachine {
         let mine = self
             .walk
             .settle_from_check(words, open)
-            .unwrap_or(self.live_hash);
+            .unwrap_or(self.live_hash.value());
         if mine == agreed.hash {
             if agreed.holders < members {
                 log::warn!(
@@ -687,7 +687,7 @@ impl RankMachine {
         let before = self.members.adopt();
         let live = *self.members.live();
         let emptied = eplb_core::live::retire(&self.shape, &live, &mut self.placement).unwrap_or(0);
-        self.live_hash = placement_hash(&self.placement);
+        self.live_hash.changed_from(&self.placement, 0);
         self.plan.copy_from_slice(&self.placement);
         // A layer held open keeps its new rows for the check: without the ranks that left.
         if let Ok(one) = self.shape.with_layers(1) {
@@ -780,7 +780,8 @@ impl RankMachine {
                 if let (Some(dst), Some(src)) = (self.placement.get_mut(range), src) {
                     dst.copy_from_slice(src);
                 }
-                self.live_hash = placement_hash(&self.placement);
+                self.live_hash
+                    .changed_from(&self.placement, usize::from(layer));
                 self.stats.layers_committed += 1;
                 self.events.committed = Some(layer);
             }
@@ -952,7 +953,7 @@ impl RankMachine {
             Some(LayerStep::Vote {
                 layer,
                 words: [a, b],
-            }) => Some(self.gather_words(Gather::Vote { layer }, a, b, self.live_hash)),
+            }) => Some(self.gather_words(Gather::Vote { layer }, a, b, self.live_hash.value())),
             Some(LayerStep::Do(action)) => {
                 match action {
                     LayerAction::Commit { layer } => {
@@ -978,8 +979,9 @@ impl RankMachine {
                 if !self.agree.take_check() || self.health != Health::Running {
                     return None;
                 }
-                let open = self.walk.open_hash(&self.placement);
-                Some(self.gather_words(Gather::Placement, open, 0, self.live_hash))
+                let open = self.walk.open_hash(&self.placement, &self.live_hash);
+                let live = self.live_hash.value();
+                Some(self.gather_words(Gather::Placement, open, 0, live))
             }
             Task::Gather => {
                 self.agree.send_heat();
@@ -1000,7 +1002,8 @@ impl RankMachine {
             }))),
             Task::AgreeReady => {
                 let ready = u64::from(self.agree.has_plan());
-                Some(self.gather_words(Gather::Ready, ready, 0, self.live_hash))
+                let live = self.live_hash.value();
+                Some(self.gather_words(Gather::Ready, ready, 0, live))
             }
             Task::AgreeDigest => {
                 let hash = self.agree.digest();
@@ -1033,7 +1036,8 @@ impl RankMachine {
                 live: self.members.net(),
             }),
             MemberPoll::Agree { digest } => {
-                Some(self.gather_words(Gather::Members, digest, 0, self.live_hash))
+                let live = self.live_hash.value();
+                Some(self.gather_words(Gather::Members, digest, 0, live))
             }
             MemberPoll::Reroute => Some(Action::Reroute),
         }

@@ -4,7 +4,7 @@
 //! [`Install`], [`LayerStep`]); the walk never touches the machine's statistics, events or health.
 
 use super::action::LayerAction;
-use super::wire::{self, AGREE_WORDS, Heard, outcome};
+use super::wire::{self, AGREE_WORDS, Heard, PlacementHash, outcome};
 
 /// Installs of one layer this rank tries at once before it keeps the exchange for the placement
 /// check; one more try there, and a rank that still cannot install it stops balancing.
@@ -141,12 +141,11 @@ impl Walk {
         matches!(self.job, LayerJob::Exchanged(_, true))
     }
 
-    /// The hash of `placement` (layers of `per` slots) with the open layer installed (0: none
+    /// The hash of `placement` (whose hash is `hash`) with the open layer installed (0: none
     /// open).
-    pub(super) fn open_hash(&self, placement: &[u16]) -> u64 {
-        self.unsure.map_or(0, |l| {
-            wire::placement_hash_with_layer(placement, self.kept_rows.len(), l, &self.kept_rows)
-        })
+    pub(super) fn open_hash(&self, placement: &[u16], hash: &PlacementHash) -> u64 {
+        self.unsure
+            .map_or(0, |l| hash.with_layer(placement, l, &self.kept_rows))
     }
 
     /// Retires the ranks outside `live` from the open layer's rows (a membership change: they
@@ -281,7 +280,7 @@ impl Walk {
         atomic: bool,
         plan: &[u16],
         placement: &[u16],
-        live_hash: u64,
+        live_hash: &PlacementHash,
     ) -> Dropped {
         let all = match heard {
             Heard::InStep(all) => all,
@@ -330,11 +329,16 @@ impl Walk {
     /// What a vote's words (rank-major) say of the open layer: committed (`true`) if some rank
     /// holds the placement with it installed (then every rank voted yes on it), dropped
     /// (`false`) if most ranks hold this rank's placement without it, `None` if neither.
-    fn open_layer_verdict(&self, words: &[u64], placement: &[u16], live_hash: u64) -> Option<bool> {
-        let open = self.open_hash(placement);
+    fn open_layer_verdict(
+        &self,
+        words: &[u64],
+        placement: &[u16],
+        live_hash: &PlacementHash,
+    ) -> Option<bool> {
+        let open = self.open_hash(placement, live_hash);
         if wire::ranks(words).any(|w| wire::live_word(w) == open) {
             Some(true)
-        } else if wire::majority(words).0 == live_hash {
+        } else if wire::majority(words).0 == live_hash.value() {
             Some(false)
         } else {
             None

@@ -24,6 +24,8 @@
 //! **Stability:** changing a constant, a bit position or the hash changes the protocol: ranks of
 //! two versions would read each other's words as out of step or corrupt.
 
+use eplb_core::Fnv1a;
+
 use super::action::Gather;
 
 /// The digest word of a failed plan (a real placement hash of 0 is mapped to 1).
@@ -93,24 +95,69 @@ pub(super) fn words(of: Gather, cycle: u64, a: u64, b: u64, live: u64) -> [u64; 
 
 /// FNV-1a 64 over a placement's ids (one step per id); never [`FAILED_PLAN`].
 pub fn placement_hash(placement: &[u16]) -> u64 {
-    let h = eplb_core::fnv1a(placement.iter().map(|&v| u64::from(v)));
-    if h == FAILED_PLAN { 1 } else { h }
+    not_failed(eplb_core::fnv1a(placement.iter().map(|&v| u64::from(v))))
 }
 
-/// [`placement_hash`] of `placement` (layers of `per` slots) with layer `layer`'s rows replaced by
-/// `new`.
-pub(super) fn placement_hash_with_layer(
-    placement: &[u16],
+/// [`placement_hash`] of a live placement, kept as state: the hasher before each layer, so that
+/// a change of layer `l` rehashes layers `l..L` only, the hash is read without hashing, and the
+/// hash with one layer's rows replaced hashes from that layer on. Bit for bit
+/// [`placement_hash`].
+#[derive(Debug, Clone)]
+pub(super) struct PlacementHash {
+    /// Slots per layer (`R * S`).
     per: usize,
-    layer: u16,
-    new: &[u16],
-) -> u64 {
-    let mut h = eplb_core::Fnv1a::new();
-    for (l, old) in placement.chunks_exact(per.max(1)).enumerate() {
-        let rows = if l == usize::from(layer) { new } else { old };
-        h.words(rows.iter().map(|&v| u64::from(v)));
+    /// `[L + 1]`: the hasher before layer `l`; the last one has hashed the whole placement.
+    prefix: Vec<Fnv1a>,
+}
+
+impl PlacementHash {
+    /// The hash of `placement` (layers of `per` slots).
+    pub(super) fn new(placement: &[u16], per: usize) -> Self {
+        let per = per.max(1);
+        let mut hash = Self {
+            per,
+            prefix: vec![Fnv1a::new(); placement.len() / per + 1],
+        };
+        hash.changed_from(placement, 0);
+        hash
     }
-    let h = h.finish();
+
+    /// The layers of `placement` from `layer` on changed.
+    pub(super) fn changed_from(&mut self, placement: &[u16], layer: usize) {
+        let Some(mut h) = self.prefix.get(layer).copied() else {
+            return;
+        };
+        let layers = placement.chunks_exact(self.per).skip(layer);
+        for (state, rows) in self.prefix.iter_mut().skip(layer + 1).zip(layers) {
+            h.words(rows.iter().map(|&v| u64::from(v)));
+            *state = h;
+        }
+    }
+
+    /// [`placement_hash`] of the placement.
+    pub(super) fn value(&self) -> u64 {
+        not_failed(self.prefix.last().copied().unwrap_or_default().finish())
+    }
+
+    /// [`placement_hash`] of `placement` (the one hashed) with layer `layer`'s rows replaced by
+    /// `new`.
+    pub(super) fn with_layer(&self, placement: &[u16], layer: u16, new: &[u16]) -> u64 {
+        let l = usize::from(layer);
+        let Some(mut h) = self.prefix.get(l).copied() else {
+            return self.value();
+        };
+        if l + 1 < self.prefix.len() {
+            h.words(new.iter().map(|&v| u64::from(v)));
+        }
+        for rows in placement.chunks_exact(self.per).skip(l + 1) {
+            h.words(rows.iter().map(|&v| u64::from(v)));
+        }
+        not_failed(h.finish())
+    }
+}
+
+/// A hash, never [`FAILED_PLAN`].
+fn not_failed(h: u64) -> u64 {
     if h == FAILED_PLAN { 1 } else { h }
 }
 
@@ -203,4 +250,31 @@ fn best_count(hashes: impl Iterator<Item = u64>, count: impl Fn(u64) -> usize) -
             (best, n)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_hash_is_placement_hash_bit_for_bit() {
+        let per = 6;
+        let mut p: Vec<u16> = (0..4 * per).map(|i| (i * 7 % 11) as u16).collect();
+        let mut kept = PlacementHash::new(&p, per);
+        assert_eq!(kept.value(), placement_hash(&p));
+        for layer in [2, 0, 3] {
+            let new: Vec<u16> = (0..per).map(|i| (i * 3 + layer) as u16).collect();
+            let mut whole = p.clone();
+            whole[layer * per..(layer + 1) * per].copy_from_slice(&new);
+            assert_eq!(
+                kept.with_layer(&p, layer as u16, &new),
+                placement_hash(&whole)
+            );
+            p = whole;
+            kept.changed_from(&p, layer);
+            assert_eq!(kept.value(), placement_hash(&p));
+        }
+        // A layer beyond the placement replaces nothing.
+        assert_eq!(kept.with_layer(&p, 9, &[1; 6]), placement_hash(&p));
+    }
 }
