@@ -1,7 +1,7 @@
 //! The agreement room: the next task of the cycle, the answer this rank waits for, the plan it
 //! holds for the cycle (ready, failed or missing), the words it lent to the last agreement gather
 //! and each rank's placement once settled (the placement check). It reads the agreements' words
-//! ([`wire`](super::wire)) and says what they decide ([`Verdict`], the readiness, the agreed
+//! ([`wire`]) and says what they decide ([`Verdict`], the readiness, the agreed
 //! placement); the machine applies that to its cycle, statistics, events and health.
 
 use super::action::Gather;

@@ -46,10 +46,18 @@
 //! majority's repairs it (installs or drops the layer it holds open) or stops
 //! ([`Health::Diverged`]). [`RankMachine::handle_resume`] resynchronizes every rank.
 //!
-//! The files: `action` (what the machine asks, what a collective answers), `heat` (the slot heat
-//! ring and the fold), `agree` (the next task, the reply awaited, the plan slot, the plan and
-//! placement checks), `walk` (the layer walk and its votes), `error`, and `local` (the
-//! [`LocalCollective`] of one-thread drivers).
+//! The files, as rooms with walls (quinn-proto's `MtuDiscovery` is the model): each room owns its
+//! state behind private fields and small methods that return an outcome, and this module applies
+//! every outcome to the machine's statistics, events, health, cycle, placement and plan, in one
+//! place. `action` (what the machine asks, what a collective answers); `wire` (the agreement word
+//! format, the protocol's public surface, and the kept placement hash); `heat` (`SlotHeat`: the
+//! slot heat ring and the fold); `walk` (`Walk`: the layer walk, its votes, a layer held open
+//! and its kept rows; outcomes `LayerStep`, `Dropped`, `Install`); `agree` (`Agree`: the
+//! next task, the answer awaited, the plan slot, the words sent, each rank's settled placement;
+//! outcomes `Verdict`, the readiness, `Agreed`); `members` (`Members`: the agreed, collective
+//! and proposed sets and the member step; outcomes `MemberPoll`, `Adopt`); `error`; and
+//! `local` (the [`LocalCollective`] of one-thread drivers). The rooms import `action`, `wire`
+//! and `error`, never each other.
 //!
 //! **Invariant:** no collective is asked for on an iteration where nothing is due: while
 //! collecting heat, while the planner runs and between cycles every action is local.

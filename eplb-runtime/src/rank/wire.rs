@@ -16,7 +16,7 @@
 //! [`Gather::Ready`], 2 [`Gather::Digest`], 3 [`Gather::Vote`], 4 [`Gather::Placement`], 5
 //! [`Gather::Members`].
 //!
-//! How a rank reads an agreement ([`Heard`], [`hear`]): a failure or a word failing its check is
+//! How a rank reads an agreement (`Heard`, `hear`): a failure or a word failing its check is
 //! *unknown* here (the peers may have read every word); every sound word but another tag is *out
 //! of step* (every rank that reads the words sees it, so every one of them drops the cycle at this
 //! step and checks its placement at once); otherwise the step's own rule decides.
