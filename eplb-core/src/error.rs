@@ -267,3 +267,16 @@ impl fmt::Display for Error {
 }
 
 impl core::error::Error for Error {}
+
+/// `Ok` when `got == expected`, else [`Error::Length`] naming `what`.
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Error> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::Length {
+            what,
+            expected,
+            got,
+        })
+    }
+}

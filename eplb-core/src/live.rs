@@ -11,13 +11,13 @@
 //!
 //! [`LayerPlacement::log2phy`]: crate::LayerPlacement::log2phy
 
+use crate::error::check_len;
 pub use crate::placement::NO_COPY;
-use crate::placement::{ExpertId, check_len, check_live};
 use crate::{Error, Shape, fnv1a};
 
 /// A slot that holds no expert: its rank is gone, or joined and has not received its weights.
 /// Expert ids are below `N <= u16::MAX`, so no expert has this id.
-pub const EMPTY: ExpertId = u16::MAX;
+pub const EMPTY: u16 = u16::MAX;
 
 /// The most ranks a [`LiveSet`] holds (the policies' limit, `eplb_policies::MAX_RANKS`).
 pub const MAX_LIVE_RANKS: usize = 2048;
@@ -191,9 +191,18 @@ impl LiveSet {
     }
 }
 
+/// The live set's checks: drawn from the shape's `R` ranks, at least one live.
+pub(crate) fn check_live(shape: &Shape, live: &LiveSet) -> Result<(), Error> {
+    check_len("live set ranks", shape.ranks(), live.ranks())?;
+    if live.count() == 0 {
+        return Err(Error::ZeroDimension { what: "live ranks" });
+    }
+    Ok(())
+}
+
 /// The routing-only step of a membership change: every slot of a rank outside `live` becomes
 /// [`EMPTY`] in `slots` (`[L][R][S]`). Returns the number of slots emptied.
-pub fn retire(shape: &Shape, live: &LiveSet, slots: &mut [ExpertId]) -> Result<usize, Error> {
+pub fn retire(shape: &Shape, live: &LiveSet, slots: &mut [u16]) -> Result<usize, Error> {
     check_live(shape, live)?;
     check_len("placement [L][R][S]", shape.placement_len(), slots.len())?;
     let s_len = shape.slots_per_rank();
@@ -212,7 +221,7 @@ pub fn retire(shape: &Shape, live: &LiveSet, slots: &mut [ExpertId]) -> Result<u
 
 /// How many experts of one layer (`[R][S]`) have no copy on a rank of `live`: the count of
 /// [`lost_experts`] without its `[N]` buffer (a 4096-bit stack set, one pass per 4096 experts).
-pub fn count_lost(shape: &Shape, layer: &[ExpertId], live: &LiveSet) -> Result<usize, Error> {
+pub fn count_lost(shape: &Shape, layer: &[u16], live: &LiveSet) -> Result<usize, Error> {
     check_live(shape, live)?;
     check_len(
         "placement layer [R][S]",
@@ -251,7 +260,7 @@ pub fn count_lost(shape: &Shape, layer: &[ExpertId], live: &LiveSet) -> Result<u
 /// `live` (a dead rank's slots and [`EMPTY`] slots count for nothing); returns how many.
 pub fn lost_experts(
     shape: &Shape,
-    layer: &[ExpertId],
+    layer: &[u16],
     live: &LiveSet,
     lost: &mut [bool],
 ) -> Result<usize, Error> {

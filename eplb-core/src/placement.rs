@@ -1,6 +1,8 @@
 //! Placements `[L][R][S]` over caller-owned slices, and what derives from them per layer and
 //! rank: the expert map and `log2phy`.
 
+pub(crate) use crate::error::check_len;
+use crate::live::check_live;
 use crate::{EMPTY, Error, LiveSet, Shape};
 
 /// Expert, rank and slot ids are `u16`.
@@ -65,7 +67,7 @@ impl ReplicaChoice {
 pub struct Placement<'a> {
     shape: Shape,
     slots: &'a [ExpertId],
-    /// The ranks that serve; `None`: every rank, and no slot is [`EMPTY`](crate::EMPTY).
+    /// The ranks that serve; `None`: every rank, and no slot is [`EMPTY`].
     live: Option<&'a LiveSet>,
     /// Every rank serves and every slot holds an expert (the common case, and the policies'
     /// fast path).
@@ -86,9 +88,9 @@ impl<'a> Placement<'a> {
     }
 
     /// Validates `slots` against `shape` as the placement the ranks of `live` hold (after a
-    /// membership change: [`EMPTY`](crate::EMPTY) slots allowed, none but [`EMPTY`](crate::EMPTY)
+    /// membership change: [`EMPTY`] slots allowed, none but [`EMPTY`]
     /// on a rank outside `live`, an expert may have no copy) and wraps it. With every rank
-    /// live and no [`EMPTY`](crate::EMPTY) slot it is [`Placement::new`]'s placement.
+    /// live and no [`EMPTY`] slot it is [`Placement::new`]'s placement.
     pub fn with_live(
         shape: Shape,
         slots: &'a [ExpertId],
@@ -305,7 +307,7 @@ impl<B: AsRef<[ExpertId]> + AsMut<[ExpertId]>> Placed<B> {
     }
 
     /// The routing-only step of a membership change: the ranks that serve become `live`, and
-    /// every slot of a rank outside it [`EMPTY`](crate::EMPTY) ([`crate::live::retire`]).
+    /// every slot of a rank outside it [`EMPTY`] ([`crate::live::retire`]).
     /// Returns the number of slots emptied.
     pub fn retire(&mut self, live: LiveSet) -> Result<usize, Error> {
         let emptied = crate::live::retire(&self.shape, &live, self.slots.as_mut())?;
@@ -521,27 +523,6 @@ pub fn first_duplicate(row: &[ExpertId]) -> Option<ExpertId> {
         .map(|(_, &e)| e)
 }
 
-pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Error> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(Error::Length {
-            what,
-            expected,
-            got,
-        })
-    }
-}
-
-/// The live set's checks: drawn from the shape's `R` ranks, at least one live.
-pub(crate) fn check_live(shape: &Shape, live: &LiveSet) -> Result<(), Error> {
-    check_len("live set ranks", shape.ranks(), live.ranks())?;
-    if live.count() == 0 {
-        return Err(Error::ZeroDimension { what: "live ranks" });
-    }
-    Ok(())
-}
-
 /// The one validator of a placement `[L][R][S]` (see [`Placement`]); returns whether some slot
 /// is [`EMPTY`].
 fn validate(shape: &Shape, slots: &[ExpertId], live: Option<&LiveSet>) -> Result<bool, Error> {
@@ -715,7 +696,11 @@ mod tests {
         // Every rank live, one waiting for its weights: valid, not whole.
         let p = Placement::with_live(shape, &joined, &all).unwrap();
         assert!(!p.is_whole());
-        assert_eq!(p.colocated_rows(), 0, "two EMPTY slots are not a co-located copy");
+        assert_eq!(
+            p.colocated_rows(),
+            0,
+            "two EMPTY slots are not a co-located copy"
+        );
         // A layer with no EMPTY slot must hold every expert, even with a live set.
         assert_eq!(
             Placement::with_live(shape, &[0, 1, 2, 0, 1, 2], &all).unwrap_err(),

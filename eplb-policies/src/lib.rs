@@ -51,6 +51,7 @@ pub mod live;
 mod params;
 mod policy;
 pub mod random;
+mod rebalance;
 pub mod swift;
 #[cfg(test)]
 mod test_util;
@@ -64,5 +65,6 @@ pub use live::{LiveSet, compact_shape, lost_experts};
 pub use params::{ParamError, ParamInfo};
 pub use policy::{
     BufferLens, Input, MAX_BUFFER_BYTES, MAX_RANKS, MAX_SLOTS_PER_LAYER, Output, Policy, Samples,
-    Summary, buffer_lens, check_out_len, check_range, rebalance, scratch_len,
+    Summary, check_out_len, check_range,
 };
+pub use rebalance::{buffer_lens, rebalance, scratch_len};

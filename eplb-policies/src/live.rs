@@ -1,9 +1,9 @@
-//! Planning over the live ranks only: how [`rebalance`] plans a placement after a membership
+//! Planning over the live ranks only: how [`rebalance`](crate::rebalance) plans a placement after a membership
 //! change, one mechanism for every policy.
 //!
 //! After a membership change (elastic EP) some ranks are gone: their slots are [`EMPTY`] in the
 //! current placement, and an expert whose every copy sat on them is *lost* (it must be loaded
-//! from storage). A rank that joined is live with an all-[`EMPTY`] row. [`rebalance`] plans
+//! from storage). A rank that joined is live with an all-[`EMPTY`] row. [`rebalance`](crate::rebalance) plans
 //! such a placement (one that is not [whole](eplb_core::Placement::is_whole)) on the live ranks
 //! only, in three steps:
 //!
@@ -21,7 +21,7 @@
 //!    no live rank, so it never lands next to a copy of itself). Then every remaining
 //!    [`EMPTY`] slot gets the expert with the highest load per copy (load / copies) that its
 //!    rank does not hold yet (ties: lowest id). The result is a structurally valid placement of
-//!    the compact shape, and [`rebalance`] runs on it: its repair of co-located copies, its
+//!    the compact shape, and [`rebalance`](crate::rebalance) runs on it: its repair of co-located copies, its
 //!    output checks and its metrics all apply.
 //! 3. **Expand.** The live ranks' rows come from the compact result; every slot of a dead rank
 //!    is [`EMPTY`].
@@ -41,50 +41,11 @@
 use eplb_core::{Placement, Shape};
 
 use crate::arena::{Arena, Words, words_u16, words_u32};
+pub use crate::policy::compact_shape;
 use crate::policy::{check_range, rebalance_whole, whole_scratch_len};
 use crate::{Error, Input, Output, Policy, Summary};
 
 pub use eplb_core::live::{EMPTY, LiveSet, NO_COPY, lost_experts};
-
-/// The shape of `live` ranks of `shape` (see the module documentation): `R' = live`, the node
-/// size kept when it divides `R'` (else one node), the groups kept unless they would make an
-/// invalid hierarchical topology (else one group); `shape` itself when `live == R`.
-/// [`Error::TooFewLiveRanks`] when `live * S < N` (or `live` is 0 or above `R`).
-pub fn compact_shape(shape: &Shape, live: usize) -> Result<Shape, Error> {
-    let (n, s) = (shape.experts(), shape.slots_per_rank());
-    if live == shape.ranks() {
-        return Ok(*shape);
-    }
-    let too_few = Error::TooFewLiveRanks {
-        live,
-        ranks: shape.ranks(),
-        slots_per_rank: s,
-        experts: n,
-    };
-    if live == 0 || live > shape.ranks() || live.saturating_mul(s) < n {
-        return Err(too_few);
-    }
-    let r = u16::try_from(live).map_err(|_| too_few)?;
-    let rpn = shape.ranks_per_node();
-    let rpn = if live.is_multiple_of(rpn) { rpn } else { live };
-    let nodes = live / rpn.max(1);
-    let g = shape.groups();
-    let g = if g.is_multiple_of(nodes.max(1)) && !n.is_multiple_of(g.max(1)) {
-        1
-    } else {
-        g
-    };
-    // Every dimension fits `u16`: they come from a valid shape.
-    let as16 = |v: usize| u16::try_from(v).unwrap_or(u16::MAX);
-    Ok(Shape::with_topology(
-        as16(shape.layers()),
-        as16(n),
-        r,
-        as16(s),
-        as16(rpn),
-        as16(g),
-    )?)
-}
 
 /// Scratch words of a degraded plan on the compact shape `c`: the servable current, two
 /// per-expert counters, and the whole-placement scratch of the policy on `c`.
@@ -270,7 +231,7 @@ fn expand(current: &Placement<'_>, out: &mut [u16]) {
     }
 }
 
-/// [`rebalance`] of a current placement that is not whole: plans on the compact shape from a
+/// [`rebalance`](crate::rebalance) of a current placement that is not whole: plans on the compact shape from a
 /// servable current (see the module documentation), then writes the full placement `[L][R][S]`
 /// into `out.placement` with every slot of a dead rank [`EMPTY`].
 ///

@@ -96,12 +96,12 @@ pub(crate) fn check_loads_and_samples(
 ///
 /// The current placement carries its live set ([`Placement::with_live`]). A policy's
 /// [`Policy::place`] only ever sees a whole placement (every rank serves, every slot holds an
-/// expert): [`rebalance`] plans a placement after a membership change on the live ranks alone
+/// expert): [`rebalance`](crate::rebalance) plans a placement after a membership change on the live ranks alone
 /// ([`crate::live`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
     current: Placement<'a>,
-    /// The shape the policy plans on: the live ranks only ([`crate::live::compact_shape`]); the
+    /// The shape the policy plans on: the live ranks only ([`compact_shape`]); the
     /// shape itself when every rank serves.
     compact: Shape,
     loads: &'a [f64],
@@ -118,7 +118,7 @@ impl<'a> Input<'a> {
         samples: Option<Samples<'a>>,
         seed: u64,
     ) -> Result<Self, Error> {
-        let compact = crate::live::compact_shape(current.shape(), current.live_count())?;
+        let compact = compact_shape(current.shape(), current.live_count())?;
         check_loads_and_samples(current.shape(), loads, samples.as_ref())?;
         Ok(Self {
             current,
@@ -137,7 +137,7 @@ impl<'a> Input<'a> {
     pub fn current(&self) -> &Placement<'a> {
         &self.current
     }
-    /// The shape the policy plans on: the live ranks only ([`crate::live::compact_shape`]).
+    /// The shape the policy plans on: the live ranks only ([`compact_shape`]).
     pub fn compact_shape(&self) -> &Shape {
         &self.compact
     }
@@ -160,7 +160,7 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Where [`rebalance`] writes its results; every slice is the caller's.
+/// Where [`rebalance`](crate::rebalance) writes its results; every slice is the caller's.
 #[derive(Debug)]
 pub struct Output<'a> {
     /// The new placement `[L][R][S]`.
@@ -173,7 +173,7 @@ pub struct Output<'a> {
     pub par_after: &'a mut [f64],
 }
 
-/// What one [`rebalance`] call did.
+/// What one [`rebalance`](crate::rebalance) call did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Summary {
     /// Layers whose placement changed.
@@ -188,7 +188,7 @@ pub struct Summary {
     pub after: eplb_core::Hotness,
     /// (rank, expert) copies in the new placement of experts that had no copy on a live rank
     /// in the current one: they must be loaded from storage, not from a peer. Always 0 from
-    /// [`rebalance`] (every expert has a copy); see [`crate::rebalance_live`].
+    /// [`rebalance`](crate::rebalance) (every expert has a copy); see [`crate::live`].
     pub reloads: usize,
 }
 
@@ -215,14 +215,14 @@ pub trait Policy {
     }
 
     /// Whether `shape` (its topology: ranks per node, expert groups) suits the policy; checked
-    /// by [`buffer_lens`] before any buffer is allocated, so a caller can refuse the shape up
+    /// by [`buffer_lens`](crate::buffer_lens) before any buffer is allocated, so a caller can refuse the shape up
     /// front instead of failing every call.
     fn check_shape(&self, _shape: &Shape) -> Result<(), Error> {
         Ok(())
     }
 
     /// Whether the policy may put two copies of one expert on one rank (only DeepSeek's, to stay
-    /// exact). [`rebalance`] rejects such output from every other policy.
+    /// exact). [`rebalance`](crate::rebalance) rejects such output from every other policy.
     fn colocates(&self) -> bool {
         false
     }
@@ -240,7 +240,7 @@ pub trait Policy {
 }
 
 /// Checks that `out` has room for a whole placement of `shape` (`[L][R][S]`): what every
-/// [`Policy::place`] checks first, since it may be called without [`rebalance`].
+/// [`Policy::place`] checks first, since it may be called without [`rebalance`](crate::rebalance).
 pub fn check_out_len(shape: &Shape, out: &[u16]) -> Result<(), Error> {
     if out.len() == shape.placement_len() {
         Ok(())
@@ -259,19 +259,12 @@ fn metrics_words(shape: &Shape) -> usize {
 }
 
 /// Words of the servable copy of a current placement with co-located copies (see
-/// [`rebalance`]) and its per-expert copy counts.
+/// [`rebalance`](crate::rebalance)) and its per-expert copy counts.
 fn repair_words(shape: &Shape) -> usize {
     (Words(shape.placement_len()).u16s() + Words(shape.experts()).u32s()).get()
 }
 
-/// Scratch words [`rebalance`] needs for `policy` on `shape` for any current placement, whole
-/// or with any live set (`usize::MAX` when the size overflows; [`buffer_lens`] turns that into
-/// an error): a caller sizes once for the full shape.
-pub fn scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
-    crate::live::live_words(policy, shape).0
-}
-
-/// Scratch words [`rebalance`] needs for `policy` on `shape` with a whole current placement.
+/// Scratch words [`rebalance`](crate::rebalance) needs for `policy` on `shape` with a whole current placement.
 /// For a policy that does not [`colocate`](Policy::colocates) it includes room for a servable
 /// copy of the current placement.
 pub(crate) fn whole_scratch_len<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> usize {
@@ -328,6 +321,46 @@ fn repair_layer(slots: &mut [u16], s: usize, loads: &[f64], copies: &mut [u32]) 
     }
 }
 
+/// The shape of `live` ranks of `shape` (see the module documentation): `R' = live`, the node
+/// size kept when it divides `R'` (else one node), the groups kept unless they would make an
+/// invalid hierarchical topology (else one group); `shape` itself when `live == R`.
+/// [`Error::TooFewLiveRanks`] when `live * S < N` (or `live` is 0 or above `R`).
+pub fn compact_shape(shape: &Shape, live: usize) -> Result<Shape, Error> {
+    let (n, s) = (shape.experts(), shape.slots_per_rank());
+    if live == shape.ranks() {
+        return Ok(*shape);
+    }
+    let too_few = Error::TooFewLiveRanks {
+        live,
+        ranks: shape.ranks(),
+        slots_per_rank: s,
+        experts: n,
+    };
+    if live == 0 || live > shape.ranks() || live.saturating_mul(s) < n {
+        return Err(too_few);
+    }
+    let r = u16::try_from(live).map_err(|_| too_few)?;
+    let rpn = shape.ranks_per_node();
+    let rpn = if live.is_multiple_of(rpn) { rpn } else { live };
+    let nodes = live / rpn.max(1);
+    let g = shape.groups();
+    let g = if g.is_multiple_of(nodes.max(1)) && !n.is_multiple_of(g.max(1)) {
+        1
+    } else {
+        g
+    };
+    // Every dimension fits `u16`: they come from a valid shape.
+    let as16 = |v: usize| u16::try_from(v).unwrap_or(u16::MAX);
+    Ok(Shape::with_topology(
+        as16(shape.layers()),
+        as16(n),
+        r,
+        as16(s),
+        as16(rpn),
+        as16(g),
+    )?)
+}
+
 /// The most ranks a policy call accepts. At this edge the slowest policy (`incremental`) takes
 /// about 1.5 s per layer on one core (`BENCHMARKS.md`, "Extreme shapes").
 pub const MAX_RANKS: usize = 2048;
@@ -340,26 +373,13 @@ pub const MAX_SLOTS_PER_LAYER: usize = 4096;
 /// The most bytes of scratch plus state a policy may need: 1 GiB.
 pub const MAX_BUFFER_BYTES: usize = 1 << 30;
 
-/// The sizes of the buffers [`rebalance`] needs.
+/// The sizes of the buffers [`rebalance`](crate::rebalance) needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferLens {
-    /// Scratch words ([`scratch_len`]).
+    /// Scratch words ([`scratch_len`](crate::scratch_len)).
     pub scratch: usize,
     /// State words ([`Policy::state_len`]).
     pub state: usize,
-}
-
-/// Checks `shape` against the supported range ([`MAX_RANKS`], [`MAX_SLOTS_PER_LAYER`]) and
-/// the policy's [`Policy::check_shape`], then the buffer sizes of `policy` against
-/// [`MAX_BUFFER_BYTES`] with checked arithmetic, and returns the sizes; call it before
-/// allocating. The sizes serve every current placement of `shape`, whole or with any live set
-/// ([`scratch_len`]; the state is the full shape's [`Policy::state_len`], the most over every
-/// live count for every policy here). [`rebalance`] applies the same range check.
-pub fn buffer_lens<P: Policy + ?Sized>(policy: &P, shape: &Shape) -> Result<BufferLens, Error> {
-    check_range(shape)?;
-    policy.check_shape(shape)?;
-    let (scratch, state) = crate::live::live_words(policy, shape);
-    checked_lens(scratch, state)
 }
 
 /// `scratch` and `state` words as [`BufferLens`], if their bytes stay within
@@ -398,36 +418,7 @@ pub fn check_range(shape: &Shape) -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs `policy`, then checks its output and fills the per-layer report.
-///
-/// The new placement must be structurally valid, and free of co-located copies unless the policy
-/// [`colocates`](Policy::colocates); otherwise the result is [`Error::InvalidOutput`] and
-/// `out.placement` holds the current placement again.
-///
-/// A current placement after a membership change (some rank gone, or some slot
-/// [`EMPTY`](eplb_core::EMPTY)) is planned over the live ranks only ([`crate::live`]): every
-/// slot of a rank outside the live set comes out [`EMPTY`](eplb_core::EMPTY), every lost expert
-/// gets a copy again, and [`Summary::reloads`] counts those copies. With a whole current
-/// placement that path is never taken.
-///
-/// `scratch` holds at least [`scratch_len`] words for the current placement's live set (the
-/// full shape's [`scratch_len`] serves every one), `state` at least [`Policy::state_len`] of
-/// the full shape.
-pub fn rebalance<P: Policy + ?Sized>(
-    policy: &mut P,
-    input: &Input<'_>,
-    scratch: &mut [u64],
-    state: &mut [u64],
-    out: Output<'_>,
-) -> Result<Summary, Error> {
-    if input.current().is_whole() {
-        rebalance_whole(policy, input, scratch, state, out)
-    } else {
-        crate::live::rebalance_degraded(policy, input, scratch, state, out)
-    }
-}
-
-/// [`rebalance`] of a whole current placement.
+/// [`rebalance`](crate::rebalance) of a whole current placement.
 pub(crate) fn rebalance_whole<P: Policy + ?Sized>(
     policy: &mut P,
     input: &Input<'_>,

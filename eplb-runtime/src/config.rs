@@ -77,6 +77,7 @@ mod env;
 mod error;
 mod observe;
 pub mod suggest;
+mod vocab;
 
 use core::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -91,25 +92,7 @@ use crate::policies::Param;
 pub use env::{DYNAMIC_EPLB, EXPERT_MAP_RECORD, Env, ProcessEnv, env_guard_holds};
 pub use error::{ConfigError, ConfigErrors};
 pub use observe::{METRICS_KEYS, Observe};
-
-/// The keys of `eplb_config`, in vLLM-Ascend's order (the extensions `eplb_policy_seed`,
-/// `eplb_policy_params`, `eplb_payoff_gate` and the observability keys last).
-pub const KEYS: [&str; 14] = [
-    "dynamic_eplb",
-    "expert_map_path",
-    "expert_heat_collection_interval",
-    "algorithm_execution_interval",
-    "expert_map_record_path",
-    "num_redundant_experts",
-    "eplb_policy_type",
-    "eplb_heat_collection_stage",
-    "eplb_policy_seed",
-    "eplb_policy_params",
-    "eplb_payoff_gate",
-    "eplb_metrics",
-    "eplb_heat_record_path",
-    "eplb_heat_record_max_bytes",
-];
+pub use vocab::{KEYS, Mode};
 
 /// The keys of an `eplb_payoff_gate` object.
 pub const PAYOFF_GATE_KEYS: [&str; 4] = ["model", "hardware", "role", "tokens_per_rank"];
@@ -150,43 +133,6 @@ pub type MapValidator<'a> = dyn Fn(&Path) -> Result<(), MapRejected> + 'a;
 
 /// Why a [`MapValidator`] rejected a map: any error (a read error, an `eplb_map::Error`, ...).
 pub type MapRejected = Box<dyn std::error::Error + Send + Sync>;
-
-/// What the runtime does, as decided by the config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// No EPLB: the default layout, no heat collection.
-    Off,
-    /// The initial placement is read from `expert_map_path`; no planner.
-    Static,
-    /// The whole cycle: collect heat, plan, move weights (seeded by `expert_map_path` if set).
-    Dynamic,
-    /// The cycle without weight moves: each cycle end writes the expert map to
-    /// `expert_map_record_path`.
-    Record,
-}
-
-impl Mode {
-    /// `off`, `static`, `dynamic` or `record`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Off => "off",
-            Mode::Static => "static",
-            Mode::Dynamic => "dynamic",
-            Mode::Record => "record",
-        }
-    }
-
-    /// Whether the mode runs the cycle (and so needs the env guard).
-    pub fn is_dynamic(self) -> bool {
-        matches!(self, Mode::Dynamic | Mode::Record)
-    }
-}
-
-impl core::fmt::Display for Mode {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// A validated `eplb_config`.
 ///

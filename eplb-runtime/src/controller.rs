@@ -230,24 +230,37 @@ impl<T: Transport> Controller<T> {
     /// set over the transport (which then runs its collectives over `live` only), reroute (no
     /// token to a rank outside it from then on) and plan over the live ranks from the next
     /// cycle.
+    ///
+    /// Calls compose ([`RankMachine::handle_membership`]): a set given while a change is still
+    /// being agreed replaces the proposed one, and [`Controller::remove_ranks`] and
+    /// [`Controller::add_ranks`] apply to it; a refused call changes nothing.
     pub fn set_membership(&mut self, live: LiveSet) -> Result<(), MachineError> {
         self.machine.handle_membership(live)?;
+        self.membership_proposed();
+        Ok(())
+    }
+    /// [`Controller::set_membership`] with `gone` removed from the set under agreement (the
+    /// proposed one while a change is under way, else the live one).
+    pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
+        self.machine.remove_ranks(gone)?;
+        self.membership_proposed();
+        Ok(())
+    }
+    /// [`Controller::set_membership`] with `back` added to the set under agreement (the
+    /// proposed one while a change is under way, else the live one).
+    pub fn add_ranks(&mut self, back: &[usize]) -> Result<(), MachineError> {
+        self.machine.add_ranks(back)?;
+        self.membership_proposed();
+        Ok(())
+    }
+    /// The machine took a membership change: the cycle is dropped, so an exchange in flight is
+    /// aborted now, not waited for (its peer may be the rank that left).
+    fn membership_proposed(&mut self) {
         self.waiting_for = None;
         self.launch_due = None;
-        // The cycle is dropped: an exchange in flight is aborted now, not waited for (its peer
-        // may be the rank that left).
         if let Some(f) = self.in_flight.take() {
             self.transport.abort(&f.plan);
         }
-        Ok(())
-    }
-    /// [`Controller::set_membership`] with `gone` removed from the live set.
-    pub fn remove_ranks(&mut self, gone: &[usize]) -> Result<(), MachineError> {
-        self.set_membership(self.machine.live().without(gone)?)
-    }
-    /// [`Controller::set_membership`] with `back` added to the live set.
-    pub fn add_ranks(&mut self, back: &[usize]) -> Result<(), MachineError> {
-        self.set_membership(self.machine.live().with(back)?)
     }
     /// The ranks that serve.
     pub fn live(&self) -> &LiveSet {

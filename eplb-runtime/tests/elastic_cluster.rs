@@ -359,3 +359,56 @@ fn a_second_rank_dies_during_the_recovery() {
         run(kind, Death::MidWalk, Some(2));
     }
 }
+
+#[test]
+fn two_remove_ranks_calls_in_one_iteration_on_the_controllers_remove_both() {
+    const GONE: [usize; 2] = [2, 5];
+    const AT: usize = 20;
+    let shape = common::small_shape();
+    let initial = common::default_layout(&shape);
+    let world = HostWorld::new(R, Duration::from_millis(150));
+    let step = Arc::new(Barrier::new(R));
+    let mut threads = Vec::new();
+    for rank in 0..R {
+        let step = Arc::clone(&step);
+        let rows = common::rank_rows(&shape, &initial, rank);
+        let transport = HostTransport::new(Arc::clone(&world), rank, &rows, BYTES);
+        let planner = Arc::new(Planner::spawn(policy_for(PolicyKind::Default), shape));
+        let mut c = Controller::new(
+            eplb_core::Placement::new(shape, &initial.clone()).unwrap(),
+            cfg(),
+            transport,
+            planner,
+        )
+        .unwrap();
+        threads.push(std::thread::spawn(move || {
+            for it in 0..AT + 40 {
+                step.wait();
+                if GONE.contains(&rank) && it >= AT {
+                    continue; // stopped answering
+                }
+                if it == AT {
+                    c.remove_ranks(&[GONE[0]]).unwrap();
+                    c.remove_ranks(&[GONE[1]]).unwrap();
+                }
+                c.before_forward();
+                let n = counts(&c, it);
+                c.after_forward(&n, 64).unwrap();
+                check_weights(&c);
+            }
+            (!GONE.contains(&rank)).then(|| (*c.live(), c.stats(), c.health()))
+        }));
+    }
+    let mut both = LiveSet::all(R).unwrap();
+    for g in GONE {
+        both.remove(g).unwrap();
+    }
+    for (rank, t) in threads.into_iter().enumerate() {
+        let Some((live, stats, health)) = t.join().unwrap() else {
+            continue;
+        };
+        assert_eq!(live, both, "rank {rank}: both ranks gone");
+        assert_eq!(stats.membership_changes, 1, "rank {rank}: one change");
+        assert_eq!(health, Health::Running, "rank {rank}");
+    }
+}

@@ -559,3 +559,196 @@ fn ranks_told_different_sets_adopt_nothing_and_say_so() {
             .contains("cannot hold 16 experts")
     );
 }
+
+/// Every live rank routes nothing to a rank of `gone`, and holds no slot there.
+fn routes_to_none_of(c: &Cluster, gone: &[usize]) {
+    let shape = c.shape;
+    let (per, s) = (shape.slots_per_layer(), shape.slots_per_rank());
+    let mut out = vec![0u32; shape.experts()];
+    for r in c.live_ranks() {
+        let m = &c.machines[r];
+        for (l, rows) in m.placement().chunks_exact(per).enumerate() {
+            for &g in gone {
+                assert!(rows[g * s..(g + 1) * s].iter().all(|&e| e == EMPTY));
+            }
+            let lp = LayerPlacement::with_live(shape, l, rows, m.live()).unwrap();
+            lp.log2phy(r, ReplicaChoice::Plain, &mut out).unwrap();
+            for &phy in out.iter().filter(|&&p| p != NO_COPY) {
+                let holder = phy as usize / s;
+                assert!(
+                    !gone.contains(&holder),
+                    "rank {r} routes to rank {holder} of layer {l}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn two_remove_ranks_calls_in_one_iteration_end_with_both_ranks_gone_routing_to_neither() {
+    let mut c = Cluster::new(PolicyKind::Default);
+    let shape = c.shape;
+    c.run((H + A + 6) as usize);
+    c.kill(2);
+    c.kill(5);
+    for r in c.live_ranks() {
+        c.machines[r].remove_ranks(&[2]).unwrap();
+        c.machines[r].remove_ranks(&[5]).unwrap();
+    }
+    c.iterate();
+    let both = without(shape.ranks(), &[2, 5]);
+    for r in c.live_ranks() {
+        let m = &c.machines[r];
+        assert_eq!(*m.live(), both, "rank {r}");
+        assert_eq!(*m.collective_ranks(), both, "rank {r}");
+        assert_eq!(m.stats().membership_changes, 1, "rank {r}: one change");
+        assert_eq!(m.stats().membership_refused, 0, "rank {r}");
+        assert_eq!(c.reroutes[r], 1, "rank {r} rerouted once");
+    }
+    routes_to_none_of(&c, &[2, 5]);
+    // The next cycle plans over the six and reloads what was lost; still nothing goes to them.
+    c.run((H + A) as usize + 2 * shape.layers() + 2);
+    assert_eq!(c.lost(), 0);
+    routes_to_none_of(&c, &[2, 5]);
+    for r in c.live_ranks() {
+        assert_eq!(c.machines[r].health(), Health::Running, "rank {r}");
+    }
+}
+
+#[test]
+fn remove_then_add_of_the_same_rank_is_no_change_of_members() {
+    let mut c = Cluster::new(PolicyKind::Default);
+    let shape = c.shape;
+    c.run((H + A + 6) as usize);
+    let before = c.machines[0].placement().to_vec();
+    // Each call goes to the ranks of its set: the removal to every rank but 4, the addition to
+    // every rank.
+    for r in c.live_ranks() {
+        if r != 4 {
+            c.machines[r].remove_ranks(&[4]).unwrap();
+        }
+        c.machines[r].add_ranks(&[4]).unwrap();
+    }
+    c.iterate();
+    let all = LiveSet::all(shape.ranks()).unwrap();
+    for r in c.live_ranks() {
+        let m = &c.machines[r];
+        assert_eq!(*m.live(), all, "rank {r}");
+        assert_eq!(
+            m.placement(),
+            before.as_slice(),
+            "rank {r}: no slot retired"
+        );
+        assert_eq!(m.lost_count(), 0);
+    }
+    // Across iterations while a change is agreed: remove 7, announce, then remove 6 too; the
+    // change starts over with both (announced again), and is agreed as one.
+    let p = common::default_layout(&shape);
+    let mut m = RankMachine::new(0, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap();
+    m.remove_ranks(&[7]).unwrap();
+    let seven = without(shape.ranks(), &[7]);
+    assert!(matches!(m.poll(), Some(Action::Members { live }) if *live == seven));
+    m.remove_ranks(&[6]).unwrap();
+    let both = without(shape.ranks(), &[6, 7]);
+    assert!(matches!(m.poll(), Some(Action::Members { live }) if *live == both));
+    m.add_ranks(&[7]).unwrap();
+    let six = without(shape.ranks(), &[6]);
+    assert!(matches!(m.poll(), Some(Action::Members { live }) if *live == six));
+    match m.poll() {
+        Some(Action::Collective(eplb_runtime::rank::Collective::AllGather { send, .. })) => {
+            assert_eq!(send[1], six.digest());
+        }
+        other => panic!("expected the members gather, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_refused_membership_call_leaves_the_machine_as_before() {
+    use eplb_runtime::rank::{Collective, Gather, MachineError, Reply, seal};
+    let shape = common::small_shape();
+    // Lock step: a pending removal, then a call whose combined effect is too few slots.
+    let mut c = Cluster::new(PolicyKind::Default);
+    c.run((H + A + 6) as usize);
+    c.kill(7);
+    for r in c.live_ranks() {
+        c.machines[r].remove_ranks(&[7]).unwrap();
+        // Combined with the removal under way, four ranks of three slots for 16 experts.
+        let err = c.machines[r].remove_ranks(&[1, 2, 3]).unwrap_err();
+        if [1, 2, 3].contains(&r) {
+            assert!(matches!(err, MachineError::NotMember { .. }), "{err}");
+        } else {
+            assert!(
+                matches!(err, MachineError::TooFewLiveSlots { live: 4, .. }),
+                "{err}"
+            );
+        }
+    }
+    c.iterate();
+    for r in c.live_ranks() {
+        assert_eq!(
+            *c.machines[r].live(),
+            without(shape.ranks(), &[7]),
+            "rank {r}"
+        );
+    }
+    // One machine with its members words in flight: another set cannot join them.
+    let p = common::default_layout(&shape);
+    let mut m = RankMachine::new(0, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap();
+    m.remove_ranks(&[7]).unwrap();
+    let _ = m.poll();
+    let sent = match m.poll() {
+        Some(Action::Collective(Collective::AllGather {
+            of: Gather::Members,
+            send,
+        })) => send.to_vec(),
+        other => panic!("expected the members gather, got {other:?}"),
+    };
+    let seen = |m: &RankMachine| {
+        (
+            m.stats(),
+            *m.live(),
+            *m.collective_ranks(),
+            m.is_changing_membership(),
+            m.health(),
+            m.cycle_number(),
+            m.placement().to_vec(),
+        )
+    };
+    let before = seen(&m);
+    let err = m.remove_ranks(&[6]).unwrap_err();
+    assert_eq!(
+        err,
+        MachineError::MembershipInFlight {
+            rank: 0,
+            changes: 6,
+            agreeing: 7,
+            ranks: 8
+        }
+    );
+    assert!(err.to_string().contains("changes rank 6"), "{err}");
+    assert!(matches!(
+        m.add_ranks(&[7]),
+        Err(MachineError::MembershipInFlight { changes: 7, .. })
+    ));
+    assert!(matches!(
+        m.handle_membership(LiveSet::all(8).unwrap()),
+        Err(MachineError::MembershipInFlight { .. })
+    ));
+    // The set in flight again is the same call: nothing to change.
+    m.handle_membership(without(shape.ranks(), &[7])).unwrap();
+    assert_eq!(seen(&m), before);
+    assert!(m.poll().is_none(), "still waiting for the gather");
+    // The gather answers: the set in flight is adopted, as if nothing had been asked.
+    let mut words = Vec::new();
+    for _ in 0..7 {
+        let w = [sent[0], sent[1], 0, sent[3]];
+        words.extend_from_slice(&w);
+        words.push(seal(w));
+    }
+    m.handle_collective(Some(Reply::Words(&words))).unwrap();
+    assert_eq!(*m.live(), without(shape.ranks(), &[7]));
+    assert_eq!(m.stats().membership_changes, 1);
+    // Now the removal composes with the agreed set.
+    m.remove_ranks(&[6]).unwrap();
+    assert!(m.is_changing_membership());
+}

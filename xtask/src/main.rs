@@ -16,13 +16,16 @@
 #![allow(missing_docs, clippy::print_stdout, clippy::print_stderr)]
 
 mod aicpu;
+mod circles;
+mod cmd;
 mod demo;
 mod exposition;
 mod fuzz;
 mod python;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+use cmd::{cargo, installed_targets, root, run};
 
 /// Targets the no_std crates are cross-built for: bare metal, and the AICPU's aarch64 Linux.
 const CROSS_TARGETS: [&str; 2] = ["aarch64-unknown-none", "aarch64-unknown-linux-gnu"];
@@ -78,31 +81,6 @@ tasks:
   python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)
   metrics the metrics exposition: serve_metrics scraped on loopback and simulate --metrics-out,
           linted by promtool and parsed by prometheus_client (each skips with a warning if absent)";
-
-pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
-}
-
-pub(crate) fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(root());
-    c
-}
-
-pub(crate) fn run(what: &str, cmd: &mut Command) -> Result<(), String> {
-    eprintln!("==> {what}");
-    let status = cmd
-        .status()
-        .map_err(|e| format!("{what}: cannot start: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{what} failed ({status})"))
-    }
-}
 
 fn test(args: &[String]) -> Result<(), String> {
     if let Some(a) = args.first() {
@@ -215,21 +193,6 @@ fn no_std_proof(target: Option<&str>) -> Result<(), String> {
     )
 }
 
-fn installed_targets() -> Vec<String> {
-    Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Cross-builds the no_std crates. With `install`, tries `rustup target add` for missing
 /// targets first; a target that cannot be had is reported plainly and skipped.
 fn cross(install: bool) -> Result<(), String> {
@@ -278,171 +241,9 @@ fn bench(args: &[String]) -> Result<(), String> {
     )
 }
 
-/// No module of a crate imports a module that imports it back, directly or through others
-/// (`use crate::m` and `crate::m::` paths in code; doc links and tests do not count). The
-/// crates' top-level modules are the nodes. The check reads the sources, so it needs no build.
+/// No module of a crate, at any depth, imports a module that imports it back, directly or
+/// through others ([`circles`]).
 fn import_circles() -> Result<(), String> {
-    eprintln!("==> import circles: none between the modules of any crate");
-    let crates = [
-        "eplb-core",
-        "eplb-policies",
-        "eplb-map",
-        "eplb-runtime",
-        "eplb-sim",
-        "eplb-cli",
-    ];
-    let mut found = Vec::new();
-    for krate in crates {
-        let src = root().join(krate).join("src");
-        let graph = module_graph(&src)?;
-        if let Some(circle) = find_circle(&graph) {
-            found.push(format!("{krate}: {}", circle.join(" -> ")));
-        }
-    }
-    if found.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("import circles: {}", found.join("; ")))
-    }
-}
-
-/// Edges `module -> module` of the top-level modules under `src`.
-fn module_graph(
-    src: &std::path::Path,
-) -> Result<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>, String> {
-    let mut graph = std::collections::BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for entry in entries {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|x| x != "rs") {
-                continue;
-            }
-            let rel = path.strip_prefix(src).map_err(|e| e.to_string())?;
-            let Some(top) = rel.components().next() else {
-                continue;
-            };
-            let top = top
-                .as_os_str()
-                .to_string_lossy()
-                .trim_end_matches(".rs")
-                .to_owned();
-            if top == "lib" || top == "main" {
-                continue;
-            }
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            // Code before the tests, without comment lines.
-            let code: String = text
-                .split("#[cfg(test)]")
-                .next()
-                .unwrap_or("")
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("//"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            let deps: &mut std::collections::BTreeSet<String> =
-                graph.entry(top.clone()).or_default();
-            let mut rest = code.as_str();
-            while let Some(i) = rest.find("crate::") {
-                rest = &rest[i + "crate::".len()..];
-                if let Some(group) = rest.strip_prefix('{') {
-                    // `use crate::{a, b::c, d}`: the first path segment of each item.
-                    let end = group.find('}').unwrap_or(group.len());
-                    for item in group[..end].split(',') {
-                        let name: String = item
-                            .trim()
-                            .chars()
-                            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                            .collect();
-                        if !name.is_empty() && name != top {
-                            deps.insert(name);
-                        }
-                    }
-                    continue;
-                }
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_' || c.is_ascii_digit())
-                    .collect();
-                if !name.is_empty() && name != top && rest[name.len()..].starts_with("::") {
-                    deps.insert(name);
-                }
-            }
-        }
-    }
-    Ok(graph)
-}
-
-/// A circle of `graph`, if there is one (depth-first, in name order).
-fn find_circle(
-    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-) -> Option<Vec<String>> {
-    fn visit(
-        node: &str,
-        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut std::collections::BTreeSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(i) = path.iter().position(|p| p == node) {
-            let mut circle = path[i..].to_vec();
-            circle.push(node.to_owned());
-            return Some(circle);
-        }
-        if done.contains(node) {
-            return None;
-        }
-        path.push(node.to_owned());
-        for next in graph.get(node).into_iter().flatten() {
-            if let Some(c) = visit(next, graph, path, done) {
-                return Some(c);
-            }
-        }
-        path.pop();
-        done.insert(node.to_owned());
-        None
-    }
-    let mut done = std::collections::BTreeSet::new();
-    for node in graph.keys() {
-        if let Some(c) = visit(node, graph, &mut Vec::new(), &mut done) {
-            return Some(c);
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
-
-    #[test]
-    fn a_circle_is_found_and_a_tree_has_none() {
-        let g = |edges: &[(&str, &str)]| {
-            let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-            for (a, b) in edges {
-                m.entry((*a).into()).or_default().insert((*b).into());
-            }
-            m
-        };
-        assert_eq!(find_circle(&g(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
-        assert_eq!(
-            find_circle(&g(&[("a", "b"), ("b", "c"), ("c", "a")])),
-            Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
-        );
-    }
-
-    #[test]
-    fn the_runtime_graph_is_read_and_has_no_circle() {
-        let g = module_graph(&root().join("eplb-runtime").join("src")).unwrap();
-        assert!(g["startup"].contains("controller"), "{g:?}");
-        assert!(g["controller"].contains("rank"), "{g:?}");
-        assert!(!g["rank"].contains("controller"), "{g:?}");
-        assert_eq!(find_circle(&g), None);
-    }
+    eprintln!("==> import circles: none between the modules of any crate, at any depth");
+    circles::check(&root())
 }

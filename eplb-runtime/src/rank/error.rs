@@ -45,6 +45,19 @@ pub enum MachineError {
         /// Logical experts.
         experts: usize,
     },
+    /// A membership call while this rank's words on another proposed set are in flight (the
+    /// members gather asked for and not answered): the call cannot join that agreement and
+    /// changes nothing; call it again once the gather is answered.
+    MembershipInFlight {
+        /// This rank.
+        rank: usize,
+        /// The lowest rank whose membership the call would change against the set being agreed.
+        changes: usize,
+        /// Live ranks in the set being agreed.
+        agreeing: usize,
+        /// Ranks the sets are drawn from.
+        ranks: usize,
+    },
     /// The transport endpoint does not match the shape.
     Endpoint {
         /// The endpoint's rank.
@@ -81,6 +94,17 @@ impl fmt::Display for MachineError {
                 f,
                 "membership: {live} live ranks x {slots_per_rank} slots cannot hold {experts} \
                  experts"
+            ),
+            MachineError::MembershipInFlight {
+                rank,
+                changes,
+                agreeing,
+                ranks,
+            } => write!(
+                f,
+                "membership: rank {rank} has its words on a set of {agreeing} of {ranks} ranks in \
+                 flight; a call that changes rank {changes} cannot join that agreement until its \
+                 gather is answered"
             ),
             MachineError::Endpoint {
                 rank,

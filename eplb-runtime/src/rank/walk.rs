@@ -1,59 +1,86 @@
-//! The layer walk of a taken plan: the layer due, the one launched, its vote, and a layer whose
-//! vote this rank could not learn until its peers tell.
+//! The walk room: the layer walk of a taken plan (the layer due, the one launched, its vote) and a
+//! layer held open, whose vote this rank could not learn or whose install failed, with its new
+//! rows, until its peers tell. Each method returns what the machine books ([`Dropped`],
+//! [`Install`], [`LayerStep`]); the walk never touches the machine's statistics, events or health.
 
-use super::agree::{AGREE_WORDS, Awaiting, Heard};
-use super::{Gather, Health, LayerAction, RankMachine};
+use super::action::LayerAction;
+use super::wire::{self, AGREE_WORDS, Heard, PlacementHash, outcome};
 
 /// Installs of one layer this rank tries at once before it keeps the exchange for the placement
 /// check; one more try there, and a rank that still cannot install it stops balancing.
 const COMMIT_TRIES: u32 = 2;
 
-/// Word `b` of a layer vote: this rank's outcome of the previous vote of the walk (for the logs and
-/// tests; a rank holding a layer open settles it from the placement hashes instead, since the
-/// previous vote may be one it missed).
-pub mod outcome {
-    /// The previous layer was aborted here.
-    pub const ABORTED: u64 = 0;
-    /// The previous layer was committed here.
-    pub const COMMITTED: u64 = 1;
-    /// No previous vote in this walk, or its outcome is unknown here.
-    pub const UNKNOWN: u64 = 2;
-}
-
 /// The layer in the driver's hands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum LayerJob {
+enum LayerJob {
     Idle,
     Launched(u16),
     /// Not exchanged (a previous layer's outcome is unknown here, or its load failed): votes no
     /// after the forward.
     Skipped(u16),
-    /// Loading the layer's lost experts (the driver answers [`RankMachine::handle_loaded`]).
+    /// Loading the layer's lost experts (the driver answers `RankMachine::handle_loaded`).
     Loading(u16),
     Exchanged(u16, bool),
     Commit(u16),
     Abort(u16),
 }
 
+/// A layer that failed here without an abort to ask for (this rank did not launch it): the
+/// machine books it as failed.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Dropped(pub(super) Option<u16>);
+
+/// What a finished install means.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Install {
+    /// Installed: copy the rows ([`Walk::installed_rows`]) into the live placement.
+    Done,
+    /// Failed; the commit is asked for again at once.
+    Retry { tries: u32 },
+    /// Failed again; the layer is held open until the placement check repairs it.
+    Kept { tries: u32 },
+    /// Failed once more: this rank holds another placement than its peers and stops.
+    Diverged { tries: u32 },
+}
+
+/// What the layer in hand needs next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LayerStep {
+    /// The vote on its exchange (a two-word gather).
+    Vote {
+        /// The layer.
+        layer: u16,
+        /// This rank's words.
+        words: [u64; 2],
+    },
+    /// A local layer action (the machine waits for a commit's or a load's answer, and books an
+    /// abort as a failed layer).
+    Do(LayerAction),
+}
+
 /// The walk state of one rank.
 #[derive(Debug, Clone)]
 pub(super) struct Walk {
-    pub(super) job: LayerJob,
+    job: LayerJob,
     /// The layer to launch before the next forward.
-    pub(super) due: Option<u16>,
+    due: Option<u16>,
     /// The layer this rank launched last (its exchange data is live in the driver).
     launched: Option<u16>,
     /// A layer whose vote this rank could not learn (its exchange data is kept).
-    pub(super) unsure: Option<u16>,
-    /// The layer whose new rows are in the machine's `kept` (an open layer, until it is
-    /// installed or dropped: the plan may be another cycle's by then).
-    pub(super) kept: Option<u16>,
+    unsure: Option<u16>,
+    /// The layer whose new rows are in `kept_rows` (an open layer, until it is installed or
+    /// dropped: the plan may be another cycle's by then).
+    kept: Option<u16>,
+    /// The new rows `[R][S]` of the layer held open.
+    kept_rows: Vec<u16>,
     /// The unsure layer once its outcome is known: `(layer, committed)`.
     resolved: Option<(u16, bool)>,
     /// This rank's outcome of the previous layer vote of the walk ([`outcome`]).
     last_outcome: u64,
     /// Failed installs of the layer in hand.
-    pub(super) commit_tries: u32,
+    commit_tries: u32,
     /// The layer whose lost experts were loaded (`true`) or failed to load (`false`), to launch
     /// next.
     loaded: Option<(u16, bool)>,
@@ -61,17 +88,19 @@ pub(super) struct Walk {
     vote_no: Option<u16>,
     /// A plan's layers are being walked (from the taken plan to the end of the cycle); the
     /// placement is checked at its end.
-    pub(super) walking: bool,
+    walking: bool,
 }
 
 impl Walk {
-    pub(super) fn new() -> Self {
+    /// The walk of a shape with `per` slots per layer (`R * S`).
+    pub(super) fn new(per: usize) -> Self {
         Self {
             job: LayerJob::Idle,
             due: None,
             launched: None,
             unsure: None,
             kept: None,
+            kept_rows: vec![0; per],
             resolved: None,
             last_outcome: outcome::UNKNOWN,
             commit_tries: 0,
@@ -92,8 +121,53 @@ impl Walk {
         self.due = Some(layer);
     }
 
+    /// The cycle asks for `layer` next.
+    pub(super) fn set_due(&mut self, layer: u16) {
+        self.due = Some(layer);
+    }
+
+    /// The cycle ended: whether a walk was under way (then the placements are checked).
+    pub(super) fn end(&mut self) -> bool {
+        core::mem::take(&mut self.walking)
+    }
+
+    /// Balancing runs again (resume, membership): the installs of the layer in hand count anew.
+    pub(super) fn restart(&mut self) {
+        self.commit_tries = 0;
+    }
+
+    /// Whether this rank's exchange of the layer in hand succeeded (its yes in the vote).
+    pub(super) fn voted_yes(&self) -> bool {
+        matches!(self.job, LayerJob::Exchanged(_, true))
+    }
+
+    /// The hash of `placement` (whose hash is `hash`) with the open layer installed (0: none
+    /// open).
+    pub(super) fn open_hash(&self, placement: &[u16], hash: &PlacementHash) -> u64 {
+        self.unsure
+            .map_or(0, |l| hash.with_layer(placement, l, &self.kept_rows))
+    }
+
+    /// Retires the ranks outside `live` from the open layer's rows (a membership change: they
+    /// are compared at the check without the ranks that left).
+    pub(super) fn retire_kept(&mut self, one_layer: &eplb_core::Shape, live: &eplb_core::LiveSet) {
+        if self.kept.is_some() {
+            let _ = eplb_core::live::retire(one_layer, live, &mut self.kept_rows);
+        }
+    }
+
+    /// The placement check showed what happened to the unsure layer: committed if some rank
+    /// holds the placement with it installed (`open`, this rank's word `a`), which is then this
+    /// rank's placement hash (returned).
+    pub(super) fn settle_from_check(&mut self, words: &[u64], open: u64) -> Option<u64> {
+        let l = self.unsure?;
+        let committed = wire::ranks(words).any(|x| wire::live_word(x) == open);
+        self.settle_unsure(l, committed);
+        committed.then_some(open)
+    }
+
     /// The placement check told what happened to the unsure `layer`.
-    pub(super) fn settle_unsure(&mut self, layer: u16, committed: bool) {
+    fn settle_unsure(&mut self, layer: u16, committed: bool) {
         self.unsure = None;
         self.job = if committed {
             LayerJob::Commit(layer)
@@ -103,7 +177,7 @@ impl Walk {
     }
 
     /// The layer leaves the driver's hands (installed, failed or aborted).
-    pub(super) fn release(&mut self) {
+    fn release(&mut self) {
         self.job = LayerJob::Idle;
         self.launched = None;
     }
@@ -121,110 +195,70 @@ impl Walk {
             _ => {}
         }
     }
-}
 
-impl RankMachine {
-    /// The load of `layer`'s lost experts finished ([`LayerAction::Load`]): `ok` when every one
-    /// is in its receive buffer. A failed load is logged; this rank then takes part in the
-    /// layer's exchange as usual (its peers' sends and receives stay matched) but votes no, so
-    /// the layer keeps its rows on every rank (the next cycle's plan tries again).
-    pub fn handle_loaded(&mut self, layer: u16, ok: bool) {
-        if self.agree.awaiting != Awaiting::Loaded(layer) {
-            return;
+    /// The load of `layer`'s lost experts finished; it is launched next (voted no on if `ok` is
+    /// false).
+    pub(super) fn on_loaded(&mut self, layer: u16, ok: bool) {
+        self.job = LayerJob::Idle;
+        self.loaded = Some((layer, ok));
+        self.due = Some(layer);
+    }
+
+    /// This rank's exchange of `layer` finished after the forward.
+    pub(super) fn on_exchanged(&mut self, layer: u16, ok: bool) {
+        if self.job == LayerJob::Launched(layer) {
+            let ok = ok && self.vote_no != Some(layer);
+            self.vote_no = None;
+            self.job = LayerJob::Exchanged(layer, ok);
         }
-        self.agree.awaiting = Awaiting::Nothing;
+    }
+
+    /// The install of `layer` finished (`plan`: the taken plan `[L][R][S]`, whose rows a layer
+    /// held open keeps).
+    pub(super) fn on_committed(&mut self, layer: u16, ok: bool, plan: &[u16]) -> Install {
+        let launched = self.launched;
+        self.release();
         if ok {
-            self.stats.loads += 1;
+            self.commit_tries = 0;
+            return Install::Done;
+        }
+        self.commit_tries += 1;
+        let tries = self.commit_tries;
+        self.launched = launched;
+        if tries < COMMIT_TRIES {
+            self.job = LayerJob::Commit(layer);
+            Install::Retry { tries }
+        } else if tries == COMMIT_TRIES && self.unsure.is_none() {
+            self.keep(layer, plan);
+            Install::Kept { tries }
         } else {
-            self.stats.load_failures += 1;
-            log::error!(
-                "eplb rank {}: layer {layer}: loading the experts that lost every copy failed; \
-                 this rank votes no and the layer keeps its rows on every rank",
-                self.rank
-            );
-        }
-        self.walk.job = LayerJob::Idle;
-        self.walk.loaded = Some((layer, ok));
-        self.walk.due = Some(layer);
-    }
-
-    /// This rank's exchange of `layer` finished after the forward (`ok`: every byte arrived).
-    pub fn handle_exchanged(&mut self, layer: u16, ok: bool) {
-        if self.walk.job == LayerJob::Launched(layer) {
-            let ok = ok && self.walk.vote_no != Some(layer);
-            self.walk.vote_no = None;
-            self.walk.job = LayerJob::Exchanged(layer, ok);
+            // Still open (the driver keeps the exchange): the placement check after the
+            // engine's resume tries once more.
+            self.keep(layer, plan);
+            Install::Diverged { tries }
         }
     }
 
-    /// The commit of `layer` finished (`ok`: the slots hold the new experts).
-    ///
-    /// Every rank voted yes, so the peers hold the new layer: a failed install is repaired, not
-    /// dropped. The driver keeps the exchange (its received data) after a failed install; the
-    /// machine asks for the commit again at once, then holds the layer open (sends only, votes
-    /// no, receives nothing until it is settled) and installs it at the next vote or placement
-    /// check that shows a peer holding the placement with it. A third failure stops balancing on
-    /// this rank ([`Health::Diverged`]), with a log line naming the layer; the layer stays open,
-    /// and the placement check after the engine's resume tries it once more.
-    pub fn handle_committed(&mut self, layer: u16, ok: bool) {
-        if self.agree.awaiting != Awaiting::Committed(layer) {
-            return;
+    /// The rows of `layer` just installed: the open layer's kept rows (then no layer is held
+    /// open), else the plan's.
+    pub(super) fn installed_rows<'a>(
+        &'a mut self,
+        layer: u16,
+        plan: &'a [u16],
+    ) -> Option<&'a [u16]> {
+        if self.kept == Some(layer) {
+            self.kept = None;
+            return Some(&self.kept_rows);
         }
-        self.agree.awaiting = Awaiting::Nothing;
-        let launched = self.walk.launched;
-        self.walk.release();
-        if !ok {
-            self.stats.commit_failures += 1;
-            self.walk.commit_tries += 1;
-            let tries = self.walk.commit_tries;
-            if tries < COMMIT_TRIES {
-                log::warn!(
-                    "eplb rank {}: layer {layer}: install failed (try {tries}); trying again",
-                    self.rank
-                );
-                self.walk.launched = launched;
-                self.walk.job = LayerJob::Commit(layer);
-            } else if tries == COMMIT_TRIES && self.walk.unsure.is_none() {
-                log::error!(
-                    "eplb rank {}: layer {layer}: install failed {tries} times; the exchange is \
-                     kept and the placement check repairs the layer",
-                    self.rank
-                );
-                self.walk.launched = launched;
-                self.keep_layer(layer);
-            } else {
-                // Still open (the driver keeps the exchange): the placement check after the
-                // engine's resume tries once more.
-                log::error!(
-                    "eplb rank {}: layer {layer}: install failed {tries} times; this rank holds \
-                     another placement than its peers and stops balancing until the engine \
-                     resumes it",
-                    self.rank
-                );
-                self.walk.launched = launched;
-                self.keep_layer(layer);
-                self.health = Health::Diverged;
-                self.abandon_cycle();
-            }
-            return;
-        }
-        self.walk.commit_tries = 0;
-        let per = self.shape.slots_per_layer();
-        let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        let src = if self.walk.kept == Some(layer) {
-            self.walk.kept = None;
-            Some(self.kept.as_slice())
-        } else {
-            self.plan.get(range.clone())
-        };
-        if let (Some(dst), Some(src)) = (self.placement.get_mut(range), src) {
-            dst.copy_from_slice(src);
-        }
-        self.stats.layers_committed += 1;
-        self.events.committed = Some(layer);
+        let per = self.kept_rows.len();
+        let l = usize::from(layer);
+        plan.get(l * per..(l + 1) * per)
     }
 
-    /// The layer vote answered with every rank's words, or failed here.
+    /// The layer vote answered (`heard`; a rank that cannot read it already booked the failed
+    /// collective). `yes_here`: this rank voted yes (read before the failure was booked);
+    /// `atomic`: the collectives fail on every rank or none; `placement` and `live_hash`: the
+    /// live placement and its hash, against which a layer held open is settled.
     ///
     /// A rank that voted yes and cannot read the vote (it failed here on a transport whose
     /// collectives are not atomic, or a word failed its check) cannot know whether its peers
@@ -233,169 +267,178 @@ impl RankMachine {
     /// check: installs it if some rank holds the placement with it (then every rank voted yes),
     /// drops it if most hold the placement without it. A vote out of step commits nothing
     /// anywhere.
-    pub(super) fn on_votes(&mut self, l: u16, all: Option<&[u64]>) {
-        let mine = matches!(self.walk.job, LayerJob::Exchanged(_, true));
-        let all = match self.hear(all, Gather::Vote { layer: l }) {
-            Heard::InStep(all) => {
-                self.collective_done(true, "layer vote", false);
-                all
-            }
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the vote's whole context, borrowed"
+    )]
+    pub(super) fn on_vote(
+        &mut self,
+        rank: usize,
+        l: u16,
+        heard: Heard<'_>,
+        yes_here: bool,
+        atomic: bool,
+        plan: &[u16],
+        placement: &[u16],
+        live_hash: &PlacementHash,
+    ) -> Dropped {
+        let all = match heard {
+            Heard::InStep(all) => all,
             Heard::OutOfStep => {
-                self.walk.last_outcome = outcome::ABORTED;
-                self.walk.job = self.abort_or_drop(l);
-                return self.out_of_step(Gather::Vote { layer: l });
+                self.last_outcome = outcome::ABORTED;
+                return self.abort_or_drop(l);
             }
             Heard::Unknown { corrupt } => {
-                self.collective_done(false, "layer vote", false);
-                let w = &mut self.walk;
-                if mine && w.unsure.is_none() && (corrupt || !self.cfg.atomic_collectives) {
+                if yes_here && self.unsure.is_none() && (corrupt || !atomic) {
                     log::error!(
-                        "eplb rank {}: layer {l}: the outcome of the vote is unknown here; the \
-                         exchange is kept until the peers tell",
-                        self.rank
+                        "eplb rank {rank}: layer {l}: the outcome of the vote is unknown here; \
+                         the exchange is kept until the peers tell",
                     );
-                    w.last_outcome = outcome::UNKNOWN;
-                    w.job = LayerJob::Idle;
-                    self.keep_layer(l);
-                } else {
-                    w.last_outcome = outcome::ABORTED;
-                    self.walk.job = self.abort_or_drop(l);
+                    self.last_outcome = outcome::UNKNOWN;
+                    self.job = LayerJob::Idle;
+                    self.keep(l, plan);
+                    return Dropped(None);
                 }
-                return;
+                self.last_outcome = outcome::ABORTED;
+                return self.abort_or_drop(l);
             }
         };
-        if let Some(u) = self.walk.unsure
-            && let Some(committed) = self.open_layer_verdict(u, all)
+        if let Some(u) = self.unsure
+            && let Some(committed) = self.open_layer_verdict(all, placement, live_hash)
         {
             // The placement most ranks hold tells what they did with the open layer (their
             // words `b`, the outcome of their previous vote, may be about a vote this rank
             // missed).
-            self.walk.unsure = None;
-            self.walk.resolved = Some((u, committed));
+            self.unsure = None;
+            self.resolved = Some((u, committed));
         }
-        let w = &mut self.walk;
         let yes = all.chunks_exact(AGREE_WORDS).all(|x| x.get(1) == Some(&1));
-        w.last_outcome = if yes {
+        self.last_outcome = if yes {
             outcome::COMMITTED
         } else {
             outcome::ABORTED
         };
-        self.walk.job = if yes {
-            LayerJob::Commit(l)
+        if yes {
+            self.job = LayerJob::Commit(l);
+            Dropped(None)
         } else {
             self.abort_or_drop(l)
-        };
-    }
-
-    /// Holds `layer` open: its exchange stays in the driver, its new rows in `kept`.
-    pub(super) fn keep_layer(&mut self, layer: u16) {
-        self.walk.unsure = Some(layer);
-        self.walk.kept = Some(layer);
-        let per = self.shape.slots_per_layer();
-        let l = usize::from(layer);
-        if let Some(rows) = self.plan.get(l * per..(l + 1) * per) {
-            self.kept.copy_from_slice(rows);
         }
     }
 
-    /// The job that ends a failed layer: an abort if this rank launched it, else a drop.
-    pub(super) fn abort_or_drop(&mut self, l: u16) -> LayerJob {
-        if self.walk.launched == Some(l) {
-            LayerJob::Abort(l)
+    /// What a vote's words (rank-major) say of the open layer: committed (`true`) if some rank
+    /// holds the placement with it installed (then every rank voted yes on it), dropped
+    /// (`false`) if most ranks hold this rank's placement without it, `None` if neither.
+    fn open_layer_verdict(
+        &self,
+        words: &[u64],
+        placement: &[u16],
+        live_hash: &PlacementHash,
+    ) -> Option<bool> {
+        let open = self.open_hash(placement, live_hash);
+        if wire::ranks(words).any(|w| wire::live_word(w) == open) {
+            Some(true)
+        } else if wire::majority(words).0 == live_hash.value() {
+            Some(false)
         } else {
-            self.stats.layers_failed += 1;
-            self.events.failed = Some(l);
-            LayerJob::Idle
+            None
+        }
+    }
+
+    /// Holds `layer` open: its exchange stays in the driver, its new rows (from `plan`) here.
+    fn keep(&mut self, layer: u16, plan: &[u16]) {
+        self.unsure = Some(layer);
+        self.kept = Some(layer);
+        let per = self.kept_rows.len();
+        let l = usize::from(layer);
+        if let Some(rows) = plan.get(l * per..(l + 1) * per) {
+            self.kept_rows.copy_from_slice(rows);
+        }
+    }
+
+    /// Ends a failed layer: an abort if this rank launched it, else a drop (booked by the
+    /// machine).
+    fn abort_or_drop(&mut self, l: u16) -> Dropped {
+        if self.launched == Some(l) {
+            self.job = LayerJob::Abort(l);
+            Dropped(None)
+        } else {
+            self.job = LayerJob::Idle;
+            Dropped(Some(l))
         }
     }
 
     /// Drops the walk with the cycle: a layer not yet committed is aborted.
-    pub(super) fn abandon_walk(&mut self) {
-        match self.walk.job {
-            LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => {
-                self.walk.job = self.abort_or_drop(l);
+    pub(super) fn abandon(&mut self) -> Dropped {
+        let dropped = match self.job {
+            LayerJob::Launched(l) | LayerJob::Exchanged(l, _) => self.abort_or_drop(l),
+            LayerJob::Skipped(_) | LayerJob::Loading(_) => {
+                self.job = LayerJob::Idle;
+                Dropped(None)
             }
-            LayerJob::Skipped(_) | LayerJob::Loading(_) => self.walk.job = LayerJob::Idle,
-            _ => {}
-        }
-        if matches!(self.agree.awaiting, Awaiting::Loaded(_)) {
-            self.agree.awaiting = Awaiting::Nothing;
-        }
-        self.walk.loaded = None;
-        self.walk.vote_no = None;
-        self.walk.due = None;
-        self.walk.walking = false;
+            _ => Dropped(None),
+        };
+        self.loaded = None;
+        self.vote_no = None;
+        self.due = None;
+        self.walking = false;
+        dropped
     }
 
-    /// The next step of the layer in hand, if any (owned, so that [`RankMachine::poll`] can
-    /// fall through to the cycle's tasks without a borrow).
-    pub(super) fn next_layer_step(&mut self) -> Option<LayerStep> {
-        if self.walk.job == LayerJob::Idle
-            && let Some((layer, committed)) = self.walk.resolved.take()
+    /// The next step of the layer in hand, if any (owned, so that the machine can fall through
+    /// to the cycle's tasks without a borrow). `needs_load` tells whether this rank's new rows of
+    /// a layer hold an expert that no live rank holds.
+    pub(super) fn next_step(
+        &mut self,
+        rank: usize,
+        needs_load: impl FnOnce(u16) -> bool,
+    ) -> Option<LayerStep> {
+        if self.job == LayerJob::Idle
+            && let Some((layer, committed)) = self.resolved.take()
         {
             log::info!(
-                "eplb rank {}: layer {layer}: the peers {} it",
-                self.rank,
+                "eplb rank {rank}: layer {layer}: the peers {} it",
                 if committed { "committed" } else { "aborted" }
             );
-            self.walk.settle_unsure(layer, committed);
+            self.settle_unsure(layer, committed);
         }
-        match self.walk.job {
+        match self.job {
             LayerJob::Exchanged(layer, ok) => Some(LayerStep::Vote {
                 layer,
-                words: [u64::from(ok), self.walk.last_outcome],
+                words: [u64::from(ok), self.last_outcome],
             }),
-            LayerJob::Commit(layer) => {
-                self.agree.awaiting = Awaiting::Committed(layer);
-                Some(LayerStep::Do(LayerAction::Commit { layer }))
-            }
+            LayerJob::Commit(layer) => Some(LayerStep::Do(LayerAction::Commit { layer })),
             LayerJob::Abort(layer) => {
-                if self.walk.kept == Some(layer) {
-                    self.walk.kept = None;
+                if self.kept == Some(layer) {
+                    self.kept = None;
                 }
-                self.walk.release();
-                self.stats.layers_failed += 1;
-                self.events.failed = Some(layer);
+                self.release();
                 Some(LayerStep::Do(LayerAction::Abort { layer }))
             }
             LayerJob::Idle => {
-                let layer = self.walk.due.take()?;
-                let loaded = match self.walk.loaded.take() {
+                let layer = self.due.take()?;
+                let loaded = match self.loaded.take() {
                     Some((l, ok)) if l == layer => Some(ok),
                     _ => None,
                 };
-                if self.walk.unsure.is_some() {
+                if self.unsure.is_some() {
                     // No receive while a layer's outcome is unknown: send only, vote "no"
                     // after the forward, when the peers vote.
-                    self.walk.job = LayerJob::Skipped(layer);
+                    self.job = LayerJob::Skipped(layer);
                     Some(LayerStep::Do(LayerAction::SendOnly { layer }))
-                } else if loaded.is_none() && self.needs_load(layer) {
-                    self.walk.job = LayerJob::Loading(layer);
-                    self.agree.awaiting = Awaiting::Loaded(layer);
+                } else if loaded.is_none() && needs_load(layer) {
+                    self.job = LayerJob::Loading(layer);
                     Some(LayerStep::Do(LayerAction::Load { layer }))
                 } else {
                     if loaded == Some(false) {
-                        self.walk.vote_no = Some(layer);
+                        self.vote_no = Some(layer);
                     }
-                    self.walk.job = LayerJob::Launched(layer);
-                    self.walk.launched = Some(layer);
+                    self.job = LayerJob::Launched(layer);
+                    self.launched = Some(layer);
                     Some(LayerStep::Do(LayerAction::Launch { layer }))
                 }
             }
             LayerJob::Launched(_) | LayerJob::Skipped(_) | LayerJob::Loading(_) => None,
         }
     }
-}
-
-/// What the layer in hand needs next.
-pub(super) enum LayerStep {
-    /// The vote on its exchange (a two-word gather).
-    Vote {
-        /// The layer.
-        layer: u16,
-        /// This rank's words.
-        words: [u64; 2],
-    },
-    /// A local layer action.
-    Do(LayerAction),
 }
