@@ -325,6 +325,53 @@ pub fn plan_layer(
     })
 }
 
+/// The loads of [`plan_layer`] alone (`LayerPlan::loads`, the same list in the same order),
+/// without planning a transfer: for a driver that needs only what must be read back from
+/// storage (the simulator). `O(R * S)` with one table of the experts the old layer holds.
+pub fn plan_loads(shape: &Shape, old: &[u16], new: &[u16]) -> Result<Vec<Load>, PlanError> {
+    let (r, s) = (shape.ranks(), shape.slots_per_rank());
+    for (what, got) in [
+        ("old layer [R][S]", old.len()),
+        ("new layer [R][S]", new.len()),
+    ] {
+        if got != r * s {
+            return Err(PlanError::Shape {
+                what,
+                expected: r * s,
+                got,
+            });
+        }
+    }
+    let top = old
+        .iter()
+        .chain(new)
+        .filter(|&&e| e != EMPTY)
+        .map(|&e| usize::from(e) + 1)
+        .max()
+        .unwrap_or(0);
+    let mut held = vec![false; top];
+    for &e in old.iter().filter(|&&e| e != EMPTY) {
+        if let Some(h) = held.get_mut(usize::from(e)) {
+            *h = true;
+        }
+    }
+    let mut loads = Vec::new();
+    for (dst, nrow) in new.chunks_exact(s.max(1)).enumerate() {
+        for (i, &e) in nrow.iter().enumerate() {
+            let held = held.get(usize::from(e)).copied().unwrap_or(false);
+            if e == EMPTY || held || nrow.get(..i).is_some_and(|seen| seen.contains(&e)) {
+                continue;
+            }
+            loads.push(Load {
+                rank: dst as u16,
+                expert: e,
+            });
+        }
+    }
+    loads.sort_unstable();
+    Ok(loads)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,5 +612,41 @@ mod tests {
             assert_eq!(r1.recvs[usize::from(buffer)].expert, new[3 + slot]);
         }
         assert!(plan.ranks[0].recvs.is_empty() && plan.ranks[2].recvs.is_empty());
+    }
+
+    #[test]
+    fn plan_loads_are_plan_layers_loads() {
+        let shape = Shape::from_redundant(1, 8, 4, 4).unwrap();
+        let mut x: u64 = 3;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let mut with_loads = 0;
+        for _ in 0..500 {
+            let mut row = |p_empty: u64| -> Vec<u16> {
+                (0..12)
+                    .map(|_| {
+                        if next(100) < p_empty {
+                            EMPTY
+                        } else {
+                            next(8) as u16
+                        }
+                    })
+                    .collect()
+            };
+            let (old, new) = (row(40), row(10));
+            let want = plan_layer(&shape, 0, &old, &new).unwrap().loads;
+            with_loads += usize::from(!want.is_empty());
+            assert_eq!(
+                plan_loads(&shape, &old, &new).unwrap(),
+                want,
+                "{old:?} -> {new:?}"
+            );
+        }
+        assert!(with_loads > 50, "{with_loads}");
+        assert!(plan_loads(&shape, &[0; 11], &[0; 12]).is_err());
     }
 }

@@ -109,8 +109,7 @@ impl Replay {
         let result = match custom {
             Some(p) => simulate_with(&self.trace, cfg, Box::new(p), progress),
             None => simulate(&self.trace, cfg, progress),
-        }
-        .map_err(SimError::Run)?;
+        }?;
         let costs = sequence_cost(
             &result.shape,
             result.log.iter().map(|e| e.placement.as_slice()),

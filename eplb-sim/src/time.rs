@@ -504,14 +504,23 @@ pub fn window_ms<'p>(
         let counts = trace
             .counts
             .get(w * l * n..(w + 1) * l * n)
-            .ok_or_else(|| SimError::Run(format!("trace window {w} is missing")))?;
+            .ok_or(SimError::Counts {
+                values: trace.counts.len(),
+                windows: trace.windows,
+                layers: l,
+                experts: n,
+            })?;
         router.route(counts, &mut routed);
         for (x, &c) in loads.iter_mut().zip(&routed) {
             *x = f64::from(c);
         }
         let ms = tm
             .model_time(r, s, &loads, &mut per_layer)
-            .map_err(|e| SimError::Run(format!("time model, window {w}: {e}")))?;
+            .map_err(|error| SimError::TimeModel {
+                window: Some(w),
+                layer: None,
+                error,
+            })?;
         out.push(ms);
     }
     Ok(out)
@@ -619,8 +628,11 @@ pub fn estimate_log(
                     .any(|t| usize::from(t.src) / g != usize::from(t.dst) / g),
                 None => false,
             };
-            let time_err =
-                |e: eplb_core::Error| SimError::Run(format!("time model, layer {layer}: {e}"));
+            let time_err = |error: eplb_core::Error| SimError::TimeModel {
+                window: None,
+                layer: Some(layer),
+                error,
+            };
             let ex = exchange_ms(lc.max_rank_bytes as f64, crosses, hw).map_err(time_err)?;
             ms += layer_stall_ms(ex, iteration, hw).map_err(time_err)?;
         }

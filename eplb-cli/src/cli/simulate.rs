@@ -72,7 +72,7 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     };
     let run = replay
         .run(&cfg, &a.params, &mut progress)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::words::sim_error(&e))?;
     if shown {
         errln!();
     }

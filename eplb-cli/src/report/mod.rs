@@ -297,8 +297,11 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
         let run = match (policy, own.is_empty()) {
             (SimPolicy::Policy(k), false) => eplb_runtime::policies::policy_with(k, &own)
                 .map_err(|e| format!("--param: {e}"))
-                .and_then(|p| simulate_with(job.trace, &cfg, Box::new(p), &mut cb)),
-            _ => simulate(job.trace, &cfg, &mut cb),
+                .and_then(|p| {
+                    simulate_with(job.trace, &cfg, Box::new(p), &mut cb)
+                        .map_err(|e| crate::words::sim_error(&e))
+                }),
+            _ => simulate(job.trace, &cfg, &mut cb).map_err(|e| crate::words::sim_error(&e)),
         };
         let result = match run {
             Ok(r) => r,

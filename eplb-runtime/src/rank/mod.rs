@@ -86,7 +86,9 @@ use agree::{Agree, Awaiting, Task};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
-pub use local::{DriveError, Entered, LocalCollective, LocalFault};
+pub use local::{
+    DriveError, Entered, LocalCollective, LocalFault, LocalHooks, LocalWorld, PlanAnswer,
+};
 use members::MemberStep;
 pub use walk::outcome;
 use walk::{LayerStep, Walk};
