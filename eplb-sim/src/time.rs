@@ -443,7 +443,7 @@ impl TimeFigures {
     }
 
     /// The time keys of `simulate --json` (`est_*` and `time_model`).
-    pub fn add_json(&self, v: &mut Value, basis: &TimeBasis) {
+    pub(crate) fn add_json(&self, v: &mut Value, basis: &TimeBasis) {
         v["est_moe_ms_per_iter_mean"] = json!(self.mean_ms());
         v["est_moe_ms_per_iter_static"] = json!(self.static_mean_ms());
         v["est_stall_ms_total"] = json!(self.stall_total_ms());

@@ -101,13 +101,14 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &time, None)
         .map_err(|e| e.to_string())?;
     if a.json {
-        let mut v = json::run_json(&run, basis, policy.name(), cfg.routing);
-        figures.add_json(&mut v, &time);
-        json::add_membership(
-            &mut v,
+        let v = json::simulation(
             r,
-            basis.payload.total_bytes() as u64,
-            time.reload_bytes_per_s,
+            &run.costs,
+            basis,
+            &figures,
+            &time,
+            policy.name(),
+            cfg.routing,
         );
         outln!(io, "{v}");
     } else {

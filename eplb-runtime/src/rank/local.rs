@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use eplb_core::LiveSet;
+use eplb_core::{EMPTY, LiveSet, Placement};
 
 use super::{
     Action, Collective, Gather, LayerAction, MachineError, PlanInput, PlannerAction, RankMachine,
@@ -491,8 +491,8 @@ impl LocalWorld {
                 Some(Action::Planner(PlannerAction::Submit(input))) => {
                     let cycle = input.cycle;
                     match hooks.submit(rank, &input)? {
-                        PlanAnswer::Plan(p) => hand_plan(m, cycle, Some(p))?,
-                        PlanAnswer::Failed => hand_plan(m, cycle, None)?,
+                        PlanAnswer::Plan(p) => hand_plan(m, cycle, Some(p), &mut None)?,
+                        PlanAnswer::Failed => hand_plan(m, cycle, None, &mut None)?,
                         PlanAnswer::Later => {
                             if let Some(w) = waiting.get_mut(rank) {
                                 *w = true;
@@ -528,7 +528,8 @@ impl LocalWorld {
         }
     }
 
-    /// Hands the plan, once the planner has one, to the ranks waiting for it.
+    /// Hands the plan, once the planner has one, to the ranks waiting for it (validated once
+    /// for all of them, [`hand_plan`]).
     fn hand_waiting<H: LocalHooks>(
         &mut self,
         machines: &mut [RankMachine],
@@ -540,17 +541,36 @@ impl LocalWorld {
         let Some((cycle, plan)) = hooks.planned() else {
             return Ok(());
         };
+        let mut checked = None;
         for (m, waiting) in machines.iter_mut().zip(self.waiting.iter_mut()) {
             if core::mem::take(waiting) {
-                hand_plan(m, cycle, plan)?;
+                hand_plan(m, cycle, plan, &mut checked)?;
             }
         }
         Ok(())
     }
 }
 
-/// Hands `m` the planner's answer for `cycle` (the one place a one-thread driver does).
-fn hand_plan(m: &mut RankMachine, cycle: u64, plan: Option<&[u16]>) -> Result<(), DriveError> {
+/// Hands `m` the planner's answer for `cycle` (the one place a one-thread driver does). A plan
+/// for every rank with no empty slot, to a machine whose ranks are all live, is validated once
+/// (kept in `checked` for the next machine that gets the same plan); any other goes through
+/// the machine's own check of the plan against its live set.
+fn hand_plan<'p>(
+    m: &mut RankMachine,
+    cycle: u64,
+    plan: Option<&'p [u16]>,
+    checked: &mut Option<Option<Placement<'p>>>,
+) -> Result<(), DriveError> {
+    if let Some(p) = plan
+        && m.live().is_all()
+        && !p.contains(&EMPTY)
+    {
+        let shape = *m.shape();
+        if let Some(placement) = *checked.get_or_insert_with(|| Placement::new(shape, p).ok()) {
+            m.handle_plan(cycle, Some(placement));
+            return Ok(());
+        }
+    }
     m.handle_elastic_plan(cycle, plan)
         .map_err(|error| DriveError::Machine {
             rank: m.rank(),
