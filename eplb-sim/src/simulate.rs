@@ -1,8 +1,9 @@
 //! `eplb simulate`: replays a trace's windows through `R` [rank machines](eplb_runtime::rank), the
 //! policy and transfer planning on one thread, exactly as `SIMULATION.md` defines.
 //!
-//! One trace window is one forward iteration on every rank's machine. The simulator is the
-//! machines' driver (`SimWorld`): it serves their collectives in memory, runs the policy in place
+//! One trace window is one forward iteration on every rank's machine. The simulator drives the
+//! machines with [`LocalWorld`] (a run is one `SimRun`: apply the window's membership events,
+//! score it, drive the ranks, finish): it serves their collectives in memory, runs the policy in place
 //! right after the snapshot (one planner for every rank; its wall time is measured), and lets a
 //! layer's exchange succeed when its transfers can be planned. The plan taken `A` windows after
 //! the snapshot is walked by update iterations between windows `a_k - 1` and `a_k`
