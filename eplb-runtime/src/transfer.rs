@@ -181,14 +181,15 @@ impl fmt::Display for PlanError {
 
 impl std::error::Error for PlanError {}
 
-/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape, [`EMPTY`] for a slot
-/// that holds (`old`) or needs (`new`) nothing.
-pub fn plan_layer(
+/// The transfers and loads of [`plan_layer`] (`LayerPlan::transfers` and `LayerPlan::loads`,
+/// the same lists in the same order) without the per-rank plans: for a caller that prices or
+/// times a change (the simulator's cost and time models). The holders of every expert are
+/// indexed once, so a source is found among its holders only.
+pub fn plan_transfers(
     shape: &Shape,
-    layer: usize,
     old: &[u16],
     new: &[u16],
-) -> Result<LayerPlan, PlanError> {
+) -> Result<(Vec<Transfer>, Vec<Load>), PlanError> {
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
     for (what, got) in [
         ("old layer [R][S]", old.len()),
@@ -205,6 +206,7 @@ pub fn plan_layer(
     let rpn = shape.ranks_per_node().max(1);
     let old_rows: Vec<&[u16]> = old.chunks_exact(s).collect();
     let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
+    let holders = Holders::new(&old_rows);
     let mut sends_so_far = vec![0usize; r];
     let mut transfers = Vec::new();
     let mut loads = Vec::new();
@@ -217,11 +219,10 @@ pub fn plan_layer(
                 continue;
             }
             // Tier 0: drops e; tier 1: same node; tier 2: any holder.
-            let src = old_rows
+            let src = holders
+                .of(e)
                 .iter()
-                .enumerate()
-                .filter(|(_, row)| row.contains(&e))
-                .map(|(h, _)| h)
+                .map(|&h| usize::from(h))
                 .min_by_key(|&h| {
                     let keeps = new_rows.get(h).is_some_and(|row| row.contains(&e));
                     let tier = if !keeps {
@@ -253,6 +254,80 @@ pub fn plan_layer(
     }
     transfers.sort_unstable();
     loads.sort_unstable();
+    Ok((transfers, loads))
+}
+
+/// The ranks holding each expert in a layer's old rows, in ascending rank order (each once).
+struct Holders {
+    /// `[E + 1]` offsets into `ranks`.
+    start: Vec<usize>,
+    ranks: Vec<u16>,
+}
+
+impl Holders {
+    fn new(rows: &[&[u16]]) -> Self {
+        /// The experts of `row`, each at its first slot.
+        fn firsts(row: &[u16]) -> impl Iterator<Item = usize> + '_ {
+            row.iter()
+                .enumerate()
+                .filter(|&(i, &e)| e != EMPTY && !row.get(..i).is_some_and(|s| s.contains(&e)))
+                .map(|(_, &e)| usize::from(e))
+        }
+        let top = rows
+            .iter()
+            .flat_map(|row| firsts(row))
+            .max()
+            .map_or(0, |e| e + 1);
+        // start[e + 1] counts e's holders, then (summed) ends e's range.
+        let mut start = vec![0usize; top + 1];
+        for e in rows.iter().flat_map(|row| firsts(row)) {
+            if let Some(c) = start.get_mut(e + 1) {
+                *c += 1;
+            }
+        }
+        let mut acc = 0;
+        for c in start.iter_mut() {
+            acc += *c;
+            *c = acc;
+        }
+        let mut fill = start.clone();
+        let mut ranks = vec![0u16; acc];
+        for (h, row) in rows.iter().enumerate() {
+            for e in firsts(row) {
+                if let Some(at) = fill.get_mut(e)
+                    && let Some(slot) = ranks.get_mut(*at)
+                {
+                    *slot = h as u16;
+                    *at += 1;
+                }
+            }
+        }
+        Self { start, ranks }
+    }
+
+    /// The ranks holding `e` (none when no rank does).
+    fn of(&self, e: u16) -> &[u16] {
+        let e = usize::from(e);
+        match (self.start.get(e), self.start.get(e + 1)) {
+            (Some(&a), Some(&b)) => self.ranks.get(a..b).unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+}
+
+/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape, [`EMPTY`] for a slot
+/// that holds (`old`) or needs (`new`) nothing.
+pub fn plan_layer(
+    shape: &Shape,
+    layer: usize,
+    old: &[u16],
+    new: &[u16],
+) -> Result<LayerPlan, PlanError> {
+    let (transfers, loads) = plan_transfers(shape, old, new)?;
+    let s = shape.slots_per_rank();
+    let r = shape.ranks();
+    let old_rows: Vec<&[u16]> = old.chunks_exact(s).collect();
+    let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
     let mut ranks = Vec::with_capacity(r);
     for (rank, (orow, nrow)) in old_rows.iter().zip(&new_rows).enumerate() {
         let sends = transfers
@@ -615,7 +690,7 @@ mod tests {
     }
 
     #[test]
-    fn plan_loads_are_plan_layers_loads() {
+    fn plan_loads_and_plan_transfers_are_plan_layers_own() {
         let shape = Shape::from_redundant(1, 8, 4, 4).unwrap();
         let mut x: u64 = 3;
         let mut next = |m: u64| {
@@ -638,13 +713,14 @@ mod tests {
                     .collect()
             };
             let (old, new) = (row(40), row(10));
-            let want = plan_layer(&shape, 0, &old, &new).unwrap().loads;
-            with_loads += usize::from(!want.is_empty());
-            assert_eq!(
-                plan_loads(&shape, &old, &new).unwrap(),
-                want,
-                "{old:?} -> {new:?}"
-            );
+            for shape in [shape, shape.topology(2, 1).unwrap()] {
+                let plan = plan_layer(&shape, 0, &old, &new).unwrap();
+                with_loads += usize::from(!plan.loads.is_empty());
+                let loads = plan_loads(&shape, &old, &new).unwrap();
+                assert_eq!(loads, plan.loads, "{old:?} -> {new:?}");
+                let both = plan_transfers(&shape, &old, &new).unwrap();
+                assert_eq!(both, (plan.transfers, plan.loads), "{old:?} -> {new:?}");
+            }
         }
         assert!(with_loads > 50, "{with_loads}");
         assert!(plan_loads(&shape, &[0; 11], &[0; 12]).is_err());

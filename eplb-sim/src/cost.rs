@@ -1,6 +1,6 @@
 //! What a rebalance costs: expert copies moved, their bytes, and the time at a link per rank.
 //!
-//! [`move_cost`] plans each changed layer as the runtime does ([`eplb_runtime::transfer::plan_layer`])
+//! [`move_cost`] plans each changed layer's transfers as the runtime does ([`eplb_runtime::transfer::plan_transfers`])
 //! and counts, per layer, the expert copies sent between ranks, their bytes, and the bytes of
 //! the busiest rank (the larger of what it sends and what it receives). At a [`Link`]
 //! bandwidth per rank, a layer's exchange takes the busiest rank's bytes over the bandwidth
@@ -15,7 +15,7 @@ use core::str::FromStr;
 use eplb_core::Shape;
 use eplb_runtime::config::deployment::{QuantType, UnknownName};
 use eplb_runtime::payload::{ExpertPayload, ModelDims};
-use eplb_runtime::transfer::{PlanError, plan_layer};
+use eplb_runtime::transfer::{PlanError, plan_transfers};
 use serde_json::{Value, json};
 
 /// A model whose expert dimensions are known.
@@ -380,7 +380,7 @@ pub fn move_cost(
     let per = shape.slots_per_layer().max(1);
     let bytes = expert_bytes as u64;
     let mut layers = Vec::with_capacity(shape.layers());
-    for (l, (o, n)) in old.chunks_exact(per).zip(new.chunks_exact(per)).enumerate() {
+    for (o, n) in old.chunks_exact(per).zip(new.chunks_exact(per)) {
         if o == n {
             layers.push(LayerCost {
                 transfers: 0,
@@ -389,10 +389,10 @@ pub fn move_cost(
             });
             continue;
         }
-        let plan = plan_layer(shape, l, o, n)?;
+        let (transfers, _) = plan_transfers(shape, o, n)?;
         let mut sent = vec![0u64; shape.ranks()];
         let mut recv = vec![0u64; shape.ranks()];
-        for t in &plan.transfers {
+        for t in &transfers {
             if let Some(s) = sent.get_mut(usize::from(t.src)) {
                 *s = s.saturating_add(bytes);
             }
@@ -402,8 +402,8 @@ pub fn move_cost(
         }
         let max_rank_bytes = sent.iter().chain(&recv).copied().max().unwrap_or(0);
         layers.push(LayerCost {
-            transfers: plan.transfers.len(),
-            bytes: bytes.saturating_mul(plan.transfers.len() as u64),
+            transfers: transfers.len(),
+            bytes: bytes.saturating_mul(transfers.len() as u64),
             max_rank_bytes,
         });
     }

@@ -18,7 +18,7 @@ use eplb_core::Shape;
 use eplb_core::time::{
     Hardware, LayerTime, ModelSpec, Role, TimeModel, cycle_overhead_ms, exchange_ms, layer_stall_ms,
 };
-use eplb_runtime::transfer::plan_layer;
+use eplb_runtime::transfer::plan_transfers;
 use serde_json::{Value, json};
 
 use crate::Run;
@@ -530,7 +530,7 @@ pub fn window_ms<'p>(
 /// layer one vote plus the part of its exchange beyond one iteration. The exchange takes the
 /// busiest rank's bytes (`MoveCost`) over the intra-node link, or the inter-node one when
 /// `cfg.ranks_per_node` splits the ranks and one of the layer's transfers
-/// ([`eplb_runtime::transfer::plan_layer`]) crosses nodes; the iteration it hides behind is the
+/// ([`eplb_runtime::transfer::plan_transfers`]) crosses nodes; the iteration it hides behind is the
 /// estimate of the window before the activation (under the old placement). Every cycle of a
 /// policy pays the digest, also one that changed nothing; `static` (no EPLB) pays nothing.
 /// `static_ms`: the initial placement's per-window figures when already known.
@@ -622,8 +622,8 @@ pub fn estimate_log(
             }
             changed += 1;
             let crosses = match g {
-                Some(g) => plan_layer(shape, layer, o, nw)?
-                    .transfers
+                Some(g) => plan_transfers(shape, o, nw)?
+                    .0
                     .iter()
                     .any(|t| usize::from(t.src) / g != usize::from(t.dst) / g),
                 None => false,
