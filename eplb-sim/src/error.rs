@@ -132,6 +132,11 @@ pub enum SimError {
         /// Why.
         error: eplb_core::Error,
     },
+    /// An output could not be encoded.
+    Encode {
+        /// What.
+        what: &'static str,
+    },
     /// An `advise` worker panicked (`setting: None`) or left setting `setting` unrun.
     Worker {
         /// The setting.
@@ -246,6 +251,7 @@ impl fmt::Display for SimError {
                 }
                 write!(f, ": {error}")
             }
+            SimError::Encode { what } => write!(f, "{what} could not be encoded"),
             SimError::Worker { setting: None } => f.write_str("an advise worker panicked"),
             SimError::Worker { setting: Some(i) } => write!(f, "advise setting {i} was not run"),
             SimError::Livelock { window, iterations } => write!(

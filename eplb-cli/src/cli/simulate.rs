@@ -87,7 +87,8 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
             r,
             basis.payload.total_bytes() as u64,
             &eplb_runtime::metrics::MetricsSettings::default(),
-        )?;
+        )
+        .map_err(|e| crate::words::sim_error(&e))?;
         eplb_runtime::fsio::write_atomic(path, text.as_bytes())
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
