@@ -3,6 +3,7 @@
 //! `--algo-interval`. `eplb-sim` knows no flag; this module words its typed errors as the
 //! command line names the settings.
 
+use eplb_sim::cost::CostError;
 use eplb_sim::{MemberEvent, MemberKind, SimError};
 
 /// The flag that asks for `kind` (`--fail-rank` or `--join-rank`).
@@ -35,6 +36,18 @@ pub(crate) fn parse_event(kind: MemberKind, text: &str) -> Result<MemberEvent, S
     Ok(MemberEvent { window, rank, kind })
 }
 
+/// A cost settings error as the command line words it (`--model`, `--hidden`,
+/// `--intermediate`).
+pub(crate) fn cost_error(e: &CostError) -> String {
+    match e {
+        CostError::ModelAndSizes => {
+            "give either --model or --hidden with --intermediate, not both".to_owned()
+        }
+        CostError::SizesApart => "--hidden and --intermediate go together".to_owned(),
+        other => other.to_string(),
+    }
+}
+
 /// `e` as the command line words it: the settings it names by their flags.
 pub(crate) fn sim_error(e: &SimError) -> String {
     match e {
@@ -42,6 +55,7 @@ pub(crate) fn sim_error(e: &SimError) -> String {
             "--heat-interval and --algo-interval must be at least 1".to_owned()
         }
         SimError::Event { event, why } => format!("{}: {why}", describe(event)),
+        SimError::CostSettings(c) => format!("cost: {}", cost_error(c)),
         other => other.to_string(),
     }
 }
@@ -71,6 +85,14 @@ mod tests {
             why: "rank 5 is live".to_owned(),
         };
         assert_eq!(sim_error(&e), "--join-rank 5@40: rank 5 is live");
+        assert_eq!(
+            cost_error(&CostError::SizesApart),
+            "--hidden and --intermediate go together"
+        );
+        assert_eq!(
+            cost_error(&CostError::ModelAndSizes),
+            "give either --model or --hidden with --intermediate, not both"
+        );
         assert_eq!(
             sim_error(&SimError::Intervals { heat: 0, algo: 1 }),
             "--heat-interval and --algo-interval must be at least 1"

@@ -14,7 +14,7 @@ use core::str::FromStr;
 
 use eplb_core::Shape;
 use eplb_runtime::config::deployment::{QuantType, UnknownName};
-use eplb_runtime::payload::{ExpertPayload, ModelDims};
+use eplb_runtime::payload::{ExpertPayload, ModelDims, PayloadError};
 use eplb_runtime::transfer::{PlanError, plan_transfers};
 use serde_json::{Value, json};
 
@@ -498,10 +498,36 @@ pub fn human_ms(ms: f64) -> String {
     }
 }
 
+/// Why the cost settings cannot size an expert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CostError {
+    /// A model preset and the hidden or intermediate size were both given.
+    ModelAndSizes,
+    /// Only one of the hidden and intermediate sizes was given.
+    SizesApart,
+    /// The payload cannot be built (a zero size, or a quant type that needs fused MC2).
+    Payload(PayloadError),
+}
+
+impl fmt::Display for CostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CostError::ModelAndSizes => {
+                f.write_str("give either a model or the hidden and intermediate sizes, not both")
+            }
+            CostError::SizesApart => f.write_str("the hidden and intermediate sizes go together"),
+            CostError::Payload(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for CostError {}
+
 impl CostSpec {
     /// Applies the defaults and builds the payload. `hidden` and `intermediate` go together
     /// and exclude `model`.
-    pub fn resolve(&self) -> Result<CostBasis, String> {
+    pub fn resolve(&self) -> Result<CostBasis, CostError> {
         self.resolve_for_trace(None)
     }
 
@@ -509,7 +535,10 @@ impl CostSpec {
     /// [`ModelPreset::from_trace_model`]): with no `model`, `hidden` or `intermediate` given,
     /// the expert is sized by the trace's model instead of the DeepSeek-V3 default, and an
     /// unset quant type is the model's checkpoint type ([`ModelPreset::checkpoint_quant`]).
-    pub fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
+    pub fn resolve_for_trace(
+        &self,
+        trace_model: Option<ModelPreset>,
+    ) -> Result<CostBasis, CostError> {
         let mut defaulted = Vec::new();
         let from_trace = match (self.model, self.hidden, self.intermediate, trace_model) {
             (None, None, None, Some(m)) => Some(m),
@@ -518,9 +547,7 @@ impl CostSpec {
         let mut preset = None;
         let (model, dims) = match (self.model, self.hidden, self.intermediate) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                return Err(
-                    "give either --model or --hidden with --intermediate, not both".to_owned(),
-                );
+                return Err(CostError::ModelAndSizes);
             }
             (None, Some(hidden), Some(intermediate)) => (
                 "custom".to_owned(),
@@ -530,7 +557,7 @@ impl CostSpec {
                 },
             ),
             (None, Some(_), None) | (None, None, Some(_)) => {
-                return Err("--hidden and --intermediate go together".to_owned());
+                return Err(CostError::SizesApart);
             }
             (Some(m), None, None) => {
                 preset = Some(m);
@@ -560,7 +587,7 @@ impl CostSpec {
             Link::min_10gbps()
         });
         let payload =
-            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(|e| e.to_string())?;
+            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(CostError::Payload)?;
         Ok(CostBasis {
             model,
             dims,

@@ -42,6 +42,8 @@ pub enum SimError {
         /// The first failure.
         why: String,
     },
+    /// The cost settings cannot size an expert.
+    CostSettings(crate::cost::CostError),
     /// A placement change could not be priced (its layers could not be planned).
     Cost(PlanError),
     /// The trace's counts are not `windows x layers x experts` values.
@@ -189,6 +191,7 @@ impl fmt::Display for SimError {
                 "every plan failed ({plans} of {plans}), the numbers are the initial placement's: {why}"
             ),
             SimError::Cost(e) => write!(f, "cost: {e}"),
+            SimError::CostSettings(e) => write!(f, "cost: {e}"),
             SimError::Counts {
                 values,
                 windows,
@@ -267,6 +270,7 @@ impl std::error::Error for SimError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SimError::Cost(e) => Some(e),
+            SimError::CostSettings(e) => Some(e),
             SimError::Shape(e) | SimError::TimeModel { error: e, .. } => Some(e),
             SimError::Policy { error, .. } => Some(error),
             SimError::Machine { error, .. } => Some(error),

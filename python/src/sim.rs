@@ -151,7 +151,7 @@ impl CostArgs {
             fused_mc2: self.fused_mc2,
             link: named::<Link>(&self.link, "link")?,
         };
-        cost.resolve()?;
+        cost.resolve().map_err(|e| e.to_string())?;
         Ok(cost)
     }
 }

@@ -142,7 +142,9 @@ impl CostArgs {
 
     /// With no model flags, a trace that names a known model sizes the expert.
     fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
-        self.spec().resolve_for_trace(trace_model)
+        self.spec()
+            .resolve_for_trace(trace_model)
+            .map_err(|e| crate::words::cost_error(&e))
     }
 
     /// The flags as the cost model's settings.
