@@ -10,6 +10,7 @@
 
 mod cli;
 mod report;
+mod words;
 
 use std::path::Path;
 

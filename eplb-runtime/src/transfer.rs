@@ -181,14 +181,15 @@ impl fmt::Display for PlanError {
 
 impl std::error::Error for PlanError {}
 
-/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape, [`EMPTY`] for a slot
-/// that holds (`old`) or needs (`new`) nothing.
-pub fn plan_layer(
+/// The transfers and loads of [`plan_layer`] (`LayerPlan::transfers` and `LayerPlan::loads`,
+/// the same lists in the same order) without the per-rank plans: for a caller that prices or
+/// times a change (the simulator's cost and time models). The holders of every expert are
+/// indexed once, so a source is found among its holders only.
+pub fn plan_transfers(
     shape: &Shape,
-    layer: usize,
     old: &[u16],
     new: &[u16],
-) -> Result<LayerPlan, PlanError> {
+) -> Result<(Vec<Transfer>, Vec<Load>), PlanError> {
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
     for (what, got) in [
         ("old layer [R][S]", old.len()),
@@ -205,6 +206,7 @@ pub fn plan_layer(
     let rpn = shape.ranks_per_node().max(1);
     let old_rows: Vec<&[u16]> = old.chunks_exact(s).collect();
     let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
+    let holders = Holders::new(&old_rows);
     let mut sends_so_far = vec![0usize; r];
     let mut transfers = Vec::new();
     let mut loads = Vec::new();
@@ -217,11 +219,10 @@ pub fn plan_layer(
                 continue;
             }
             // Tier 0: drops e; tier 1: same node; tier 2: any holder.
-            let src = old_rows
+            let src = holders
+                .of(e)
                 .iter()
-                .enumerate()
-                .filter(|(_, row)| row.contains(&e))
-                .map(|(h, _)| h)
+                .map(|&h| usize::from(h))
                 .min_by_key(|&h| {
                     let keeps = new_rows.get(h).is_some_and(|row| row.contains(&e));
                     let tier = if !keeps {
@@ -253,6 +254,80 @@ pub fn plan_layer(
     }
     transfers.sort_unstable();
     loads.sort_unstable();
+    Ok((transfers, loads))
+}
+
+/// The ranks holding each expert in a layer's old rows, in ascending rank order (each once).
+struct Holders {
+    /// `[E + 1]` offsets into `ranks`.
+    start: Vec<usize>,
+    ranks: Vec<u16>,
+}
+
+impl Holders {
+    fn new(rows: &[&[u16]]) -> Self {
+        /// The experts of `row`, each at its first slot.
+        fn firsts(row: &[u16]) -> impl Iterator<Item = usize> + '_ {
+            row.iter()
+                .enumerate()
+                .filter(|&(i, &e)| e != EMPTY && !row.get(..i).is_some_and(|s| s.contains(&e)))
+                .map(|(_, &e)| usize::from(e))
+        }
+        let top = rows
+            .iter()
+            .flat_map(|row| firsts(row))
+            .max()
+            .map_or(0, |e| e + 1);
+        // start[e + 1] counts e's holders, then (summed) ends e's range.
+        let mut start = vec![0usize; top + 1];
+        for e in rows.iter().flat_map(|row| firsts(row)) {
+            if let Some(c) = start.get_mut(e + 1) {
+                *c += 1;
+            }
+        }
+        let mut acc = 0;
+        for c in start.iter_mut() {
+            acc += *c;
+            *c = acc;
+        }
+        let mut fill = start.clone();
+        let mut ranks = vec![0u16; acc];
+        for (h, row) in rows.iter().enumerate() {
+            for e in firsts(row) {
+                if let Some(at) = fill.get_mut(e)
+                    && let Some(slot) = ranks.get_mut(*at)
+                {
+                    *slot = h as u16;
+                    *at += 1;
+                }
+            }
+        }
+        Self { start, ranks }
+    }
+
+    /// The ranks holding `e` (none when no rank does).
+    fn of(&self, e: u16) -> &[u16] {
+        let e = usize::from(e);
+        match (self.start.get(e), self.start.get(e + 1)) {
+            (Some(&a), Some(&b)) => self.ranks.get(a..b).unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+}
+
+/// Plans one layer: `old` and `new` are `[R][S]` rows of the same shape, [`EMPTY`] for a slot
+/// that holds (`old`) or needs (`new`) nothing.
+pub fn plan_layer(
+    shape: &Shape,
+    layer: usize,
+    old: &[u16],
+    new: &[u16],
+) -> Result<LayerPlan, PlanError> {
+    let (transfers, loads) = plan_transfers(shape, old, new)?;
+    let s = shape.slots_per_rank();
+    let r = shape.ranks();
+    let old_rows: Vec<&[u16]> = old.chunks_exact(s).collect();
+    let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
     let mut ranks = Vec::with_capacity(r);
     for (rank, (orow, nrow)) in old_rows.iter().zip(&new_rows).enumerate() {
         let sends = transfers
@@ -323,6 +398,53 @@ pub fn plan_layer(
         loads,
         ranks,
     })
+}
+
+/// The loads of [`plan_layer`] alone (`LayerPlan::loads`, the same list in the same order),
+/// without planning a transfer: for a driver that needs only what must be read back from
+/// storage (the simulator). `O(R * S)` with one table of the experts the old layer holds.
+pub fn plan_loads(shape: &Shape, old: &[u16], new: &[u16]) -> Result<Vec<Load>, PlanError> {
+    let (r, s) = (shape.ranks(), shape.slots_per_rank());
+    for (what, got) in [
+        ("old layer [R][S]", old.len()),
+        ("new layer [R][S]", new.len()),
+    ] {
+        if got != r * s {
+            return Err(PlanError::Shape {
+                what,
+                expected: r * s,
+                got,
+            });
+        }
+    }
+    let top = old
+        .iter()
+        .chain(new)
+        .filter(|&&e| e != EMPTY)
+        .map(|&e| usize::from(e) + 1)
+        .max()
+        .unwrap_or(0);
+    let mut held = vec![false; top];
+    for &e in old.iter().filter(|&&e| e != EMPTY) {
+        if let Some(h) = held.get_mut(usize::from(e)) {
+            *h = true;
+        }
+    }
+    let mut loads = Vec::new();
+    for (dst, nrow) in new.chunks_exact(s.max(1)).enumerate() {
+        for (i, &e) in nrow.iter().enumerate() {
+            let held = held.get(usize::from(e)).copied().unwrap_or(false);
+            if e == EMPTY || held || nrow.get(..i).is_some_and(|seen| seen.contains(&e)) {
+                continue;
+            }
+            loads.push(Load {
+                rank: dst as u16,
+                expert: e,
+            });
+        }
+    }
+    loads.sort_unstable();
+    Ok(loads)
 }
 
 #[cfg(test)]
@@ -565,5 +687,42 @@ mod tests {
             assert_eq!(r1.recvs[usize::from(buffer)].expert, new[3 + slot]);
         }
         assert!(plan.ranks[0].recvs.is_empty() && plan.ranks[2].recvs.is_empty());
+    }
+
+    #[test]
+    fn plan_loads_and_plan_transfers_are_plan_layers_own() {
+        let shape = Shape::from_redundant(1, 8, 4, 4).unwrap();
+        let mut x: u64 = 3;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let mut with_loads = 0;
+        for _ in 0..500 {
+            let mut row = |p_empty: u64| -> Vec<u16> {
+                (0..12)
+                    .map(|_| {
+                        if next(100) < p_empty {
+                            EMPTY
+                        } else {
+                            next(8) as u16
+                        }
+                    })
+                    .collect()
+            };
+            let (old, new) = (row(40), row(10));
+            for shape in [shape, shape.topology(2, 1).unwrap()] {
+                let plan = plan_layer(&shape, 0, &old, &new).unwrap();
+                with_loads += usize::from(!plan.loads.is_empty());
+                let loads = plan_loads(&shape, &old, &new).unwrap();
+                assert_eq!(loads, plan.loads, "{old:?} -> {new:?}");
+                let both = plan_transfers(&shape, &old, &new).unwrap();
+                assert_eq!(both, (plan.transfers, plan.loads), "{old:?} -> {new:?}");
+            }
+        }
+        assert!(with_loads > 50, "{with_loads}");
+        assert!(plan_loads(&shape, &[0; 11], &[0; 12]).is_err());
     }
 }

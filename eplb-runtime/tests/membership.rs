@@ -14,8 +14,8 @@ use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PlanRequest, PolicyHost};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
-    Action, Health, LayerAction, LocalCollective, MachineConfig, PlannerAction, RankMachine,
-    RunMode,
+    Action, DriveError, Health, LocalHooks, LocalWorld, MachineConfig, PlanAnswer, PlanInput,
+    PlannerAction, RankMachine, RunMode,
 };
 
 const H: u32 = 4;
@@ -50,15 +50,56 @@ struct Cluster {
     kind: PolicyKind,
     machines: Vec<RankMachine>,
     hosts: Vec<PolicyHost>,
-    net: LocalCollective,
-    /// Ranks still driven (a dead rank is not).
-    driven: Vec<bool>,
-    launched: Vec<Option<u16>>,
+    /// The driver; a dead rank is not driven.
+    net: LocalWorld,
     /// Loads asked for, per rank; `fail_loads` makes them fail.
     loads_asked: Vec<u64>,
     fail_loads: bool,
     reroutes: Vec<u64>,
     iter: usize,
+}
+
+/// The cluster's planners and hooks for one drive.
+struct Hooks<'a> {
+    kind: PolicyKind,
+    hosts: &'a mut [PolicyHost],
+    loads_asked: &'a mut [u64],
+    fail_loads: bool,
+    reroutes: &'a mut [u64],
+    answer: Option<eplb_runtime::planner::Plan>,
+}
+
+impl LocalHooks for Hooks<'_> {
+    type Error = DriveError;
+
+    fn submit(&mut self, r: usize, input: &PlanInput<'_>) -> Result<PlanAnswer<'_>, DriveError> {
+        let req = PlanRequest {
+            cycle: input.cycle,
+            current: input.current.to_vec(),
+            live: *input.live,
+            loads: input.loads.to_vec(),
+            samples: Some((input.windows, input.samples.to_vec())),
+            seed: input.seed,
+        };
+        let cycle = req.cycle;
+        match self.hosts[r].plan_request(&req) {
+            Ok(p) => Ok(PlanAnswer::Plan(self.answer.insert(p))),
+            Err(e) => panic!("{:?}: rank {r}: cycle {cycle}: {e}", self.kind),
+        }
+    }
+
+    fn settle(&mut self, r: usize, cycle: u64, taken: bool, resync: bool) {
+        self.hosts[r].settle(cycle, taken, resync);
+    }
+
+    fn load(&mut self, r: usize, _layer: u16) -> bool {
+        self.loads_asked[r] += 1;
+        !self.fail_loads
+    }
+
+    fn reroute(&mut self, r: usize) {
+        self.reroutes[r] += 1;
+    }
 }
 
 impl Cluster {
@@ -70,8 +111,8 @@ impl Cluster {
                 RankMachine::new(r, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap()
             })
             .collect();
-        let mut net = LocalCollective::new(&machines);
-        net.set_lenient(true);
+        let mut net = LocalWorld::new(&machines);
+        net.net_mut().set_lenient(true);
         Self {
             shape,
             kind,
@@ -80,8 +121,6 @@ impl Cluster {
                 .collect(),
             net,
             machines,
-            driven: vec![true; shape.ranks()],
-            launched: vec![None; shape.ranks()],
             loads_asked: vec![0; shape.ranks()],
             fail_loads: false,
             reroutes: vec![0; shape.ranks()],
@@ -114,95 +153,32 @@ impl Cluster {
     fn iterate(&mut self) {
         self.iter += 1;
         for r in 0..self.machines.len() {
-            if !self.driven[r] {
+            if !self.net.is_driven(r) {
                 continue;
             }
             let counts = self.counts(r);
-            let m = &mut self.machines[r];
-            if let Some(l) = self.launched[r].take() {
-                m.handle_exchanged(l, true);
-            }
-            m.handle_forward(&counts, 0).unwrap();
+            self.net.forward(&mut self.machines[r], &counts, 0).unwrap();
         }
-        let mut settled = false;
-        for _round in 0..LocalCollective::MAX_ROUNDS {
-            for r in 0..self.machines.len() {
-                if self.driven[r] {
-                    self.run_local(r);
-                }
-            }
-            let driven = self.driven.clone();
-            let mut alive: Vec<RankMachine> = Vec::new();
-            // Answer the driven machines only (a dead rank's machine is frozen).
-            let mut idx = Vec::new();
-            for (r, m) in self.machines.iter().enumerate() {
-                if driven[r] {
-                    idx.push(r);
-                    alive.push(m.clone());
-                }
-            }
-            let answered = self.net.answer(&mut alive).unwrap();
-            for (m, r) in alive.into_iter().zip(idx) {
-                self.machines[r] = m;
-            }
-            if !answered {
-                settled = true;
-                break;
-            }
-        }
-        assert!(settled, "livelock: still exchanging after 16 collectives");
+        let mut hooks = Hooks {
+            kind: self.kind,
+            hosts: &mut self.hosts,
+            loads_asked: &mut self.loads_asked,
+            fail_loads: self.fail_loads,
+            reroutes: &mut self.reroutes,
+            answer: None,
+        };
+        // A dead rank's machine is frozen: the world answers the driven machines only.
+        let settled = self.net.drive(&mut self.machines, &mut hooks);
+        assert!(
+            settled.is_ok(),
+            "livelock: still exchanging after 16 collectives: {settled:?}"
+        );
         self.check_one_placement();
-    }
-
-    fn run_local(&mut self, r: usize) {
-        loop {
-            let m = &mut self.machines[r];
-            match m.poll() {
-                None => return,
-                Some(Action::Collective(c)) => {
-                    self.net.enter(r, c).unwrap();
-                    return;
-                }
-                Some(Action::Planner(PlannerAction::Submit(input))) => {
-                    let req = PlanRequest {
-                        cycle: input.cycle,
-                        current: input.current.to_vec(),
-                        live: *input.live,
-                        loads: input.loads.to_vec(),
-                        samples: Some((input.windows, input.samples.to_vec())),
-                        seed: input.seed,
-                    };
-                    let cycle = req.cycle;
-                    match self.hosts[r].plan_request(&req) {
-                        Ok(p) => m.handle_plan(cycle, Some(&p)),
-                        Err(e) => panic!("{:?}: rank {r}: cycle {cycle}: {e}", self.kind),
-                    }
-                }
-                Some(Action::Planner(PlannerAction::Settle {
-                    cycle,
-                    taken,
-                    resync,
-                })) => self.hosts[r].settle(cycle, taken, resync),
-                Some(Action::Layer(LayerAction::Launch { layer })) => {
-                    self.launched[r] = Some(layer)
-                }
-                Some(Action::Layer(LayerAction::Commit { layer })) => {
-                    m.handle_committed(layer, true)
-                }
-                Some(Action::Layer(LayerAction::Load { layer })) => {
-                    self.loads_asked[r] += 1;
-                    m.handle_loaded(layer, !self.fail_loads)
-                }
-                Some(Action::Members { live }) => self.net.set_live(live),
-                Some(Action::Reroute) => self.reroutes[r] += 1,
-                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
-            }
-        }
     }
 
     fn live_ranks(&self) -> Vec<usize> {
         (0..self.machines.len())
-            .filter(|&r| self.driven[r])
+            .filter(|&r| self.net.is_driven(r))
             .collect()
     }
 
@@ -261,7 +237,7 @@ impl Cluster {
 
     /// The rank stops answering (its machine is no longer driven).
     fn kill(&mut self, rank: usize) {
-        self.driven[rank] = false;
+        self.net.set_driven(rank, false);
     }
 
     fn lost(&self) -> usize {
@@ -440,7 +416,7 @@ fn a_returning_rank_gets_its_weights_from_its_peers_before_it_serves() {
         )
         .unwrap();
         c.hosts[dead] = PolicyHost::new(policy_for(kind), shape);
-        c.driven[dead] = true;
+        c.net.set_driven(dead, true);
         c.iterate(); // it does nothing until told
         assert_eq!(c.machines[dead].stats().collectives, 0);
         // The engine hands it the placement its peers hold when it is let in (they may have

@@ -1,7 +1,7 @@
 //! Issue 27 on the rank machine alone: a fault on one rank only (a collective that fails there
 //! while its peers read every word, or one word that arrives corrupted there, or an install that
 //! fails there) in every collective, and `resume()` mid-walk. Eight machines in lock step on one
-//! thread ([`LocalCollective`], strict: a rank that leaves its peers' step fails the drive), each
+//! thread ([`LocalWorld`], strict: a rank that leaves its peers' step fails the drive), each
 //! with its own policy host, as deployed. Then item 5: seeded random fault schedules over many
 //! cycles with every policy, on a lenient collective that answers ranks out of step as a real
 //! transport would.
@@ -13,8 +13,8 @@ use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{PolicyHost, policy_input};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
-    Action, DriveError, Entered, Gather, Health, LayerAction, LocalCollective, LocalFault,
-    MachineConfig, PlannerAction, RankMachine, RunMode,
+    DriveError, Entered, Gather, Health, LocalCollective, LocalFault, LocalHooks, LocalWorld,
+    MachineConfig, PlanAnswer, PlanInput, RankMachine, RunMode,
 };
 
 const H: u32 = 4;
@@ -70,18 +70,76 @@ fn target_of(e: Entered) -> Option<Target> {
     }
 }
 
-/// Eight rank machines, a policy host each, one collective.
+/// Eight rank machines, a policy host each, one collective ([`LocalWorld`]).
 struct World {
     shape: Shape,
     machines: Vec<RankMachine>,
     hosts: Vec<PolicyHost>,
-    net: LocalCollective,
-    launched: Vec<Option<u16>>,
+    net: LocalWorld,
     it: usize,
     /// Faults waiting for their rank to enter their collective (or install a layer).
     armed: Vec<(usize, Target, LocalFault)>,
     /// Faults that hit.
     hits: usize,
+}
+
+/// The world's planners and fault hooks for one drive.
+struct Hooks<'a> {
+    shape: Shape,
+    hosts: &'a mut [PolicyHost],
+    armed: &'a mut Vec<(usize, Target, LocalFault)>,
+    hits: &'a mut usize,
+    answer: Option<eplb_runtime::planner::Plan>,
+}
+
+impl LocalHooks for Hooks<'_> {
+    type Error = DriveError;
+
+    fn submit(&mut self, r: usize, input: &PlanInput<'_>) -> Result<PlanAnswer<'_>, DriveError> {
+        let samples = Some((input.windows, input.samples));
+        let plan = policy_input(
+            &self.shape,
+            input.current,
+            input.live,
+            input.loads,
+            samples,
+            input.seed,
+        )
+        .and_then(|i| self.hosts[r].plan(input.cycle, &i));
+        self.answer = plan.ok();
+        Ok(match &self.answer {
+            Some(p) => PlanAnswer::Plan(p),
+            None => PlanAnswer::Failed,
+        })
+    }
+
+    fn settle(&mut self, r: usize, cycle: u64, taken: bool, resync: bool) {
+        self.hosts[r].settle(cycle, taken, resync);
+    }
+
+    fn commit(&mut self, r: usize, _layer: u16) -> bool {
+        let armed = self
+            .armed
+            .iter()
+            .position(|&(k, t, _)| k == r && t == Target::Commit);
+        if let Some(i) = armed {
+            self.armed.remove(i);
+            *self.hits += 1;
+        }
+        armed.is_none()
+    }
+
+    fn before_answer(&mut self, net: &mut LocalCollective) {
+        if let Some(i) = self
+            .armed
+            .iter()
+            .position(|&(rank, target, _)| net.entered(rank).and_then(target_of) == Some(target))
+        {
+            let (rank, _, fault) = self.armed.remove(i);
+            net.inject(rank, fault);
+            *self.hits += 1;
+        }
+    }
 }
 
 impl World {
@@ -93,8 +151,8 @@ impl World {
                 RankMachine::new(r, eplb_core::Placement::new(shape, &p).unwrap(), cfg()).unwrap()
             })
             .collect();
-        let mut net = LocalCollective::new(&machines);
-        net.set_lenient(lenient);
+        let mut net = LocalWorld::new(&machines);
+        net.net_mut().set_lenient(lenient);
         Self {
             hosts: (0..shape.ranks())
                 .map(|_| PolicyHost::new(policy_for(kind), shape))
@@ -102,7 +160,6 @@ impl World {
             net,
             shape,
             machines,
-            launched: vec![None; shape.ranks()],
             it: 0,
             armed: Vec::new(),
             hits: 0,
@@ -113,88 +170,19 @@ impl World {
     fn iterate(&mut self) -> Result<(), DriveError> {
         let shape = self.shape;
         for (r, m) in self.machines.iter_mut().enumerate() {
-            if let Some(l) = self.launched[r].take() {
-                m.handle_exchanged(l, true);
-            }
             // The hot experts drift, so that plans keep changing.
             let counts = common::slot_counts(&shape, m.placement(), r, self.it, 40, self.it / 9);
-            m.handle_forward(&counts, 64).unwrap();
+            self.net.forward(m, &counts, 64).unwrap();
         }
         self.it += 1;
-        for _round in 0..LocalCollective::MAX_ROUNDS {
-            for r in 0..self.machines.len() {
-                self.run_local(r);
-            }
-            let net = &self.net;
-            if let Some(i) = self.armed.iter().position(|&(rank, target, _)| {
-                net.entered(rank).and_then(target_of) == Some(target)
-            }) {
-                let (rank, _, fault) = self.armed.remove(i);
-                self.net.inject(rank, fault);
-                self.hits += 1;
-            }
-            if !self.net.answer(&mut self.machines)? {
-                return Ok(());
-            }
-        }
-        Err(DriveError::Rounds(LocalCollective::MAX_ROUNDS))
-    }
-
-    /// Executes rank `r`'s local actions until it enters a collective or is idle.
-    fn run_local(&mut self, r: usize) {
-        let shape = self.shape;
-        loop {
-            let m = &mut self.machines[r];
-            match m.poll() {
-                None => return,
-                Some(Action::Collective(c)) => {
-                    self.net.enter(r, c).unwrap();
-                    return;
-                }
-                Some(Action::Planner(PlannerAction::Submit(input))) => {
-                    let cycle = input.cycle;
-                    let (current, loads, samples) = (
-                        input.current.to_vec(),
-                        input.loads.to_vec(),
-                        input.samples.to_vec(),
-                    );
-                    let (windows, seed, live) = (input.windows, input.seed, *input.live);
-                    let plan = policy_input(
-                        &shape,
-                        &current,
-                        &live,
-                        &loads,
-                        Some((windows, &samples)),
-                        seed,
-                    )
-                    .and_then(|i| self.hosts[r].plan(cycle, &i));
-                    m.handle_plan(cycle, plan.as_ref().ok());
-                }
-                Some(Action::Planner(PlannerAction::Settle {
-                    cycle,
-                    taken,
-                    resync,
-                })) => self.hosts[r].settle(cycle, taken, resync),
-                Some(Action::Members { live }) => self.net.set_live(live),
-                Some(Action::Reroute) => {}
-                Some(Action::Layer(LayerAction::Launch { layer })) => {
-                    self.launched[r] = Some(layer)
-                }
-                Some(Action::Layer(LayerAction::Commit { layer })) => {
-                    let armed = self
-                        .armed
-                        .iter()
-                        .position(|&(k, t, _)| k == r && t == Target::Commit);
-                    let fail = armed.is_some();
-                    if let Some(i) = armed {
-                        self.armed.remove(i);
-                        self.hits += 1;
-                    }
-                    m.handle_committed(layer, !fail);
-                }
-                Some(Action::Record { .. }) | Some(Action::Layer(_)) => {}
-            }
-        }
+        let mut hooks = Hooks {
+            shape,
+            hosts: &mut self.hosts,
+            armed: &mut self.armed,
+            hits: &mut self.hits,
+            answer: None,
+        };
+        self.net.drive(&mut self.machines, &mut hooks)
     }
 
     fn run(&mut self, iterations: usize) {

@@ -5,8 +5,8 @@ mod common;
 
 use eplb_core::{HeatStage, Phase, Shape, StageClassifier};
 use eplb_runtime::rank::{
-    Action, Collective, Gather, Health, LayerAction, LocalCollective, MachineConfig, PlannerAction,
-    RankMachine, Reply, RunMode,
+    Action, Collective, DriveError, Gather, Health, LocalHooks, LocalWorld, MachineConfig,
+    PlanAnswer, PlanInput, RankMachine, Reply, RunMode,
 };
 
 const H: u32 = 5;
@@ -29,14 +29,48 @@ fn cfg() -> MachineConfig {
 type PlanFn = Box<dyn FnMut(usize, u64, &[u16]) -> Option<Vec<u16>>>;
 
 /// `R` machines, a planner per rank (`plan(rank, cycle, current) -> Some(new)` or `None` for a
-/// failure) and an in-memory collective (failing while `net.set_failing(true)`).
+/// failure) and the one-thread driver's in-memory collective (failing while
+/// `net.set_failing(true)`).
 struct Cluster {
-    shape: Shape,
     machines: Vec<RankMachine>,
     plan: PlanFn,
-    net: LocalCollective,
+    net: LocalWorld,
     settles: Vec<(usize, u64, bool, bool)>,
-    launched: Vec<Option<u16>>,
+}
+
+/// The cluster's planner and hooks for one drive.
+struct Hooks<'a> {
+    plan: &'a mut PlanFn,
+    settles: &'a mut Vec<(usize, u64, bool, bool)>,
+    shape: Shape,
+    answer: Option<eplb_runtime::planner::Plan>,
+}
+
+impl LocalHooks for Hooks<'_> {
+    type Error = DriveError;
+
+    fn submit(&mut self, r: usize, input: &PlanInput<'_>) -> Result<PlanAnswer<'_>, DriveError> {
+        let new = (self.plan)(r, input.cycle, input.current);
+        self.answer = new.and_then(|p| common::plan_of(self.shape, input.cycle, input.current, &p));
+        Ok(match &self.answer {
+            Some(p) => PlanAnswer::Plan(p),
+            None => PlanAnswer::Failed,
+        })
+    }
+
+    fn settle(&mut self, r: usize, cycle: u64, taken: bool, resync: bool) {
+        self.settles.push((r, cycle, taken, resync));
+    }
+
+    fn collective(&mut self, _r: usize, c: &Collective<'_>) {
+        if let Collective::AllGather {
+            of: Gather::Heat,
+            send,
+        } = c
+        {
+            assert!(!send.is_empty());
+        }
+    }
 }
 
 impl Cluster {
@@ -49,76 +83,29 @@ impl Cluster {
             })
             .collect();
         Self {
-            net: LocalCollective::new(&machines),
-            shape,
+            net: LocalWorld::new(&machines),
             machines,
             plan,
             settles: Vec::new(),
-            launched: vec![None; shape.ranks()],
         }
     }
 
-    /// One forward on every rank, then every action until all are idle.
+    /// One forward on every rank, then every action until all are idle (a livelock fails).
     fn iterate(&mut self) {
-        let counts: Vec<u32> = (0..self.shape.layers() * self.shape.slots_per_rank())
+        let counts: Vec<u32> = (0..self.machines[0].shape().layers()
+            * self.machines[0].shape().slots_per_rank())
             .map(|i| (i % 7) as u32 + 1)
             .collect();
-        for (m, launched) in self.machines.iter_mut().zip(&mut self.launched) {
-            if let Some(l) = launched.take() {
-                m.handle_exchanged(l, true);
-            }
-            m.handle_forward(&counts, 0).unwrap();
+        for m in self.machines.iter_mut() {
+            self.net.forward(m, &counts, 0).unwrap();
         }
-        for _round in 0..LocalCollective::MAX_ROUNDS {
-            for r in 0..self.machines.len() {
-                self.run_local(r);
-            }
-            if !self.net.answer(&mut self.machines).unwrap() {
-                return;
-            }
-        }
-        panic!("livelock: still exchanging after 16 collectives in one iteration");
-    }
-
-    /// Executes rank `r`'s local actions until it enters a collective or is idle.
-    fn run_local(&mut self, r: usize) {
-        let shape = self.shape;
-        loop {
-            let m = &mut self.machines[r];
-            match m.poll() {
-                None => return,
-                Some(Action::Collective(c)) => {
-                    if let Collective::AllGather {
-                        of: Gather::Heat,
-                        send,
-                    } = c
-                    {
-                        assert!(!send.is_empty());
-                    }
-                    self.net.enter(r, c).unwrap();
-                    return;
-                }
-                Some(Action::Planner(PlannerAction::Submit(input))) => {
-                    let (cycle, current) = (input.cycle, input.current.to_vec());
-                    let new = (self.plan)(r, cycle, &current);
-                    let plan = new.and_then(|p| common::plan_of(shape, cycle, &current, &p));
-                    m.handle_plan(cycle, plan.as_ref());
-                }
-                Some(Action::Planner(PlannerAction::Settle {
-                    cycle,
-                    taken,
-                    resync,
-                })) => self.settles.push((r, cycle, taken, resync)),
-                Some(Action::Layer(LayerAction::Launch { layer })) => {
-                    self.launched[r] = Some(layer)
-                }
-                Some(Action::Layer(LayerAction::Commit { layer })) => {
-                    m.handle_committed(layer, true)
-                }
-                Some(Action::Members { live }) => self.net.set_live(live),
-                Some(Action::Record { .. }) | Some(Action::Reroute) | Some(Action::Layer(_)) => {}
-            }
-        }
+        let mut hooks = Hooks {
+            plan: &mut self.plan,
+            settles: &mut self.settles,
+            shape: *self.machines[0].shape(),
+            answer: None,
+        };
+        self.net.drive(&mut self.machines, &mut hooks).unwrap();
     }
 
     fn collectives(&self) -> u64 {
@@ -236,7 +223,7 @@ fn a_plan_failing_on_one_rank_is_dropped_everywhere() {
 fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
     let shape = common::small_shape();
     let mut c = Cluster::new(Box::new(move |_, _, cur| Some(shuffle(cur, &shape, 2))));
-    c.net.set_failing(true);
+    c.net.net_mut().set_failing(true);
     for _ in 0..3 * H {
         c.iterate();
     }
@@ -253,7 +240,7 @@ fn consecutive_collective_failures_suspend_until_the_engine_resumes() {
         before,
         "a suspended machine asks for no collective"
     );
-    c.net.set_failing(false);
+    c.net.net_mut().set_failing(false);
     c.machines.iter_mut().for_each(RankMachine::handle_resume);
     for _ in 0..(H + A + 3) {
         c.iterate();

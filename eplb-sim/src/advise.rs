@@ -280,10 +280,10 @@ pub fn advise(
     }
     let mut rows: Vec<Row> = results
         .into_inner()
-        .map_err(|_| SimError::Run("an advise worker panicked".to_owned()))?
+        .map_err(|_| SimError::Worker { setting: None })?
         .into_iter()
         .enumerate()
-        .map(|(i, r)| r.ok_or_else(|| SimError::Run(format!("advise setting {i} was not run"))))
+        .map(|(i, r)| r.ok_or(SimError::Worker { setting: Some(i) }))
         .collect::<Result<_, _>>()?;
     rows.sort_by(|a, b| {
         let key = |r: &Row| {

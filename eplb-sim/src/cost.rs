@@ -1,6 +1,6 @@
 //! What a rebalance costs: expert copies moved, their bytes, and the time at a link per rank.
 //!
-//! [`move_cost`] plans each changed layer as the runtime does ([`eplb_runtime::transfer::plan_layer`])
+//! [`move_cost`] plans each changed layer's transfers as the runtime does ([`eplb_runtime::transfer::plan_transfers`])
 //! and counts, per layer, the expert copies sent between ranks, their bytes, and the bytes of
 //! the busiest rank (the larger of what it sends and what it receives). At a [`Link`]
 //! bandwidth per rank, a layer's exchange takes the busiest rank's bytes over the bandwidth
@@ -14,8 +14,8 @@ use core::str::FromStr;
 
 use eplb_core::Shape;
 use eplb_runtime::config::deployment::{QuantType, UnknownName};
-use eplb_runtime::payload::{ExpertPayload, ModelDims};
-use eplb_runtime::transfer::{PlanError, plan_layer};
+use eplb_runtime::payload::{ExpertPayload, ModelDims, PayloadError};
+use eplb_runtime::transfer::{PlanError, plan_transfers};
 use serde_json::{Value, json};
 
 /// A model whose expert dimensions are known.
@@ -380,7 +380,7 @@ pub fn move_cost(
     let per = shape.slots_per_layer().max(1);
     let bytes = expert_bytes as u64;
     let mut layers = Vec::with_capacity(shape.layers());
-    for (l, (o, n)) in old.chunks_exact(per).zip(new.chunks_exact(per)).enumerate() {
+    for (o, n) in old.chunks_exact(per).zip(new.chunks_exact(per)) {
         if o == n {
             layers.push(LayerCost {
                 transfers: 0,
@@ -389,10 +389,10 @@ pub fn move_cost(
             });
             continue;
         }
-        let plan = plan_layer(shape, l, o, n)?;
+        let (transfers, _) = plan_transfers(shape, o, n)?;
         let mut sent = vec![0u64; shape.ranks()];
         let mut recv = vec![0u64; shape.ranks()];
-        for t in &plan.transfers {
+        for t in &transfers {
             if let Some(s) = sent.get_mut(usize::from(t.src)) {
                 *s = s.saturating_add(bytes);
             }
@@ -402,8 +402,8 @@ pub fn move_cost(
         }
         let max_rank_bytes = sent.iter().chain(&recv).copied().max().unwrap_or(0);
         layers.push(LayerCost {
-            transfers: plan.transfers.len(),
-            bytes: bytes.saturating_mul(plan.transfers.len() as u64),
+            transfers: transfers.len(),
+            bytes: bytes.saturating_mul(transfers.len() as u64),
             max_rank_bytes,
         });
     }
@@ -498,10 +498,36 @@ pub fn human_ms(ms: f64) -> String {
     }
 }
 
+/// Why the cost settings cannot size an expert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CostError {
+    /// A model preset and the hidden or intermediate size were both given.
+    ModelAndSizes,
+    /// Only one of the hidden and intermediate sizes was given.
+    SizesApart,
+    /// The payload cannot be built (a zero size, or a quant type that needs fused MC2).
+    Payload(PayloadError),
+}
+
+impl fmt::Display for CostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CostError::ModelAndSizes => {
+                f.write_str("give either a model or the hidden and intermediate sizes, not both")
+            }
+            CostError::SizesApart => f.write_str("the hidden and intermediate sizes go together"),
+            CostError::Payload(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for CostError {}
+
 impl CostSpec {
     /// Applies the defaults and builds the payload. `hidden` and `intermediate` go together
     /// and exclude `model`.
-    pub fn resolve(&self) -> Result<CostBasis, String> {
+    pub fn resolve(&self) -> Result<CostBasis, CostError> {
         self.resolve_for_trace(None)
     }
 
@@ -509,7 +535,10 @@ impl CostSpec {
     /// [`ModelPreset::from_trace_model`]): with no `model`, `hidden` or `intermediate` given,
     /// the expert is sized by the trace's model instead of the DeepSeek-V3 default, and an
     /// unset quant type is the model's checkpoint type ([`ModelPreset::checkpoint_quant`]).
-    pub fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
+    pub fn resolve_for_trace(
+        &self,
+        trace_model: Option<ModelPreset>,
+    ) -> Result<CostBasis, CostError> {
         let mut defaulted = Vec::new();
         let from_trace = match (self.model, self.hidden, self.intermediate, trace_model) {
             (None, None, None, Some(m)) => Some(m),
@@ -518,9 +547,7 @@ impl CostSpec {
         let mut preset = None;
         let (model, dims) = match (self.model, self.hidden, self.intermediate) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                return Err(
-                    "give either --model or --hidden with --intermediate, not both".to_owned(),
-                );
+                return Err(CostError::ModelAndSizes);
             }
             (None, Some(hidden), Some(intermediate)) => (
                 "custom".to_owned(),
@@ -530,7 +557,7 @@ impl CostSpec {
                 },
             ),
             (None, Some(_), None) | (None, None, Some(_)) => {
-                return Err("--hidden and --intermediate go together".to_owned());
+                return Err(CostError::SizesApart);
             }
             (Some(m), None, None) => {
                 preset = Some(m);
@@ -560,7 +587,7 @@ impl CostSpec {
             Link::min_10gbps()
         });
         let payload =
-            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(|e| e.to_string())?;
+            ExpertPayload::for_quant(dims, quant, self.fused_mc2).map_err(CostError::Payload)?;
         Ok(CostBasis {
             model,
             dims,

@@ -5,9 +5,9 @@
 use eplb_core::metrics::Routing;
 use serde_json::{Value, json};
 
-use crate::Run;
 use crate::cost::{CostBasis, MoveCost};
 use crate::simulate::SimResult;
+use crate::time::{TimeBasis, TimeFigures};
 
 /// Bytes moved over all cycles, their mean per cycle, and the mean transfer time per cycle at
 /// the link (cycles that change nothing count as zero).
@@ -24,7 +24,7 @@ pub fn sim_cost(costs: &[MoveCost], basis: &CostBasis) -> (u64, f64, f64) {
 }
 
 /// The cost keys of `simulate --json`.
-pub fn add_sim_cost(v: &mut Value, costs: &[MoveCost], basis: &CostBasis) {
+fn add_sim_cost(v: &mut Value, costs: &[MoveCost], basis: &CostBasis) {
     let (total, per_cycle, ms) = sim_cost(costs, basis);
     v["bytes_moved_total"] = json!(total);
     v["bytes_per_cycle_mean"] = json!(per_cycle);
@@ -39,7 +39,7 @@ pub fn add_sim_cost(v: &mut Value, costs: &[MoveCost], basis: &CostBasis) {
     v["link"] = basis.link.to_json();
 }
 
-/// The `simulate --json` object.
+/// The metric keys of the `simulate --json` object ([`simulation`] adds the rest).
 pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> Value {
     let slots = r.shape.placement_len() as f64;
     json!({
@@ -72,7 +72,7 @@ pub fn sim_json(r: &SimResult, policy: &str, routing: Routing) -> Value {
 /// `reload_bytes_per_s` the rate a rank reads it back from host memory
 /// ([`crate::time::DEFAULT_RELOAD_BYTES_PER_S`]); a rank reloads its copies one after another,
 /// the ranks in parallel, so `reload_ms` is the busiest rank's bytes over the rate.
-pub fn add_membership(v: &mut Value, r: &SimResult, expert_bytes: u64, reload_bytes_per_s: f64) {
+fn add_membership(v: &mut Value, r: &SimResult, expert_bytes: u64, reload_bytes_per_s: f64) {
     let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
     let events: Vec<Value> = r
         .membership
@@ -151,11 +151,29 @@ pub fn placements_log(r: &SimResult, policy: &str, case: Option<&str>) -> Value 
     doc
 }
 
-/// The whole `simulate --json` object of a run: the metrics ([`sim_json`]) and the cost keys
-/// ([`add_sim_cost`]).
-pub fn run_json(run: &Run, basis: &CostBasis, policy: &str, routing: Routing) -> Value {
-    let mut v = sim_json(&run.result, policy, routing);
-    add_sim_cost(&mut v, &run.costs, basis);
+/// The `simulate --json` object of one run (`docs/cli.md`): the metrics of `result`
+/// ([`sim_json`]), the cost of its changes (`costs`, priced at `basis`), the time model's
+/// estimate (`figures` at `time`: the `est_*` keys and `time_model`) and the membership keys.
+/// The one recipe of `eplb simulate --json`, the runs of `eplb report` and Python's
+/// `eplb.simulate`.
+pub fn simulation(
+    result: &SimResult,
+    costs: &[MoveCost],
+    basis: &CostBasis,
+    figures: &TimeFigures,
+    time: &TimeBasis,
+    policy: &str,
+    routing: Routing,
+) -> Value {
+    let mut v = sim_json(result, policy, routing);
+    add_sim_cost(&mut v, costs, basis);
+    figures.add_json(&mut v, time);
+    add_membership(
+        &mut v,
+        result,
+        basis.payload.total_bytes() as u64,
+        time.reload_bytes_per_s,
+    );
     v
 }
 

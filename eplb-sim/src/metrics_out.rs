@@ -26,7 +26,7 @@ pub fn replay_metrics(
     result: &SimResult,
     expert_bytes: u64,
     settings: &MetricsSettings,
-) -> Result<String, String> {
+) -> Result<String, crate::SimError> {
     let shape = result.shape;
     let (l, n) = (shape.layers(), shape.experts());
     let ln = l * n;
@@ -55,12 +55,13 @@ pub fn replay_metrics(
                 *x += c as f64;
             }
         }
-        let po = Placement::new(shape, &old.placement).map_err(|e| e.to_string())?;
-        let pn = Placement::new(shape, &new.placement).map_err(|e| e.to_string())?;
+        let po = Placement::new(shape, &old.placement).map_err(crate::SimError::Shape)?;
+        let pn = Placement::new(shape, &new.placement).map_err(crate::SimError::Shape)?;
         for (layer, (lo, lnw)) in po.layers().zip(pn.layers()).enumerate() {
             let heat = loads.get(layer * n..(layer + 1) * n).unwrap_or(&[]);
             let par = |lp: &LayerPlacement<'_>, scratch: &mut [u32], rank_buf: &mut [f64]| {
-                layer_par(lp, heat, Routing::Even, scratch, rank_buf).map_err(|e| e.to_string())
+                layer_par(lp, heat, Routing::Even, scratch, rank_buf)
+                    .map_err(crate::SimError::Shape)
             };
             if let Some(b) = before.get_mut(layer) {
                 *b = par(&lo, &mut scratch, &mut rank_buf)?;
@@ -94,5 +95,7 @@ pub fn replay_metrics(
         layers_aborted: result.failed_layers,
         ..Failures::default()
     });
-    eplb_runtime::metrics::encode_text(&registry).map_err(|e| e.to_string())
+    eplb_runtime::metrics::encode_text(&registry).map_err(|_| crate::SimError::Encode {
+        what: "the Prometheus text exposition",
+    })
 }

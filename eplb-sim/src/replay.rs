@@ -44,10 +44,7 @@ impl Replay {
     /// no model in `cost`, the model the trace names sizes an expert (`CostSpec::resolve_for_trace`).
     /// The cost settings are checked first, so a bad flag is reported before a bad trace.
     pub fn load(bytes: &[u8], source: &str, cost: &CostSpec) -> Result<Self, SimError> {
-        let setting = |why: String| SimError::Setting {
-            what: "cost".to_owned(),
-            why,
-        };
+        let setting = SimError::CostSettings;
         cost.resolve().map_err(setting)?;
         let trace_err = |why: String| SimError::Trace {
             source: source.to_owned(),
@@ -109,8 +106,7 @@ impl Replay {
         let result = match custom {
             Some(p) => simulate_with(&self.trace, cfg, Box::new(p), progress),
             None => simulate(&self.trace, cfg, progress),
-        }
-        .map_err(SimError::Run)?;
+        }?;
         let costs = sequence_cost(
             &result.shape,
             result.log.iter().map(|e| e.placement.as_slice()),

@@ -1,8 +1,9 @@
 //! `eplb simulate`: replays a trace's windows through `R` [rank machines](eplb_runtime::rank), the
 //! policy and transfer planning on one thread, exactly as `SIMULATION.md` defines.
 //!
-//! One trace window is one forward iteration on every rank's machine. The simulator is the
-//! machines' driver (`SimWorld`): it serves their collectives in memory, runs the policy in place
+//! One trace window is one forward iteration on every rank's machine. The simulator drives the
+//! machines with [`LocalWorld`] (a run is one `SimRun`: apply the window's membership events,
+//! score it, drive the ranks, finish): it serves their collectives in memory, runs the policy in place
 //! right after the snapshot (one planner for every rank; its wall time is measured), and lets a
 //! layer's exchange succeed when its transfers can be planned. The plan taken `A` windows after
 //! the snapshot is walked by update iterations between windows `a_k - 1` and `a_k`
@@ -22,10 +23,11 @@ use eplb_policies::PolicyKind;
 use eplb_runtime::planner::{Plan, PolicyHost, policy_input};
 use eplb_runtime::policies::policy_for;
 use eplb_runtime::rank::{
-    Action, LayerAction, LocalCollective, MachineConfig, PlanInput, PlannerAction, RankMachine,
-    RunMode,
+    LocalHooks, LocalWorld, MachineConfig, PlanAnswer, PlanInput, RankMachine, RunMode,
 };
-use eplb_runtime::transfer::plan_layer;
+use eplb_runtime::transfer::plan_loads;
+
+use crate::SimError;
 
 /// A trace in memory: `counts[w][l][e]`.
 ///
@@ -88,14 +90,6 @@ impl MemberKind {
             MemberKind::Join => "join",
         }
     }
-
-    /// The command-line flag that asks for it (`--fail-rank` or `--join-rank`).
-    pub fn flag(self) -> &'static str {
-        match self {
-            MemberKind::Fail => "--fail-rank",
-            MemberKind::Join => "--join-rank",
-        }
-    }
 }
 
 /// A membership event of a replay: `rank` fails or joins at `window`, before that window is
@@ -110,52 +104,23 @@ pub struct MemberEvent {
     pub kind: MemberKind,
 }
 
-impl MemberEvent {
-    /// Parses `R@W` (rank `R` at window `W`) for `kind`; an error names the flag and the value.
-    pub fn parse(kind: MemberKind, text: &str) -> Result<Self, crate::SimError> {
-        let bad = |why: &str| crate::SimError::Setting {
-            what: format!("{} {text}", kind.flag()),
-            why: why.to_owned(),
-        };
-        let (r, w) = text
-            .split_once('@')
-            .ok_or_else(|| bad("expected RANK@WINDOW, such as 5@40"))?;
-        let rank = r
-            .trim()
-            .parse::<u16>()
-            .map_err(|_| bad("the rank (before @) is not a whole number below 65536"))?;
-        let window = w
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| bad("the window (after @) is not a whole number"))?;
-        Ok(Self { window, rank, kind })
-    }
-
-    /// `--fail-rank 5@40`, the event as the command line names it.
-    pub fn describe(&self) -> String {
-        format!("{} {}@{}", self.kind.flag(), self.rank, self.window)
-    }
-}
-
 /// Checks `events` against a run of `ranks` ranks, `windows` windows, `experts` experts and
 /// `slots_per_rank` slots per rank: every rank below `R` and window below `T`, events in window
 /// order, a failure only of a live rank, a join only of a failed one, and never fewer live ranks
-/// than `ceil(N / S)` (the slots every expert needs). The error names the event.
+/// than `ceil(N / S)` (the slots every expert needs). The error names the event
+/// ([`SimError::Event`]).
 pub fn validate_events(
     events: &[MemberEvent],
     ranks: usize,
     windows: usize,
     experts: usize,
     slots_per_rank: usize,
-) -> Result<(), crate::SimError> {
+) -> Result<(), SimError> {
     let mut live = vec![true; ranks];
     let need = experts.div_ceil(slots_per_rank.max(1));
     let mut last = 0;
     for e in events {
-        let bad = |why: String| crate::SimError::Setting {
-            what: e.describe(),
-            why,
-        };
+        let bad = |why: String| SimError::Event { event: *e, why };
         let r = usize::from(e.rank);
         if r >= ranks {
             return Err(bad(format!("rank {r} is not below the {ranks} ranks")));
@@ -368,11 +333,11 @@ fn splitmix(x: &mut u64) -> u64 {
 }
 
 /// The initial placement `[L][R][S]`.
-pub fn initial_placement(shape: &Shape, initial: Initial) -> Result<Vec<u16>, String> {
+pub fn initial_placement(shape: &Shape, initial: Initial) -> Result<Vec<u16>, SimError> {
     let mut p = vec![0u16; shape.placement_len()];
     Layout::Default
         .fill(shape, &mut p)
-        .map_err(|e| e.to_string())?;
+        .map_err(SimError::Shape)?;
     if let Initial::Random(seed) = initial {
         let mut st = seed;
         let n = shape.experts();
@@ -395,7 +360,7 @@ pub fn simulate(
     trace: &SimTrace,
     cfg: &SimConfig,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<SimResult, String> {
+) -> Result<SimResult, SimError> {
     let policy: Box<dyn eplb_policies::Policy + Send> = match cfg.policy {
         SimPolicy::Static => policy_for(PolicyKind::Static),
         SimPolicy::Policy(k) => policy_for(k),
@@ -409,19 +374,41 @@ pub fn simulate_with(
     cfg: &SimConfig,
     policy: Box<dyn eplb_policies::Policy + Send>,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<SimResult, String> {
+) -> Result<SimResult, SimError> {
+    let mut run = SimRun::new(trace, cfg, policy)?;
+    for w in 0..trace.windows {
+        run.window(w)?;
+        progress(w + 1, trace.windows);
+    }
+    run.finish()
+}
+
+/// The shape a trace and settings form, checked as `eplb plan` checks it (the shape's range,
+/// the policy's topology, its buffer sizes) before a window runs; also every count must fit a
+/// rank machine's per-iteration `u32` counter.
+fn run_shape(
+    trace: &SimTrace,
+    cfg: &SimConfig,
+    policy: &dyn eplb_policies::Policy,
+) -> Result<Shape, SimError> {
     let (t_len, l, n) = (trace.windows, trace.layers, trace.experts);
     if trace.counts.len() != t_len * l * n {
-        return Err(format!(
-            "trace counts hold {} values, expected {t_len} x {l} x {n}",
-            trace.counts.len()
-        ));
+        return Err(SimError::Counts {
+            values: trace.counts.len(),
+            windows: t_len,
+            layers: l,
+            experts: n,
+        });
     }
     if cfg.heat_interval == 0 || cfg.algo_interval == 0 {
-        return Err("--heat-interval and --algo-interval must be at least 1".into());
+        return Err(SimError::Intervals {
+            heat: cfg.heat_interval,
+            algo: cfg.algo_interval,
+        });
     }
-    let layers = u16::try_from(l).map_err(|_| format!("{l} layers is too many"))?;
-    let experts = u16::try_from(n).map_err(|_| format!("{n} experts is too many"))?;
+    let too_many = |what, count| SimError::TooMany { what, count };
+    let layers = u16::try_from(l).map_err(|_| too_many("layers", l))?;
+    let experts = u16::try_from(n).map_err(|_| too_many("experts", n))?;
     let shape = Shape::from_redundant(layers, experts, cfg.ranks, cfg.redundant)
         .and_then(|s| {
             s.topology(
@@ -429,380 +416,639 @@ pub fn simulate_with(
                 cfg.groups.unwrap_or(1),
             )
         })
-        .map_err(|e| e.to_string())?;
-    // Validate up front as `eplb plan` does: the shape's range, the policy's topology, its
-    // buffer sizes.
-    eplb_policies::buffer_lens(policy.as_ref(), &shape)
-        .map_err(|e| format!("policy {}: {e}", cfg.policy.name()))?;
-    // Counts reach the rank machines as per-iteration u32 values: refuse what does not fit.
+        .map_err(SimError::Shape)?;
+    eplb_policies::buffer_lens(policy, &shape).map_err(|error| SimError::Policy {
+        policy: cfg.policy.name(),
+        error,
+    })?;
     if let Some(i) = trace.counts.iter().position(|&c| c > u64::from(u32::MAX)) {
         let (w, rest) = (i / (l * n), i % (l * n));
-        return Err(format!(
-            "trace window {w}, layer {}, expert {}: count {} does not fit a per-iteration u32 counter (at most {})",
-            rest / n,
-            rest % n,
-            trace.counts.get(i).copied().unwrap_or(0),
-            u32::MAX
-        ));
+        return Err(SimError::Counter {
+            window: w,
+            layer: rest / n,
+            expert: rest % n,
+            count: trace.counts.get(i).copied().unwrap_or(0),
+        });
     }
-    let initial = initial_placement(&shape, cfg.initial)?;
-    let r = shape.ranks();
-    let (h, a) = (cfg.heat_interval as usize, cfg.algo_interval as usize);
+    Ok(shape)
+}
 
-    let mcfg = MachineConfig {
-        heat_interval: cfg.heat_interval,
-        algo_interval: cfg.algo_interval,
-        stage: HeatStage::All,
-        classifier: StageClassifier::new(1, 0),
-        mode: RunMode::Dynamic,
-        seed: cfg.seed,
-        max_collective_failures: 3,
-        atomic_collectives: true,
-    };
-    validate_events(&cfg.events, r, t_len, n, shape.slots_per_rank()).map_err(|e| e.to_string())?;
-    let start = eplb_core::Placement::new(shape, &initial).map_err(|e| e.to_string())?;
-    let mut machines = (0..r)
-        .map(|rank| RankMachine::new(rank, start, mcfg))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    // One planner serves every rank: one rank (the feeder) folds the heat and feeds it, once per
-    // cycle. That is rank 0, or with failures the lowest rank that never fails; when every rank
-    // fails at some point, every rank folds and the first live one to ask feeds the planner.
-    let anchor = (0..r).find(|&q| {
-        !cfg.events
-            .iter()
-            .any(|e| e.kind == MemberKind::Fail && usize::from(e.rank) == q)
-    });
-    let feeders: Vec<bool> = (0..r).map(|q| anchor.is_none_or(|a| a == q)).collect();
-    for m in machines.iter_mut() {
-        if !feeders[m.rank()] {
-            m.share_planner();
+/// A rank machine on `placement` with the ranks of `live` serving (the one place the
+/// simulator builds one).
+fn new_machine(
+    shape: Shape,
+    rank: usize,
+    placement: &[u16],
+    live: LiveSet,
+    mcfg: MachineConfig,
+) -> Result<RankMachine, eplb_runtime::rank::MachineError> {
+    let placement = Placement::with_live(shape, placement, &live)?;
+    RankMachine::new(rank, placement, mcfg)
+}
+
+/// One replay in progress (`SIMULATION.md`): the rank machines and their one-thread driver,
+/// the placement the tokens are routed on, the log, the scores and the membership events'
+/// outcomes. A window is three phases ([`SimRun::window`]): apply its membership events, score
+/// it under the placement live during it, and drive the ranks through it; [`SimRun::finish`]
+/// turns the run into its [`SimResult`].
+struct SimRun<'a> {
+    trace: &'a SimTrace,
+    cfg: &'a SimConfig,
+    shape: Shape,
+    mcfg: MachineConfig,
+    machines: Vec<RankMachine>,
+    world: LocalWorld,
+    planner: SimPlanner,
+    /// The feeder that never fails, if any ([`lead_rank`]).
+    anchor: Option<usize>,
+    /// Per rank: it folds the heat and may feed the shared planner.
+    feeders: Vec<bool>,
+    /// The placement the tokens are routed on: the lead's, retired to the live ranks.
+    live: Vec<u16>,
+    /// The ranks that serve.
+    live_set: LiveSet,
+    router: Router,
+    /// Per-slot counts of the window `[L][R][S]`, one rank's share `[L][S]`, and the zeros
+    /// of an update iteration.
+    routed: Vec<u32>,
+    mine: Vec<u32>,
+    zeros: Vec<u32>,
+    /// Cycles still run (a cycle whose activation falls after the trace is not).
+    driving: bool,
+    /// The first window of the cycle under way.
+    cycle_start: usize,
+    /// The next membership event.
+    next_event: usize,
+    log: Vec<LogEntry>,
+    outcomes: Vec<MemberOutcome>,
+    score: Score,
+}
+
+impl<'a> SimRun<'a> {
+    fn new(
+        trace: &'a SimTrace,
+        cfg: &'a SimConfig,
+        policy: Box<dyn eplb_policies::Policy + Send>,
+    ) -> Result<Self, SimError> {
+        let shape = run_shape(trace, cfg, policy.as_ref())?;
+        let initial = initial_placement(&shape, cfg.initial)?;
+        let r = shape.ranks();
+        let mcfg = MachineConfig {
+            heat_interval: cfg.heat_interval,
+            algo_interval: cfg.algo_interval,
+            stage: HeatStage::All,
+            classifier: StageClassifier::new(1, 0),
+            mode: RunMode::Dynamic,
+            seed: cfg.seed,
+            max_collective_failures: 3,
+            atomic_collectives: true,
+        };
+        validate_events(
+            &cfg.events,
+            r,
+            trace.windows,
+            trace.experts,
+            shape.slots_per_rank(),
+        )?;
+        let live_set = LiveSet::all(r).map_err(SimError::Shape)?;
+        let mut machines = (0..r)
+            .map(|rank| new_machine(shape, rank, &initial, live_set, mcfg))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| SimError::Machine {
+                window: None,
+                rank: 0,
+                error,
+            })?;
+        // One planner serves every rank: one rank (the feeder) folds the heat and feeds it,
+        // once per cycle. That is rank 0, or with failures the lowest rank that never fails;
+        // when every rank fails at some point, every rank folds and the first live one to ask
+        // feeds the planner.
+        let anchor = (0..r).find(|&q| {
+            !cfg.events
+                .iter()
+                .any(|e| e.kind == MemberKind::Fail && usize::from(e.rank) == q)
+        });
+        let feeders: Vec<bool> = (0..r).map(|q| anchor.is_none_or(|a| a == q)).collect();
+        for m in machines.iter_mut() {
+            if !feeders[m.rank()] {
+                m.share_planner();
+            }
         }
+        let mut planner = SimPlanner::new(shape, policy, feeders.clone());
+        planner.host.set_gate(cfg.payoff_gate);
+        let (l, s) = (shape.layers(), shape.slots_per_rank());
+        Ok(Self {
+            trace,
+            cfg,
+            shape,
+            mcfg,
+            world: LocalWorld::new(&machines),
+            machines,
+            planner,
+            anchor,
+            feeders,
+            router: Router::new(&shape, &initial, cfg.routing),
+            log: vec![LogEntry {
+                cycle: 0,
+                active_from_window: 0,
+                placement: initial.clone(),
+                heat_windows: None,
+                policy_time_s: None,
+            }],
+            live: initial,
+            live_set,
+            routed: vec![0; shape.placement_len()],
+            mine: vec![0; l * s],
+            zeros: vec![0; l * s],
+            driving: true,
+            cycle_start: 0,
+            next_event: 0,
+            outcomes: Vec::new(),
+            score: Score::new(&shape, trace.windows, cfg.routing),
+        })
     }
-    let mut world = SimWorld::new(shape, &machines, policy, feeders.clone())?;
-    world.host.set_gate(cfg.payoff_gate);
 
-    let mut live = initial.clone();
-    let mut log = vec![LogEntry {
-        cycle: 0,
-        active_from_window: 0,
-        placement: initial.clone(),
-        heat_windows: None,
-        policy_time_s: None,
-    }];
-    let mut driving = true;
-    let mut cycle_start = 0usize;
-    let mut par = vec![0.0f64; t_len * l];
-    let mut other = vec![0.0f64; t_len * l];
-    let mut lb = vec![0.0f64; t_len * l];
-    let other_routing = match cfg.routing {
-        Routing::Log2Phy => Routing::Even,
-        Routing::Even => Routing::Log2Phy,
-    };
-    let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
-    let mut rank_buf = vec![0.0f64; r];
-    let mut copies = vec![0u16; n];
-    let mut heap = std::collections::BinaryHeap::with_capacity(n);
-    let mut loads = vec![0.0f64; n];
-    let mut router = Router::new(&shape, &live, cfg.routing);
-    let mut routed = vec![0u32; shape.placement_len()];
-    let (s, per) = (shape.slots_per_rank(), shape.slots_per_layer());
-    let mut mine = vec![0u32; l * s];
-    let zeros = vec![0u32; l * s];
-    // Elastic membership: the ranks still driven, the live set, and what each event did.
-    let mut driven = vec![true; r];
-    let mut live_set = LiveSet::all(r).map_err(|e| e.to_string())?;
-    let mut next_event = 0usize;
-    let mut outcomes: Vec<MemberOutcome> = Vec::new();
-    let mut unserved = vec![0u64; t_len];
-    let mut lost_w = vec![0usize; t_len];
-    let mut empty_live_w = vec![false; t_len];
-    let mut lost_buf = vec![false; n];
-    let mut live_loads = Vec::with_capacity(r);
-    for w in 0..t_len {
-        let counts = &trace.counts[w * l * n..(w + 1) * l * n];
-        // Membership events, before the window is routed.
-        let mut members_changed = false;
-        while let Some(ev) = cfg.events.get(next_event).filter(|e| e.window == w) {
-            next_event += 1;
-            let q = usize::from(ev.rank);
-            let before = live_set;
-            match ev.kind {
-                MemberKind::Fail => {
-                    live_set.remove(q).map_err(|e| e.to_string())?;
-                    // It never enters a collective again.
-                    driven[q] = false;
-                    world.launched[q] = None;
-                    world.asked[q] = false;
-                }
-                MemberKind::Join => {
-                    live_set.insert(q).map_err(|e| e.to_string())?;
-                    if driving {
-                        // A fresh machine from the placement the survivors hold.
-                        let lead = lead_rank(anchor, &driven, &machines);
-                        let mut m = eplb_core::Placement::with_live(
-                            shape,
-                            machines[lead].placement(),
-                            &before,
-                        )
-                        .map_err(|e| e.to_string())
-                        .and_then(|p| RankMachine::new(q, p, mcfg).map_err(|e| e.to_string()))
-                        .map_err(|e| format!("{}: {e}", ev.describe()))?;
-                        if !feeders[q] {
-                            m.share_planner();
-                        }
-                        machines[q] = m;
-                        driven[q] = true;
-                        world.launched[q] = None;
-                        world.asked[q] = false;
-                    }
-                }
-            }
-            // Reloads so far belong to the event before.
-            if let Some(prev) = outcomes.last_mut() {
-                book_reloads(prev, &mut world.reloads);
-            }
-            world.reloads.fill(0);
-            outcomes.push(MemberOutcome {
-                event: *ev,
-                live_ranks: live_set.count(),
-                lost_experts: 0,
-                unserved_tokens: 0,
-                reload_copies: 0,
-                reload_copies_max_rank: 0,
-                par_before_event: f64::NAN,
-                par_window_after: f64::NAN,
-                recovered_at_window: None,
-            });
-            members_changed = true;
-        }
-        if members_changed {
-            if driving {
-                // Every live rank is told the new set at this iteration; the drive below runs
-                // their agreement and reroute.
-                world.net.set_live(&live_set);
-                for (m, &d) in machines.iter_mut().zip(&driven) {
-                    if d {
-                        m.handle_membership(live_set).map_err(|e| {
-                            format!("simulation: window {w}: rank {}: {e}", m.rank())
-                        })?;
-                    }
-                }
-                // The machines drop the cycle under way; the next one starts now.
-                cycle_start = w;
-            }
-            // The routing-only step: no token goes to a rank that left.
-            retire(&shape, &live_set, &mut live).map_err(|e| e.to_string())?;
-            router.rebuild(&live);
-        }
-        // Score window w under the placement live during it.
-        if live_set.is_all() && !live.contains(&EMPTY) {
-            let p = Placement::new(shape, &live).map_err(|e| e.to_string())?;
-            for (layer, lp) in p.layers().enumerate() {
-                for (x, &c) in loads.iter_mut().zip(&counts[layer * n..(layer + 1) * n]) {
-                    *x = c as f64;
-                }
-                par[w * l + layer] =
-                    metrics::layer_par(&lp, &loads, cfg.routing, &mut scratch, &mut rank_buf)
-                        .map_err(|e| e.to_string())?;
-                other[w * l + layer] =
-                    metrics::layer_par(&lp, &loads, other_routing, &mut scratch, &mut rank_buf)
-                        .map_err(|e| e.to_string())?;
-                lb[w * l + layer] = lower_bound_par(&shape, &loads, &mut copies, &mut heap)
-                    .map_err(|e| e.to_string())?;
-            }
-        } else {
-            // Over the live ranks only: an EMPTY slot holds nothing, a lost expert's tokens are
-            // unserved, PAR is max / mean of the live ranks' loads.
-            for layer in 0..l {
-                let lc = &counts[layer * n..(layer + 1) * n];
-                for (x, &c) in loads.iter_mut().zip(lc) {
-                    *x = c as f64;
-                }
-                let rows = &live[layer * per..(layer + 1) * per];
-                let lp = LayerPlacement::with_live(shape, layer, rows, &live_set)
-                    .map_err(|e| format!("simulation: window {w}: {e}"))?;
-                for (routing, out) in [(cfg.routing, &mut par), (other_routing, &mut other)] {
-                    metrics::rank_loads(&lp, &loads, routing, &mut scratch, &mut rank_buf)
-                        .map_err(|e| e.to_string())?;
-                    live_loads.clear();
-                    live_loads.extend(live_set.iter().map(|q| rank_buf[q]));
-                    out[w * l + layer] = metrics::par(&live_loads);
-                }
-                lb[w * l + layer] = lower_bound_par(&shape, &loads, &mut copies, &mut heap)
-                    .map_err(|e| e.to_string())?;
-                lost_w[w] += lost_experts(&shape, rows, &live_set, &mut lost_buf)
-                    .map_err(|e| e.to_string())?;
-                unserved[w] += lost_buf
-                    .iter()
-                    .zip(lc)
-                    .filter(|(lost, _)| **lost)
-                    .map(|(_, &c)| c)
-                    .sum::<u64>();
-                empty_live_w[w] |= live_set
-                    .iter()
-                    .any(|q| rows[q * s..(q + 1) * s].contains(&EMPTY));
-            }
-        }
+    /// Window `w`: its membership events, its score, then the ranks driven through it.
+    fn window(&mut self, w: usize) -> Result<(), SimError> {
+        self.apply_events(w)?;
+        let (l, n) = (self.trace.layers, self.trace.experts);
+        let counts = &self.trace.counts[w * l * n..(w + 1) * l * n];
+        self.score
+            .window(&self.shape, w, counts, &self.live, &self.live_set)?;
         // A cycle starting now would activate at w + H + A: run it only if that is inside.
-        if driving && w == cycle_start && w + h + a >= t_len {
-            driving = false;
+        let (h, a) = (self.heat(), self.algo());
+        if self.driving && w == self.cycle_start && w + h + a >= self.trace.windows {
+            self.driving = false;
         }
-        if !driving {
-            progress(w + 1, t_len);
-            continue;
+        if self.driving {
+            self.drive_window(w)?;
         }
-        router.route(counts, &mut routed);
-        for (m, _) in machines.iter_mut().zip(&driven).filter(|(_, d)| **d) {
-            let rank = m.rank();
+        Ok(())
+    }
+
+    fn heat(&self) -> usize {
+        self.cfg.heat_interval as usize
+    }
+
+    fn algo(&self) -> usize {
+        self.cfg.algo_interval as usize
+    }
+
+    fn lead(&self) -> usize {
+        lead_rank(self.anchor, self.world.driven(), &self.machines)
+    }
+
+    /// The membership events of window `w`, before it is routed: the ranks stop or join, the
+    /// survivors are told the new set, and no token goes to a rank that left.
+    fn apply_events(&mut self, w: usize) -> Result<(), SimError> {
+        let mut changed = false;
+        while let Some(ev) = self
+            .cfg
+            .events
+            .get(self.next_event)
+            .filter(|e| e.window == w)
+        {
+            self.next_event += 1;
+            self.apply_event(*ev)?;
+            changed = true;
+        }
+        if !changed {
+            return Ok(());
+        }
+        if self.driving {
+            // Every live rank is told the new set at this iteration; the drive runs their
+            // agreement and reroute.
+            self.world.net_mut().set_live(&self.live_set);
+            for (m, &d) in self.machines.iter_mut().zip(self.world.driven()) {
+                if d {
+                    m.handle_membership(self.live_set)
+                        .map_err(|error| SimError::Machine {
+                            window: Some(w),
+                            rank: m.rank(),
+                            error,
+                        })?;
+                }
+            }
+            // The machines drop the cycle under way; the next one starts now.
+            self.cycle_start = w;
+        }
+        // The routing-only step: no token goes to a rank that left.
+        retire(&self.shape, &self.live_set, &mut self.live).map_err(SimError::Shape)?;
+        self.router.rebuild(&self.live);
+        Ok(())
+    }
+
+    /// One membership event: the rank stops (its machine is never driven again) or joins
+    /// with a fresh machine on the survivors' placement; its outcome starts.
+    fn apply_event(&mut self, ev: MemberEvent) -> Result<(), SimError> {
+        let q = usize::from(ev.rank);
+        let before = self.live_set;
+        match ev.kind {
+            MemberKind::Fail => {
+                self.live_set.remove(q).map_err(SimError::Shape)?;
+                // It never enters a collective again.
+                self.world.set_driven(q, false);
+            }
+            MemberKind::Join => {
+                self.live_set.insert(q).map_err(SimError::Shape)?;
+                if self.driving {
+                    // A fresh machine from the placement the survivors hold.
+                    let lead = self.lead();
+                    let placement = self.machines[lead].placement();
+                    let mut m =
+                        new_machine(self.shape, q, placement, before, self.mcfg).map_err(|e| {
+                            SimError::Event {
+                                event: ev,
+                                why: e.to_string(),
+                            }
+                        })?;
+                    if !self.feeders[q] {
+                        m.share_planner();
+                    }
+                    self.machines[q] = m;
+                    self.world.set_driven(q, true);
+                }
+            }
+        }
+        // Reloads so far belong to the event before.
+        if let Some(prev) = self.outcomes.last_mut() {
+            book_reloads(prev, &mut self.planner.reloads);
+        }
+        self.planner.reloads.fill(0);
+        self.outcomes.push(MemberOutcome {
+            event: ev,
+            live_ranks: self.live_set.count(),
+            lost_experts: 0,
+            unserved_tokens: 0,
+            reload_copies: 0,
+            reload_copies_max_rank: 0,
+            par_before_event: f64::NAN,
+            par_window_after: f64::NAN,
+            recovered_at_window: None,
+        });
+        Ok(())
+    }
+
+    /// Window `w` on every driven rank: its forward, every action until all are idle, then
+    /// the update iterations between windows (the layer walk is part of the delay); a plan
+    /// taken after `w` is logged as live from `w + 1`.
+    fn drive_window(&mut self, w: usize) -> Result<(), SimError> {
+        let (l, n) = (self.trace.layers, self.trace.experts);
+        let counts = &self.trace.counts[w * l * n..(w + 1) * l * n];
+        self.router.route(counts, &mut self.routed);
+        let (s, per) = (self.shape.slots_per_rank(), self.shape.slots_per_layer());
+        for rank in 0..self.machines.len() {
+            if !self.world.is_driven(rank) {
+                continue;
+            }
             for layer in 0..l {
                 let base = layer * per + rank * s;
-                mine[layer * s..(layer + 1) * s].copy_from_slice(&routed[base..base + s]);
+                self.mine[layer * s..(layer + 1) * s].copy_from_slice(&self.routed[base..base + s]);
             }
-            world.exchange_done(m);
-            m.handle_forward(&mine, 0).map_err(|e| e.to_string())?;
+            self.forward(w, rank, false)?;
         }
-        world.drive(&mut machines, &driven)?;
-        let lead = lead_rank(anchor, &driven, &machines);
-        let taken = machines[lead].take_events().plan_taken.is_some();
-        // Update iterations between windows: the layer-by-layer update is part of the delay.
+        self.drive(w)?;
+        let lead = self.lead();
+        let taken = self.machines[lead].take_events().plan_taken.is_some();
+        let limit = 2 * l + 2;
         let mut updates = 0usize;
-        while machines[lead].is_updating() {
+        while self.machines[lead].is_updating() {
             updates += 1;
-            if updates > 2 * l + 2 {
-                return Err(format!(
-                    "simulation livelock: the layer update after window {w} did not end within {} \
-                     iterations",
-                    2 * l + 2
-                ));
+            if updates > limit {
+                return Err(SimError::Livelock {
+                    window: w,
+                    iterations: limit,
+                });
             }
-            for (m, _) in machines.iter_mut().zip(&driven).filter(|(_, d)| **d) {
-                world.exchange_done(m);
-                m.handle_forward(&zeros, 0).map_err(|e| e.to_string())?;
+            for rank in 0..self.machines.len() {
+                if self.world.is_driven(rank) {
+                    self.forward(w, rank, true)?;
+                }
             }
-            world.drive(&mut machines, &driven)?;
+            self.drive(w)?;
         }
-        for m in machines.iter_mut() {
+        for m in self.machines.iter_mut() {
             let _ = m.take_events();
         }
+        let lead_placement = self.machines[lead].placement();
         if taken {
             // The plan taken after window w is live from window w + 1.
-            log.push(LogEntry {
-                cycle: log.len(),
+            self.log.push(LogEntry {
+                cycle: self.log.len(),
                 active_from_window: w + 1,
-                placement: machines[lead].placement().to_vec(),
-                heat_windows: Some((cycle_start, cycle_start + h)),
-                policy_time_s: Some(world.plan_time),
+                placement: lead_placement.to_vec(),
+                heat_windows: Some((self.cycle_start, self.cycle_start + self.heat())),
+                policy_time_s: Some(self.planner.plan_time),
             });
-            cycle_start = w + 1;
+            self.cycle_start = w + 1;
         }
-        if live != machines[lead].placement() {
-            live.copy_from_slice(machines[lead].placement());
-            router.rebuild(&live);
+        if self.live != lead_placement {
+            self.live.copy_from_slice(lead_placement);
+            self.router.rebuild(&self.live);
         }
-        progress(w + 1, t_len);
+        Ok(())
     }
-    if let Some(last) = outcomes.last_mut() {
-        book_reloads(last, &mut world.reloads);
-    }
-    let stats = machines[lead_rank(anchor, &driven, &machines)].stats();
-    let (failed_layers, plans, plan_failures) =
-        (stats.layers_failed, stats.plans_taken, stats.plan_failures);
 
-    // Metrics.
-    let layer_mean: Vec<f64> = par
-        .chunks_exact(l)
-        .map(|c| c.iter().sum::<f64>() / l as f64)
-        .collect();
-    let first = (h + a).min(t_len);
-    let tail = &layer_mean[first..];
-    let mean = |v: &[f64]| {
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
+    /// One forward of `rank` in window `w`: its routed counts, or zeros in an update iteration.
+    fn forward(&mut self, w: usize, rank: usize, update: bool) -> Result<(), SimError> {
+        let counts = if update { &self.zeros } else { &self.mine };
+        self.world
+            .forward(&mut self.machines[rank], counts, 0)
+            .map_err(|error| SimError::Machine {
+                window: Some(w),
+                rank,
+                error,
+            })
+    }
+
+    /// Every driven machine's actions until all are idle ([`LocalWorld::drive`]).
+    fn drive(&mut self, w: usize) -> Result<(), SimError> {
+        self.world
+            .drive(&mut self.machines, &mut self.planner)
+            .map_err(|e| e.at_window(w))
+    }
+
+    /// The run's result: the metrics over the scores, the changes over the log, and what each
+    /// membership event did.
+    fn finish(mut self) -> Result<SimResult, SimError> {
+        if let Some(last) = self.outcomes.last_mut() {
+            book_reloads(last, &mut self.planner.reloads);
         }
-    };
-    let mut changes = 0;
-    let mut moves_total = 0;
-    let mut slot_writes_total = 0;
-    let mut dup_max = 0;
-    for pair in log.windows(2) {
-        let (old, new) = (&pair[0].placement, &pair[1].placement);
-        if old != new {
-            changes += 1;
-            moves_total += if new.contains(&EMPTY) {
-                elastic_moves(old, new, shape.slots_per_rank())
+        let stats = self.machines[self.lead()].stats();
+        let (t_len, l, s) = (
+            self.trace.windows,
+            self.trace.layers,
+            self.shape.slots_per_rank(),
+        );
+        let score = &self.score;
+        let layer_mean: Vec<f64> = score
+            .par
+            .chunks_exact(l)
+            .map(|c| c.iter().sum::<f64>() / l as f64)
+            .collect();
+        let first = (self.heat() + self.algo()).min(t_len);
+        let tail = &layer_mean[first..];
+        let (mut changes, mut moves_total, mut slot_writes_total) = (0, 0, 0);
+        for pair in self.log.windows(2) {
+            let (old, new) = (&pair[0].placement, &pair[1].placement);
+            if old != new {
+                changes += 1;
+                moves_total += metrics::moves(old, new, s);
+                slot_writes_total += metrics::slot_writes(old, new);
+            }
+        }
+        let mut dup_max = 0;
+        for e in &self.log {
+            dup_max = dup_max.max(colocated_rows(&self.shape, &e.placement));
+        }
+        let cycle = self.heat() + self.algo();
+        score.book_outcomes(&mut self.outcomes, &layer_mean, first, cycle);
+        let times: Vec<f64> = self.log.iter().filter_map(|e| e.policy_time_s).collect();
+        let score = self.score;
+        Ok(SimResult {
+            shape: self.shape,
+            mean_par: mean(&score.par),
+            p99_par: percentile(&layer_mean, 99.0),
+            max_par: score.par.iter().copied().fold(f64::MIN, f64::max),
+            mean_par_from_first_activation: mean(tail),
+            p99_par_from_first_activation: percentile(tail, 99.0),
+            other_routing_mean_par: mean(&score.other),
+            lower_bound_mean_par: mean(&score.lb),
+            changes,
+            cycles: self.log.len() - 1,
+            moves_total,
+            slot_writes_total,
+            same_rank_duplicate_rows_max: dup_max,
+            policy_time_ms_mean: if times.is_empty() {
+                0.0
             } else {
-                metrics::moves(old, new, shape.slots_per_rank())
-            };
-            slot_writes_total += metrics::slot_writes(old, new);
+                mean(&times) * 1e3
+            },
+            policy_time_ms_max: times.iter().copied().fold(0.0, f64::max) * 1e3,
+            failed_layers: stats.layers_failed,
+            plans: stats.plans_taken,
+            plan_failures: stats.plan_failures,
+            first_plan_failure: self.planner.first_failure.take(),
+            log: self.log,
+            par: score.par,
+            lower_bound: score.lb,
+            membership: self.outcomes,
+            unserved: score.unserved,
+        })
+    }
+}
+
+/// The mean of `v` (`NaN` when empty).
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The scores of every window: PAR under the routing model and the other one, the lower bound,
+/// and (with membership events) the lost experts and unserved tokens, with the buffers that
+/// compute them.
+struct Score {
+    routing: Routing,
+    other_routing: Routing,
+    /// `[T][L]`.
+    par: Vec<f64>,
+    other: Vec<f64>,
+    lb: Vec<f64>,
+    /// Per window: tokens of experts with no live copy, lost (layer, expert) pairs, and
+    /// whether a live rank has an empty slot.
+    unserved: Vec<u64>,
+    lost: Vec<usize>,
+    empty_live: Vec<bool>,
+    scratch: Vec<u32>,
+    rank_buf: Vec<f64>,
+    copies: Vec<u16>,
+    heap: std::collections::BinaryHeap<(u64, std::cmp::Reverse<usize>)>,
+    loads: Vec<f64>,
+    live_loads: Vec<f64>,
+    lost_buf: Vec<bool>,
+}
+
+impl Score {
+    fn new(shape: &Shape, windows: usize, routing: Routing) -> Self {
+        let (l, n, r) = (shape.layers(), shape.experts(), shape.ranks());
+        Self {
+            routing,
+            other_routing: match routing {
+                Routing::Log2Phy => Routing::Even,
+                Routing::Even => Routing::Log2Phy,
+            },
+            par: vec![0.0; windows * l],
+            other: vec![0.0; windows * l],
+            lb: vec![0.0; windows * l],
+            unserved: vec![0; windows],
+            lost: vec![0; windows],
+            empty_live: vec![false; windows],
+            scratch: vec![0; metrics::scratch_len(shape)],
+            rank_buf: vec![0.0; r],
+            copies: vec![0; n],
+            heap: std::collections::BinaryHeap::with_capacity(n),
+            loads: vec![0.0; n],
+            live_loads: Vec::with_capacity(r),
+            lost_buf: vec![false; n],
         }
     }
-    for e in &log {
-        let rows = if e.placement.contains(&EMPTY) {
-            elastic_colocated_rows(&e.placement, shape.slots_per_rank())
+
+    /// Scores window `w` (`counts` `[L][N]`) under `live`, the placement live during it.
+    fn window(
+        &mut self,
+        shape: &Shape,
+        w: usize,
+        counts: &[u64],
+        live: &[u16],
+        live_set: &LiveSet,
+    ) -> Result<(), SimError> {
+        if live_set.is_all() && !live.contains(&EMPTY) {
+            self.all_live(shape, w, counts, live)
         } else {
-            Placement::new(shape, &e.placement)
-                .map_err(|e| e.to_string())?
-                .colocated_rows()
-        };
-        dup_max = dup_max.max(rows);
+            self.over_live(shape, w, counts, live, live_set)
+        }
     }
-    // What each membership event did: lost experts at it, unserved tokens and recovery up to
-    // the next event.
-    let bounds: Vec<usize> = outcomes
-        .iter()
-        .skip(1)
-        .map(|o| o.event.window)
-        .chain(core::iter::once(t_len))
-        .collect();
-    for (o, &end) in outcomes.iter_mut().zip(&bounds) {
-        let at = o.event.window;
-        let lo = if at > first {
-            at.saturating_sub(h + a).max(first)
-        } else {
-            at.saturating_sub(h + a)
-        };
-        o.par_before_event = mean(&layer_mean[lo..at]);
-        o.par_window_after = layer_mean[at];
-        o.lost_experts = lost_w[at];
-        o.unserved_tokens = unserved[at..end].iter().sum();
-        let limit = o.par_before_event * 1.05;
-        o.recovered_at_window =
-            (at..end).find(|&x| lost_w[x] == 0 && !empty_live_w[x] && layer_mean[x] <= limit);
+
+    /// Every rank live and every slot full.
+    fn all_live(
+        &mut self,
+        shape: &Shape,
+        w: usize,
+        counts: &[u64],
+        live: &[u16],
+    ) -> Result<(), SimError> {
+        let (l, n) = (shape.layers(), shape.experts());
+        let p = Placement::new(*shape, live).map_err(SimError::Shape)?;
+        for (layer, lp) in p.layers().enumerate() {
+            for (x, &c) in self
+                .loads
+                .iter_mut()
+                .zip(&counts[layer * n..(layer + 1) * n])
+            {
+                *x = c as f64;
+            }
+            let at = w * l + layer;
+            for (routing, out) in [
+                (self.routing, &mut self.par),
+                (self.other_routing, &mut self.other),
+            ] {
+                out[at] = metrics::layer_par(
+                    &lp,
+                    &self.loads,
+                    routing,
+                    &mut self.scratch,
+                    &mut self.rank_buf,
+                )
+                .map_err(SimError::Shape)?;
+            }
+            self.lb[at] = lower_bound_par(shape, &self.loads, &mut self.copies, &mut self.heap)
+                .map_err(SimError::Shape)?;
+        }
+        Ok(())
     }
-    let times: Vec<f64> = log.iter().filter_map(|e| e.policy_time_s).collect();
-    Ok(SimResult {
-        shape,
-        mean_par: mean(&par),
-        p99_par: percentile(&layer_mean, 99.0),
-        max_par: par.iter().copied().fold(f64::MIN, f64::max),
-        mean_par_from_first_activation: mean(tail),
-        p99_par_from_first_activation: percentile(tail, 99.0),
-        other_routing_mean_par: mean(&other),
-        lower_bound_mean_par: mean(&lb),
-        changes,
-        cycles: log.len() - 1,
-        moves_total,
-        slot_writes_total,
-        same_rank_duplicate_rows_max: dup_max,
-        policy_time_ms_mean: if times.is_empty() {
-            0.0
-        } else {
-            mean(&times) * 1e3
-        },
-        policy_time_ms_max: times.iter().copied().fold(0.0, f64::max) * 1e3,
-        failed_layers,
-        plans,
-        plan_failures,
-        first_plan_failure: world.first_failure.take(),
-        log,
-        par,
-        lower_bound: lb,
-        membership: outcomes,
-        unserved,
-    })
+
+    /// Over the live ranks only: an EMPTY slot holds nothing, a lost expert's tokens are
+    /// unserved, PAR is max / mean of the live ranks' loads.
+    fn over_live(
+        &mut self,
+        shape: &Shape,
+        w: usize,
+        counts: &[u64],
+        live: &[u16],
+        live_set: &LiveSet,
+    ) -> Result<(), SimError> {
+        let (l, n, s, per) = (
+            shape.layers(),
+            shape.experts(),
+            shape.slots_per_rank(),
+            shape.slots_per_layer(),
+        );
+        for layer in 0..l {
+            let lc = &counts[layer * n..(layer + 1) * n];
+            for (x, &c) in self.loads.iter_mut().zip(lc) {
+                *x = c as f64;
+            }
+            let rows = &live[layer * per..(layer + 1) * per];
+            let lp = LayerPlacement::with_live(*shape, layer, rows, live_set)
+                .map_err(SimError::Shape)?;
+            let at = w * l + layer;
+            for (routing, out) in [
+                (self.routing, &mut self.par),
+                (self.other_routing, &mut self.other),
+            ] {
+                metrics::rank_loads(
+                    &lp,
+                    &self.loads,
+                    routing,
+                    &mut self.scratch,
+                    &mut self.rank_buf,
+                )
+                .map_err(SimError::Shape)?;
+                self.live_loads.clear();
+                self.live_loads
+                    .extend(live_set.iter().map(|q| self.rank_buf[q]));
+                out[at] = metrics::par(&self.live_loads);
+            }
+            self.lb[at] = lower_bound_par(shape, &self.loads, &mut self.copies, &mut self.heap)
+                .map_err(SimError::Shape)?;
+            self.lost[w] +=
+                lost_experts(shape, rows, live_set, &mut self.lost_buf).map_err(SimError::Shape)?;
+            self.unserved[w] += self
+                .lost_buf
+                .iter()
+                .zip(lc)
+                .filter(|(lost, _)| **lost)
+                .map(|(_, &c)| c)
+                .sum::<u64>();
+            self.empty_live[w] |= live_set
+                .iter()
+                .any(|q| rows[q * s..(q + 1) * s].contains(&EMPTY));
+        }
+        Ok(())
+    }
+
+    /// What each membership event did: lost experts at it, unserved tokens and recovery up to
+    /// the next event. `layer_mean` is the layer-mean PAR per window, `first` the first
+    /// activation's window, `cycle` `H + A`.
+    fn book_outcomes(
+        &self,
+        outcomes: &mut [MemberOutcome],
+        layer_mean: &[f64],
+        first: usize,
+        cycle: usize,
+    ) {
+        let bounds: Vec<usize> = outcomes
+            .iter()
+            .skip(1)
+            .map(|o| o.event.window)
+            .chain(core::iter::once(layer_mean.len()))
+            .collect();
+        for (o, &end) in outcomes.iter_mut().zip(&bounds) {
+            let at = o.event.window;
+            let lo = if at > first {
+                at.saturating_sub(cycle).max(first)
+            } else {
+                at.saturating_sub(cycle)
+            };
+            o.par_before_event = mean(&layer_mean[lo..at]);
+            o.par_window_after = layer_mean[at];
+            o.lost_experts = self.lost[at];
+            o.unserved_tokens = self.unserved[at..end].iter().sum();
+            let limit = o.par_before_event * 1.05;
+            o.recovered_at_window = (at..end)
+                .find(|&x| self.lost[x] == 0 && !self.empty_live[x] && layer_mean[x] <= limit);
+        }
+    }
+}
+
+/// Rows (layer, rank) of `p` holding some expert twice ([`EMPTY`] slots hold none).
+fn colocated_rows(shape: &Shape, p: &[u16]) -> usize {
+    p.chunks_exact(shape.slots_per_rank().max(1))
+        .filter(|row| eplb_core::placement::first_duplicate(row).is_some())
+        .count()
 }
 
 /// The rank whose machine speaks for the cluster (its placement, its events, its counters): the
@@ -825,34 +1071,10 @@ fn book_reloads(o: &mut MemberOutcome, per_rank: &mut [u64]) {
     per_rank.fill(0);
 }
 
-/// [`metrics::moves`] over placements with [`EMPTY`] slots: an empty slot fetches nothing.
-fn elastic_moves(old: &[u16], new: &[u16], s: usize) -> usize {
-    old.chunks_exact(s.max(1))
-        .zip(new.chunks_exact(s.max(1)))
-        .map(|(o, nw)| {
-            nw.iter()
-                .enumerate()
-                .filter(|&(i, e)| *e != EMPTY && !nw[..i].contains(e) && !o.contains(e))
-                .count()
-        })
-        .sum()
-}
-
-/// Rows (layer, rank) holding some expert twice, [`EMPTY`] slots not counted.
-fn elastic_colocated_rows(p: &[u16], s: usize) -> usize {
-    p.chunks_exact(s.max(1))
-        .filter(|row| {
-            row.iter()
-                .enumerate()
-                .any(|(i, e)| *e != EMPTY && row[..i].contains(e))
-        })
-        .count()
-}
-
-/// The simulator's side of the rank machines: an in-memory collective, the policy called in
-/// place (one planner shared by every rank, as ranks of one process may share one), and
-/// transfers that always arrive.
-struct SimWorld {
+/// The simulator's planner and layer hooks for [`LocalWorld`]: the policy called in place (one
+/// planner shared by every rank, as ranks of one process may share one), and transfers that
+/// arrive whenever they can be planned.
+struct SimPlanner {
     shape: Shape,
     /// The first policy failure, with its cycle (for the report).
     first_failure: Option<String>,
@@ -865,13 +1087,8 @@ struct SimWorld {
     planned: Option<(u64, bool)>,
     /// Wall time of the last policy call (0 when it failed).
     plan_time: f64,
-    /// Per rank: the layer launched and whether its exchange can succeed.
-    launched: Vec<Option<(u16, bool)>>,
     /// `(cycle, layer, ok)` of the last layer whose transfers were planned.
     layer_ok: Option<(u64, u16, bool)>,
-    net: LocalCollective,
-    /// Per rank: it submitted a request this round.
-    asked: Vec<bool>,
     /// Per rank: it folds the heat and may feed the shared planner.
     feeders: Vec<bool>,
     /// Per rank: expert copies planned to be read from host memory (no live rank held them)
@@ -879,98 +1096,58 @@ struct SimWorld {
     reloads: Vec<u64>,
 }
 
-impl SimWorld {
+impl LocalHooks for SimPlanner {
+    type Error = SimError;
+
+    /// Runs the policy for the input's cycle once, on the first feeder's input (rank 0 without
+    /// failures; the other ranks share its planner and submit empty inputs); the plan is
+    /// handed to every rank that asked for it at the end of the round.
+    fn submit(&mut self, rank: usize, input: &PlanInput<'_>) -> Result<PlanAnswer<'_>, SimError> {
+        if self.feeders.get(rank).copied().unwrap_or(false)
+            && self.planned.map(|p| p.0) != Some(input.cycle)
+        {
+            let ok = self.compute(input);
+            self.planned = Some((input.cycle, ok));
+        }
+        Ok(PlanAnswer::Later)
+    }
+
+    fn planned(&mut self) -> Option<(u64, Option<&Plan>)> {
+        let (cycle, ok) = self.planned?;
+        Some((cycle, self.plan.as_ref().filter(|_| ok)))
+    }
+
+    fn settle(&mut self, _rank: usize, cycle: u64, taken: bool, resync: bool) {
+        self.host.settle(cycle, taken, resync);
+    }
+
+    fn launch(&mut self, m: &RankMachine, layer: u16) -> bool {
+        self.layer_plannable(m, layer)
+    }
+}
+
+impl SimPlanner {
     fn new(
         shape: Shape,
-        machines: &[RankMachine],
         policy: Box<dyn eplb_policies::Policy + Send>,
         feeders: Vec<bool>,
-    ) -> Result<Self, String> {
+    ) -> Self {
         let r = shape.ranks();
-        // The shape's range, the policy's topology and its buffer sizes, before a window runs.
-        eplb_policies::buffer_lens(policy.as_ref(), &shape).map_err(|e| e.to_string())?;
-        Ok(Self {
+        Self {
             first_failure: None,
             shape,
             host: PolicyHost::new(policy, shape),
             plan: None,
             planned: None,
             plan_time: 0.0,
-            launched: vec![None; r],
             layer_ok: None,
-            net: LocalCollective::new(machines),
-            asked: vec![false; r],
             feeders,
             reloads: vec![0; r],
-        })
-    }
-
-    /// Reports the exchange a rank launched before this iteration.
-    fn exchange_done(&mut self, m: &mut RankMachine) {
-        if let Some((layer, ok)) = self.launched.get_mut(m.rank()).and_then(Option::take) {
-            m.handle_exchanged(layer, ok);
         }
     }
 
-    /// Runs every machine's actions until all are idle: local actions at once, collectives when
-    /// every rank has entered the same one. A rank that never joins a collective its peers wait
-    /// in, or more than [`LocalCollective::MAX_ROUNDS`] rounds, fails the run (a livelock).
-    fn drive(&mut self, machines: &mut [RankMachine], driven: &[bool]) -> Result<(), String> {
-        for _ in 0..LocalCollective::MAX_ROUNDS {
-            for (m, _) in machines.iter_mut().zip(driven).filter(|(_, d)| **d) {
-                self.run_local(m)?;
-            }
-            self.hand_plans(machines)?;
-            if !self
-                .net
-                .answer(machines)
-                .map_err(|e| format!("simulation {e}"))?
-            {
-                return Ok(());
-            }
-        }
-        Err(format!(
-            "simulation livelock: the ranks still exchange after {} collectives in one \
-             iteration",
-            LocalCollective::MAX_ROUNDS
-        ))
-    }
-
-    /// Executes `m`'s local actions until it enters a collective or has none.
-    fn run_local(&mut self, m: &mut RankMachine) -> Result<(), String> {
-        let rank = m.rank();
-        loop {
-            match m.poll() {
-                None => return Ok(()),
-                Some(Action::Collective(c)) => {
-                    return self
-                        .net
-                        .enter(rank, c)
-                        .map_err(|e| format!("simulation: {e}"));
-                }
-                Some(Action::Planner(PlannerAction::Submit(input))) => {
-                    self.plan_for(rank, &input)?
-                }
-                Some(Action::Planner(PlannerAction::Settle {
-                    cycle,
-                    taken,
-                    resync,
-                })) => self.host.settle(cycle, taken, resync),
-                Some(Action::Layer(LayerAction::Launch { layer })) => {
-                    let ok = self.layer_plannable(m, layer);
-                    self.launched[rank] = Some((layer, ok));
-                }
-                Some(Action::Layer(LayerAction::Commit { layer })) => {
-                    m.handle_committed(layer, true)
-                }
-                Some(Action::Members { live }) => self.net.set_live(live),
-                Some(Action::Layer(LayerAction::Load { layer })) => m.handle_loaded(layer, true),
-                Some(Action::Record { .. }) | Some(Action::Reroute) | Some(Action::Layer(_)) => {}
-            }
-        }
-    }
-
-    /// Whether the transfers of `layer` can be planned (once per cycle and layer).
+    /// Whether the transfers of `layer` can be planned (once per cycle and layer), counting
+    /// the copies the ranks load from host memory.
     fn layer_plannable(&mut self, m: &RankMachine, layer: u16) -> bool {
         let key = (m.cycle_number(), layer);
         if let Some((c, l, ok)) = self.layer_ok
@@ -980,14 +1157,9 @@ impl SimWorld {
         }
         let per = self.shape.slots_per_layer();
         let range = usize::from(layer) * per..(usize::from(layer) + 1) * per;
-        let ok = match plan_layer(
-            &self.shape,
-            usize::from(layer),
-            &m.placement()[range.clone()],
-            &m.plan()[range],
-        ) {
-            Ok(plan) => {
-                for load in &plan.loads {
+        let ok = match plan_loads(&self.shape, &m.placement()[range.clone()], &m.plan()[range]) {
+            Ok(loads) => {
+                for load in &loads {
                     if let Some(x) = self.reloads.get_mut(usize::from(load.rank)) {
                         *x += 1;
                     }
@@ -1003,55 +1175,14 @@ impl SimWorld {
         ok
     }
 
-    /// Runs the policy for the input's cycle once, on the first feeder's input (rank 0 without
-    /// failures; the other ranks share its planner and submit empty inputs); the plan is handed
-    /// to every rank that asked for it by [`SimWorld::hand_plans`].
-    fn plan_for(&mut self, rank: usize, input: &PlanInput<'_>) -> Result<(), String> {
-        if self.feeders.get(rank).copied().unwrap_or(false)
-            && self.planned.map(|p| p.0) != Some(input.cycle)
-        {
-            let ok = self.compute(input)?;
-            self.planned = Some((input.cycle, ok));
-        }
-        self.asked[rank] = true;
-        Ok(())
-    }
-
-    /// Hands the plan (validated once) to the ranks that submitted a request this round.
-    fn hand_plans(&mut self, machines: &mut [RankMachine]) -> Result<(), String> {
-        let Some((cycle, ok)) = self.planned else {
-            return Ok(());
-        };
-        if !self.asked.iter().any(|&a| a) {
-            return Ok(());
-        }
-        let plan = self.plan.as_ref().filter(|_| ok);
-        for (m, asked) in machines.iter_mut().zip(self.asked.iter_mut()) {
-            if core::mem::take(asked) {
-                m.handle_plan(cycle, plan);
-            }
-        }
-        Ok(())
-    }
-
-    fn compute(&mut self, input: &PlanInput<'_>) -> Result<bool, String> {
+    /// Calls the policy on `input`: whether it planned (a failure is logged and kept).
+    fn compute(&mut self, input: &PlanInput<'_>) -> bool {
         let cycle = input.cycle;
-        let shape = self.shape;
-        let samples = Some((input.windows, input.samples));
-        let outcome = policy_input(
-            &shape,
-            input.current,
-            input.live,
-            input.loads,
-            samples,
-            input.seed,
-        )
-        .and_then(|i| self.host.plan(cycle, &i));
-        match outcome {
+        match plan_input(&mut self.host, &self.shape, input) {
             Ok(plan) => {
                 self.plan_time = plan.elapsed().as_secs_f64();
                 self.plan = Some(plan);
-                Ok(true)
+                true
             }
             Err(e) => {
                 log::error!("eplb simulate: cycle {cycle}: {e}");
@@ -1059,10 +1190,29 @@ impl SimWorld {
                     self.first_failure = Some(format!("cycle {cycle}: {e}"));
                 }
                 self.plan_time = 0.0;
-                Ok(false)
+                false
             }
         }
     }
+}
+
+/// The policy host's plan for a machine's `input` (the one place the simulator builds a
+/// policy input).
+fn plan_input(
+    host: &mut PolicyHost,
+    shape: &Shape,
+    input: &PlanInput<'_>,
+) -> Result<eplb_runtime::planner::Plan, eplb_runtime::planner::PlanFailure> {
+    let (cycle, samples) = (input.cycle, Some((input.windows, input.samples)));
+    policy_input(
+        shape,
+        input.current,
+        input.live,
+        input.loads,
+        samples,
+        input.seed,
+    )
+    .and_then(|i| host.plan(cycle, &i))
 }
 
 /// Routes a window's logical counts to whole-token per-slot counts `[L][R][S]` under the

@@ -18,7 +18,7 @@ use eplb_core::Shape;
 use eplb_core::time::{
     Hardware, LayerTime, ModelSpec, Role, TimeModel, cycle_overhead_ms, exchange_ms, layer_stall_ms,
 };
-use eplb_runtime::transfer::plan_layer;
+use eplb_runtime::transfer::plan_transfers;
 use serde_json::{Value, json};
 
 use crate::Run;
@@ -443,7 +443,7 @@ impl TimeFigures {
     }
 
     /// The time keys of `simulate --json` (`est_*` and `time_model`).
-    pub fn add_json(&self, v: &mut Value, basis: &TimeBasis) {
+    pub(crate) fn add_json(&self, v: &mut Value, basis: &TimeBasis) {
         v["est_moe_ms_per_iter_mean"] = json!(self.mean_ms());
         v["est_moe_ms_per_iter_static"] = json!(self.static_mean_ms());
         v["est_stall_ms_total"] = json!(self.stall_total_ms());
@@ -504,14 +504,23 @@ pub fn window_ms<'p>(
         let counts = trace
             .counts
             .get(w * l * n..(w + 1) * l * n)
-            .ok_or_else(|| SimError::Run(format!("trace window {w} is missing")))?;
+            .ok_or(SimError::Counts {
+                values: trace.counts.len(),
+                windows: trace.windows,
+                layers: l,
+                experts: n,
+            })?;
         router.route(counts, &mut routed);
         for (x, &c) in loads.iter_mut().zip(&routed) {
             *x = f64::from(c);
         }
         let ms = tm
             .model_time(r, s, &loads, &mut per_layer)
-            .map_err(|e| SimError::Run(format!("time model, window {w}: {e}")))?;
+            .map_err(|error| SimError::TimeModel {
+                window: Some(w),
+                layer: None,
+                error,
+            })?;
         out.push(ms);
     }
     Ok(out)
@@ -521,7 +530,7 @@ pub fn window_ms<'p>(
 /// layer one vote plus the part of its exchange beyond one iteration. The exchange takes the
 /// busiest rank's bytes (`MoveCost`) over the intra-node link, or the inter-node one when
 /// `cfg.ranks_per_node` splits the ranks and one of the layer's transfers
-/// ([`eplb_runtime::transfer::plan_layer`]) crosses nodes; the iteration it hides behind is the
+/// ([`eplb_runtime::transfer::plan_transfers`]) crosses nodes; the iteration it hides behind is the
 /// estimate of the window before the activation (under the old placement). Every cycle of a
 /// policy pays the digest, also one that changed nothing; `static` (no EPLB) pays nothing.
 /// `static_ms`: the initial placement's per-window figures when already known.
@@ -613,14 +622,17 @@ pub fn estimate_log(
             }
             changed += 1;
             let crosses = match g {
-                Some(g) => plan_layer(shape, layer, o, nw)?
-                    .transfers
+                Some(g) => plan_transfers(shape, o, nw)?
+                    .0
                     .iter()
                     .any(|t| usize::from(t.src) / g != usize::from(t.dst) / g),
                 None => false,
             };
-            let time_err =
-                |e: eplb_core::Error| SimError::Run(format!("time model, layer {layer}: {e}"));
+            let time_err = |error: eplb_core::Error| SimError::TimeModel {
+                window: None,
+                layer: Some(layer),
+                error,
+            };
             let ex = exchange_ms(lc.max_rank_bytes as f64, crosses, hw).map_err(time_err)?;
             ms += layer_stall_ms(ex, iteration, hw).map_err(time_err)?;
         }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from typing import Any, NamedTuple, Optional
@@ -337,11 +336,11 @@ def simulate(trace, **options) -> dict:
     kw = {k: v for k, v in kw.items() if v is not None}
     args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        text, warned = _native.simulate(os.fspath(trace), *args, **kw)
+        result, warned = _native.simulate(os.fspath(trace), *args, **kw)
     except EplbError as e:
         raise EplbError(f"simulate: {e}") from None
     except (TypeError, OverflowError) as e:
         raise EplbError(f"simulate: {e}") from None
     for w in warned:
         warnings.warn(f"eplb.simulate: {w}", RuntimeWarning, stacklevel=2)
-    return json.loads(text)
+    return result

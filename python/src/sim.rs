@@ -21,10 +21,11 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 /// The unwind payload of a replay stopped by a signal.
 struct Interrupted;
 
-/// `eplb simulate --json` in this process with typed settings (GIL released): the JSON text
-/// of the object the command prints (the very bytes, so no float is re-rounded). Unset cost
-/// settings take the command's defaults (the trace's model, else DeepSeek-V3 W8A8; 10 Gbit/s).
-/// Also the warnings the command prints on standard error (without `warning: `).
+/// `eplb simulate --json` in this process with typed settings (GIL released): the dict of the
+/// object the command prints, built in Rust (`eplb_sim::json::simulation`, the command's own
+/// recipe). Unset cost settings take the command's defaults (the trace's model, else
+/// DeepSeek-V3 W8A8; 10 Gbit/s). Also the warnings the command prints on standard error
+/// (without `warning: `).
 #[pyfunction]
 #[pyo3(signature = (
     trace, ranks, redundant, policy, heat_interval, algo_interval, *,
@@ -35,8 +36,8 @@ struct Interrupted;
     hardware = None, role = None, tokens_per_rank = None, payoff_gate = false,
 ))]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn simulate(
-    py: Python<'_>,
+pub(crate) fn simulate<'py>(
+    py: Python<'py>,
     trace: PathBuf,
     ranks: u16,
     redundant: u32,
@@ -61,128 +62,254 @@ pub(crate) fn simulate(
     role: Option<String>,
     tokens_per_rank: Option<f64>,
     payoff_gate: bool,
-) -> PyResult<(String, Vec<String>)> {
+) -> PyResult<(Bound<'py, PyAny>, Vec<String>)> {
+    let args = SimArgs {
+        trace,
+        ranks,
+        redundant,
+        policy,
+        heat_interval,
+        algo_interval,
+        ranks_per_node,
+        groups,
+        initial,
+        routing,
+        seed,
+        params,
+        placements_log,
+        max_input_bytes,
+        payoff_gate,
+    };
+    let cost = CostArgs {
+        model,
+        hidden,
+        intermediate,
+        quant,
+        fused_mc2,
+        link,
+    };
+    let time = TimeArgs {
+        hardware,
+        role,
+        tokens_per_rank,
+    };
     // Ctrl-C: the replay checks for signals (with the GIL, at most every 100 ms, between
     // windows) and unwinds with `Interrupted`; the pending KeyboardInterrupt is then raised.
     let interrupted: Mutex<Option<PyErr>> = Mutex::new(None);
-    let result = guarded(py, || -> Result<(String, Vec<String>), String> {
-        let mut warnings = Vec::new();
-        if ranks == 0 {
-            return Err("ranks must be at least 1".to_owned());
-        }
-        let policy = parse_sim_policy(&policy).map_err(|e| e.to_string())?;
-        check_params(policy, &params).map_err(|e| e.to_string())?;
-        let initial: Initial = initial.parse().map_err(|e: SimError| e.to_string())?;
-        let routing: Routing = routing
-            .parse()
-            .map_err(|e| format!("routing `{routing}`: {e}"))?;
-        fn named<T: std::str::FromStr>(v: Option<String>, flag: &str) -> Result<Option<T>, String>
-        where
-            T::Err: std::fmt::Display,
-        {
-            v.map(|s| s.parse::<T>().map_err(|e| format!("{flag} {s}: {e}")))
-                .transpose()
-        }
-        let cost = CostSpec {
-            model: named::<ModelPreset>(model, "model")?,
-            hidden,
-            intermediate,
-            quant: named::<QuantType>(quant, "quant")?,
-            fused_mc2,
-            link: named::<Link>(link, "link")?,
-        };
-        cost.resolve()?;
-        let time = TimeSpec {
-            hardware,
-            role: role
-                .map(|r| eplb_sim::time::parse_role(&r))
-                .transpose()
-                .map_err(|e| e.to_string())?,
-            tokens_per_rank,
-            ..TimeSpec::default()
-        };
-        time.check().map_err(|e| e.to_string())?;
-        if let Some(log) = &placements_log {
-            eplb_runtime::fsio::refuse_overwrite_input(log, &[trace.as_path()])
-                .map_err(|e| e.to_string())?;
-        }
-        let source = trace.display().to_string();
-        let bytes = eplb_runtime::fsio::read_bounded(&trace, max_input_bytes)
-            .map_err(|e| format!("{source}: {e}"))?;
-        let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
-        for w in &replay.warnings {
-            warnings.push(format!("{source}: {w}"));
-        }
-        if let Some(w) = replay.short_trace_warning(heat_interval, algo_interval) {
-            warnings.push(format!("{source}: {w}"));
-        }
-        let cfg = SimConfig {
-            ranks,
-            redundant,
-            ranks_per_node,
-            groups,
-            policy,
-            heat_interval,
-            algo_interval,
-            initial,
-            routing,
-            seed,
-            expert_bytes: 64,
-            payoff_gate: None,
-            events: Vec::new(),
-        };
-        let basis = time
-            .resolve(&replay.basis, ranks_per_node)
-            .map_err(|e| e.to_string())?;
-        let cfg = SimConfig {
-            payoff_gate: payoff_gate.then(|| basis.gate(&cfg)),
-            ..cfg
-        };
-        let mut last = Instant::now();
-        let mut check = |_: usize, _: usize| {
-            if last.elapsed() < SIGNAL_CHECK {
-                return;
-            }
-            last = Instant::now();
-            if let Err(e) = Python::attach(|py| py.check_signals()) {
-                if let Ok(mut slot) = interrupted.lock() {
-                    *slot = Some(e);
-                }
-                std::panic::resume_unwind(Box::new(Interrupted));
-            }
-        };
-        let run = replay
-            .run(&cfg, &params, &mut check)
-            .map_err(|e| e.to_string())?;
-        if let Some(path) = &placements_log {
-            sim_json::write_placements_log(
-                path,
-                &run.result,
-                policy.name(),
-                replay.name.as_deref(),
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
-            warnings.push(warning);
-        }
-        let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
-            .map_err(|e| e.to_string())?;
-        let mut v = sim_json::run_json(&run, &replay.basis, policy.name(), routing);
-        figures.add_json(&mut v, &basis);
-        sim_json::add_membership(
-            &mut v,
-            &run.result,
-            replay.basis.payload.total_bytes() as u64,
-            basis.reload_bytes_per_s,
-        );
-        for w in &warnings {
-            log::warn!("eplb: {w}");
-        }
-        Ok((v.to_string(), warnings))
-    });
+    let result = guarded(py, || run(&args, &cost, &time, &interrupted));
     if let Some(e) = interrupted.into_inner().ok().flatten() {
         return Err(e);
     }
-    result
+    let (v, warnings) = result?;
+    Ok((to_py(py, &v)?, warnings))
+}
+
+/// The replay's settings, as `eplb simulate`'s flags name them.
+struct SimArgs {
+    trace: PathBuf,
+    ranks: u16,
+    redundant: u32,
+    policy: String,
+    heat_interval: u32,
+    algo_interval: u32,
+    ranks_per_node: Option<u16>,
+    groups: Option<u16>,
+    initial: String,
+    routing: String,
+    seed: u64,
+    params: Vec<(String, f64)>,
+    placements_log: Option<PathBuf>,
+    max_input_bytes: u64,
+    payoff_gate: bool,
+}
+
+/// The cost model's settings (`--model`, `--hidden`, ...), read into a [`CostSpec`].
+struct CostArgs {
+    model: Option<String>,
+    hidden: Option<u64>,
+    intermediate: Option<u64>,
+    quant: Option<String>,
+    fused_mc2: bool,
+    link: Option<String>,
+}
+
+impl CostArgs {
+    fn spec(&self) -> Result<CostSpec, String> {
+        fn named<T: std::str::FromStr>(v: &Option<String>, flag: &str) -> Result<Option<T>, String>
+        where
+            T::Err: std::fmt::Display,
+        {
+            v.as_ref()
+                .map(|s| s.parse::<T>().map_err(|e| format!("{flag} {s}: {e}")))
+                .transpose()
+        }
+        let cost = CostSpec {
+            model: named::<ModelPreset>(&self.model, "model")?,
+            hidden: self.hidden,
+            intermediate: self.intermediate,
+            quant: named::<QuantType>(&self.quant, "quant")?,
+            fused_mc2: self.fused_mc2,
+            link: named::<Link>(&self.link, "link")?,
+        };
+        cost.resolve().map_err(|e| e.to_string())?;
+        Ok(cost)
+    }
+}
+
+/// The time model's settings (`--hardware`, `--role`, `--tokens-per-rank`), read into a
+/// [`TimeSpec`].
+struct TimeArgs {
+    hardware: Option<String>,
+    role: Option<String>,
+    tokens_per_rank: Option<f64>,
+}
+
+impl TimeArgs {
+    fn spec(&self) -> Result<TimeSpec, String> {
+        let time = TimeSpec {
+            hardware: self.hardware.clone(),
+            role: self
+                .role
+                .as_deref()
+                .map(eplb_sim::time::parse_role)
+                .transpose()
+                .map_err(|e| e.to_string())?,
+            tokens_per_rank: self.tokens_per_rank,
+            ..TimeSpec::default()
+        };
+        time.check().map_err(|e| e.to_string())?;
+        Ok(time)
+    }
+}
+
+/// `eplb simulate --json`'s recipe: the settings checked before the trace is read, the
+/// replay, its placements log, and the JSON object with the warnings.
+fn run(
+    a: &SimArgs,
+    cost: &CostArgs,
+    time: &TimeArgs,
+    interrupted: &Mutex<Option<PyErr>>,
+) -> Result<(serde_json::Value, Vec<String>), String> {
+    let mut warnings = Vec::new();
+    if a.ranks == 0 {
+        return Err("ranks must be at least 1".to_owned());
+    }
+    let policy = parse_sim_policy(&a.policy).map_err(|e| e.to_string())?;
+    check_params(policy, &a.params).map_err(|e| e.to_string())?;
+    let initial: Initial = a.initial.parse().map_err(|e: SimError| e.to_string())?;
+    let routing: Routing = a
+        .routing
+        .parse()
+        .map_err(|e| format!("routing `{}`: {e}", a.routing))?;
+    let cost = cost.spec()?;
+    let time = time.spec()?;
+    if let Some(log) = &a.placements_log {
+        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])
+            .map_err(|e| e.to_string())?;
+    }
+    let source = a.trace.display().to_string();
+    let bytes = eplb_runtime::fsio::read_bounded(&a.trace, a.max_input_bytes)
+        .map_err(|e| format!("{source}: {e}"))?;
+    let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
+    for w in &replay.warnings {
+        warnings.push(format!("{source}: {w}"));
+    }
+    if let Some(w) = replay.short_trace_warning(a.heat_interval, a.algo_interval) {
+        warnings.push(format!("{source}: {w}"));
+    }
+    let cfg = SimConfig {
+        ranks: a.ranks,
+        redundant: a.redundant,
+        ranks_per_node: a.ranks_per_node,
+        groups: a.groups,
+        policy,
+        heat_interval: a.heat_interval,
+        algo_interval: a.algo_interval,
+        initial,
+        routing,
+        seed: a.seed,
+        expert_bytes: 64,
+        payoff_gate: None,
+        events: Vec::new(),
+    };
+    let basis = time
+        .resolve(&replay.basis, a.ranks_per_node)
+        .map_err(|e| e.to_string())?;
+    let cfg = SimConfig {
+        payoff_gate: a.payoff_gate.then(|| basis.gate(&cfg)),
+        ..cfg
+    };
+    let mut last = Instant::now();
+    let mut check = |_: usize, _: usize| {
+        if last.elapsed() < SIGNAL_CHECK {
+            return;
+        }
+        last = Instant::now();
+        if let Err(e) = Python::attach(|py| py.check_signals()) {
+            if let Ok(mut slot) = interrupted.lock() {
+                *slot = Some(e);
+            }
+            std::panic::resume_unwind(Box::new(Interrupted));
+        }
+    };
+    let run = replay
+        .run(&cfg, &a.params, &mut check)
+        .map_err(|e| e.to_string())?;
+    if let Some(path) = &a.placements_log {
+        sim_json::write_placements_log(path, &run.result, policy.name(), replay.name.as_deref())
+            .map_err(|e| e.to_string())?;
+    }
+    if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
+        warnings.push(warning);
+    }
+    let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
+        .map_err(|e| e.to_string())?;
+    let v = sim_json::simulation(
+        &run.result,
+        &run.costs,
+        &replay.basis,
+        &figures,
+        &basis,
+        policy.name(),
+        routing,
+    );
+    for w in &warnings {
+        log::warn!("eplb: {w}");
+    }
+    Ok((v, warnings))
+}
+
+/// A JSON value as the Python object `json.loads` makes of its text: a dict, list, str, int,
+/// float, bool or None (a float is the same double, an integer the same integer).
+fn to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use pyo3::types::{PyDict, PyList};
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for x in items {
+                list.append(to_py(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, x) in map {
+                dict.set_item(k, to_py(py, x)?)?;
+            }
+            dict.into_any()
+        }
+    })
 }

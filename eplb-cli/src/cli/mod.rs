@@ -142,7 +142,9 @@ impl CostArgs {
 
     /// With no model flags, a trace that names a known model sizes the expert.
     fn resolve_for_trace(&self, trace_model: Option<ModelPreset>) -> Result<CostBasis, String> {
-        self.spec().resolve_for_trace(trace_model)
+        self.spec()
+            .resolve_for_trace(trace_model)
+            .map_err(|e| crate::words::cost_error(&e))
     }
 
     /// The flags as the cost model's settings.
@@ -355,7 +357,7 @@ impl ReplayArgs {
                 replay.trace.experts,
                 slots,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::words::sim_error(&e))?;
         }
         let cfg = SimConfig {
             payoff_gate: if self.payoff_gate {
@@ -379,14 +381,14 @@ impl ReplayArgs {
     /// `--fail-rank` and `--join-rank` as membership events in window order (a failure before a
     /// join at the same window); an unreadable value is an error that names it.
     fn events(&self) -> Result<Vec<eplb_sim::MemberEvent>, String> {
-        use eplb_sim::{MemberEvent, MemberKind};
+        use eplb_sim::MemberKind;
         let mut events = Vec::new();
         for (kind, values) in [
             (MemberKind::Fail, &self.fail_ranks),
             (MemberKind::Join, &self.join_ranks),
         ] {
             for v in values {
-                events.push(MemberEvent::parse(kind, v).map_err(|e| e.to_string())?);
+                events.push(crate::words::parse_event(kind, v)?);
             }
         }
         // Stable: at one window, failures (given first) before joins.

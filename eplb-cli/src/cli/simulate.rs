@@ -72,7 +72,7 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     };
     let run = replay
         .run(&cfg, &a.params, &mut progress)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::words::sim_error(&e))?;
     if shown {
         errln!();
     }
@@ -87,7 +87,8 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
             r,
             basis.payload.total_bytes() as u64,
             &eplb_runtime::metrics::MetricsSettings::default(),
-        )?;
+        )
+        .map_err(|e| crate::words::sim_error(&e))?;
         eplb_runtime::fsio::write_atomic(path, text.as_bytes())
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -101,13 +102,14 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &time, None)
         .map_err(|e| e.to_string())?;
     if a.json {
-        let mut v = json::run_json(&run, basis, policy.name(), cfg.routing);
-        figures.add_json(&mut v, &time);
-        json::add_membership(
-            &mut v,
+        let v = json::simulation(
             r,
-            basis.payload.total_bytes() as u64,
-            time.reload_bytes_per_s,
+            &run.costs,
+            basis,
+            &figures,
+            &time,
+            policy.name(),
+            cfg.routing,
         );
         outln!(io, "{v}");
     } else {

@@ -297,8 +297,11 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
         let run = match (policy, own.is_empty()) {
             (SimPolicy::Policy(k), false) => eplb_runtime::policies::policy_with(k, &own)
                 .map_err(|e| format!("--param: {e}"))
-                .and_then(|p| simulate_with(job.trace, &cfg, Box::new(p), &mut cb)),
-            _ => simulate(job.trace, &cfg, &mut cb),
+                .and_then(|p| {
+                    simulate_with(job.trace, &cfg, Box::new(p), &mut cb)
+                        .map_err(|e| crate::words::sim_error(&e))
+                }),
+            _ => simulate(job.trace, &cfg, &mut cb).map_err(|e| crate::words::sim_error(&e)),
         };
         let result = match run {
             Ok(r) => r,
@@ -339,14 +342,14 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             static_ms,
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
-        let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
-        eplb_sim::json::add_sim_cost(&mut metrics, &costs, job.basis);
-        time.add_json(&mut metrics, job.time);
-        eplb_sim::json::add_membership(
-            &mut metrics,
+        let metrics = eplb_sim::json::simulation(
             &result,
-            job.basis.payload.total_bytes() as u64,
-            job.time.reload_bytes_per_s,
+            &costs,
+            job.basis,
+            &time,
+            job.time,
+            name,
+            cfg.routing,
         );
         progress.finished(
             i + 1,

@@ -53,7 +53,7 @@ pub(super) fn parse(obj: &Map<String, Value>, out: &mut Observe, errs: &mut Vec<
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => match record_path(Path::new(s)) {
             Ok(()) => out.heat_record_path = Some(PathBuf::from(s)),
-            Err(m) => errs.push(bad("eplb_heat_record_path", m)),
+            Err(e) => errs.push(bad("eplb_heat_record_path", e.to_string())),
         },
         Some(other) => errs.push(bad(
             "eplb_heat_record_path",
@@ -71,13 +71,44 @@ pub(super) fn parse(obj: &Map<String, Value>, out: &mut Observe, errs: &mut Vec<
     }
 }
 
+/// Why a heat recording path cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RecordPathError {
+    /// The path is empty.
+    Empty,
+    /// The path is a directory.
+    Directory(PathBuf),
+    /// The path's directory does not exist (nothing is created).
+    NoDirectory {
+        /// The path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+}
+
+impl std::fmt::Display for RecordPathError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordPathError::Empty => f.write_str("the path is empty"),
+            RecordPathError::Directory(p) => write!(f, "{} is a directory", p.display()),
+            RecordPathError::NoDirectory { path, dir } => write!(
+                f,
+                "{}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            ),
+        }
+    }
+}
+
 /// A recording path must not be a directory and its directory must exist (nothing is created).
-fn record_path(path: &Path) -> Result<(), String> {
+fn record_path(path: &Path) -> Result<(), RecordPathError> {
     if path.as_os_str().is_empty() {
-        return Err("the path is empty".to_owned());
+        return Err(RecordPathError::Empty);
     }
     if path.is_dir() {
-        return Err(format!("{} is a directory", path.display()));
+        return Err(RecordPathError::Directory(path.to_path_buf()));
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -86,11 +117,10 @@ fn record_path(path: &Path) -> Result<(), String> {
     if dir.is_dir() {
         Ok(())
     } else {
-        Err(format!(
-            "{}: the directory {} does not exist",
-            path.display(),
-            dir.display()
-        ))
+        Err(RecordPathError::NoDirectory {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        })
     }
 }
 

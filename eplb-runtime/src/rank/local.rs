@@ -10,12 +10,20 @@
 //! of step: gathers of one length but of different steps are answered together (the machines'
 //! tags tell), and ranks that entered a collective some rank did not enter, or one of another
 //! length, get a failure (a real transport's timeout), instead of a [`DriveError`].
+//!
+//! [`LocalWorld`] is the one-thread driver itself (quinn's `Pair`): it polls every driven
+//! machine, answers its local actions through a [`LocalHooks`] (the planner and the layer hooks)
+//! and its collectives through its [`LocalCollective`], until every machine is idle. The
+//! simulator and the runtime's machine tests drive their machines with it.
 
 use std::fmt;
 
 use eplb_core::LiveSet;
 
-use super::{Collective, Gather, MachineError, RankMachine, Reply};
+use super::{
+    Action, Collective, Gather, LayerAction, MachineError, PlanInput, PlannerAction, RankMachine,
+    Reply,
+};
 
 /// A collective as one rank entered it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +210,11 @@ impl LocalCollective {
     /// Answers the round: if every rank entered the same collective, replies to each machine
     /// (`None` while failing, or where a fault is injected) and returns `true`; if none entered
     /// one, returns `false`. Lenient, ranks out of step are answered as a real transport would.
-    pub fn answer(&mut self, machines: &mut [RankMachine]) -> Result<bool, DriveError> {
+    /// `machines` are the machines to answer (a frozen rank's may be left out).
+    pub fn answer<'m>(
+        &mut self,
+        machines: impl IntoIterator<Item = &'m mut RankMachine>,
+    ) -> Result<bool, DriveError> {
         let first = self.entered.iter().copied().flatten().next();
         let Some(first) = first else {
             return Ok(false);
@@ -236,7 +248,7 @@ impl LocalCollective {
         let all = self.flags.iter().enumerate().all(|(r, &f)| f || !member(r));
         let count = live.map_or(self.entered.len(), |l| l.count());
         let len = words_of(&first).unwrap_or(0) * count;
-        for m in machines.iter_mut() {
+        for m in machines {
             let r = m.rank();
             if !member(r) {
                 continue;
@@ -284,4 +296,256 @@ impl LocalCollective {
 /// Ranks in a gather of `len` words, `words` each.
 fn machines_len(len: usize, words: usize) -> usize {
     len.checked_div(words).unwrap_or(0).max(1)
+}
+
+/// What a one-thread driver's planner answers a rank that submitted a plan request.
+#[derive(Debug, Clone, Copy)]
+pub enum PlanAnswer<'a> {
+    /// The plan, handed to the rank at once.
+    Plan(&'a crate::planner::Plan),
+    /// The policy failed: the rank is told at once.
+    Failed,
+    /// Later: [`LocalHooks::planned`] has it at the end of a round (one planner shared by
+    /// several ranks, fed by one of them).
+    Later,
+}
+
+/// The driver's side of [`LocalWorld`]: the planner and the layer hooks. Every hook but
+/// [`LocalHooks::submit`] has a default (transfers that always arrive, a planner nobody
+/// settles); a driver overrides what it watches or injects.
+pub trait LocalHooks {
+    /// The driver's error; a drive error (a livelock, a refused reply) converts into it.
+    type Error: From<DriveError>;
+
+    /// `rank` submitted `input` ([`PlannerAction::Submit`]).
+    fn submit(&mut self, rank: usize, input: &PlanInput<'_>)
+    -> Result<PlanAnswer<'_>, Self::Error>;
+
+    /// The plan of the ranks answered [`PlanAnswer::Later`], once there is one: its cycle and
+    /// its placement (`None`: the policy failed). Called at the end of every round in which
+    /// some rank waits for one.
+    fn planned(&mut self) -> Option<(u64, Option<&crate::planner::Plan>)> {
+        None
+    }
+
+    /// `rank` settles `cycle` ([`PlannerAction::Settle`]).
+    fn settle(&mut self, rank: usize, cycle: u64, taken: bool, resync: bool) {
+        let _ = (rank, cycle, taken, resync);
+    }
+
+    /// `m` launches `layer`'s exchange from its placement to its plan: whether it succeeds (the
+    /// world reports it after the rank's next forward, [`LocalWorld::forward`]).
+    fn launch(&mut self, m: &RankMachine, layer: u16) -> bool {
+        let _ = (m, layer);
+        true
+    }
+
+    /// `rank` loads its lost experts of `layer`: whether the load succeeds.
+    fn load(&mut self, rank: usize, layer: u16) -> bool {
+        let _ = (rank, layer);
+        true
+    }
+
+    /// `rank` installs `layer`: whether the commit succeeds.
+    fn commit(&mut self, rank: usize, layer: u16) -> bool {
+        let _ = (rank, layer);
+        true
+    }
+
+    /// `rank` reroutes (its live set changed).
+    fn reroute(&mut self, rank: usize) {
+        let _ = rank;
+    }
+
+    /// `rank` enters `c` (before the collective gets it).
+    fn collective(&mut self, rank: usize, c: &Collective<'_>) {
+        let _ = (rank, c);
+    }
+
+    /// Every driven rank has run its local actions this round; the collective answers next
+    /// (a fault test injects its fault here).
+    fn before_answer(&mut self, net: &mut LocalCollective) {
+        let _ = net;
+    }
+}
+
+/// The one-thread driver of `R` rank machines: the driven ranks, each rank's launched exchange
+/// and waiting plan request, and the [`LocalCollective`] (see the module docs). The machines
+/// stay the caller's; every method takes them in rank order.
+#[derive(Debug, Clone)]
+pub struct LocalWorld {
+    net: LocalCollective,
+    driven: Vec<bool>,
+    /// Per rank: the layer launched and whether its exchange succeeds.
+    launched: Vec<Option<(u16, bool)>>,
+    /// Per rank: it waits for a plan answered [`PlanAnswer::Later`].
+    waiting: Vec<bool>,
+}
+
+impl LocalWorld {
+    /// The world of `machines` (one per rank, in rank order), every rank driven.
+    pub fn new(machines: &[RankMachine]) -> Self {
+        let r = machines.len();
+        Self {
+            net: LocalCollective::new(machines),
+            driven: vec![true; r],
+            launched: vec![None; r],
+            waiting: vec![false; r],
+        }
+    }
+
+    /// The collective.
+    pub fn net(&self) -> &LocalCollective {
+        &self.net
+    }
+
+    /// The collective, to inject faults or make it lenient.
+    pub fn net_mut(&mut self) -> &mut LocalCollective {
+        &mut self.net
+    }
+
+    /// Whether `rank` is driven.
+    pub fn is_driven(&self, rank: usize) -> bool {
+        self.driven.get(rank).copied().unwrap_or(false)
+    }
+
+    /// Per rank, whether it is driven.
+    pub fn driven(&self) -> &[bool] {
+        &self.driven
+    }
+
+    /// Drives `rank` from now on, or stops (a rank that failed: its machine is frozen). Either
+    /// way its launched exchange and its waiting plan request are forgotten (a machine that
+    /// is driven again is a fresh one).
+    pub fn set_driven(&mut self, rank: usize, driven: bool) {
+        if let (Some(d), Some(l), Some(w)) = (
+            self.driven.get_mut(rank),
+            self.launched.get_mut(rank),
+            self.waiting.get_mut(rank),
+        ) {
+            *d = driven;
+            *l = None;
+            *w = false;
+        }
+    }
+
+    /// One forward of `m`: first the outcome of the exchange it launched before, then
+    /// [`RankMachine::handle_forward`] with its per-slot `counts` and `tokens`.
+    pub fn forward(
+        &mut self,
+        m: &mut RankMachine,
+        counts: &[u32],
+        tokens: u64,
+    ) -> Result<(), MachineError> {
+        if let Some((layer, ok)) = self.launched.get_mut(m.rank()).and_then(Option::take) {
+            m.handle_exchanged(layer, ok);
+        }
+        m.handle_forward(counts, tokens)
+    }
+
+    /// Runs every driven machine's actions until all are idle: local actions at once
+    /// (answered by `hooks`), the plans of waiting ranks at the end of a round, collectives
+    /// when every rank has entered the same one. More than [`LocalCollective::MAX_ROUNDS`]
+    /// rounds is a livelock ([`DriveError::Rounds`]).
+    pub fn drive<H: LocalHooks>(
+        &mut self,
+        machines: &mut [RankMachine],
+        hooks: &mut H,
+    ) -> Result<(), H::Error> {
+        for _ in 0..LocalCollective::MAX_ROUNDS {
+            for (m, _) in machines.iter_mut().zip(&self.driven).filter(|(_, d)| **d) {
+                Self::run_local(
+                    &mut self.net,
+                    &mut self.launched,
+                    &mut self.waiting,
+                    m,
+                    hooks,
+                )?;
+            }
+            self.hand_waiting(machines, hooks)?;
+            hooks.before_answer(&mut self.net);
+            let driven = machines.iter_mut().zip(&self.driven).filter(|(_, d)| **d);
+            if !self.net.answer(driven.map(|(m, _)| m))? {
+                return Ok(());
+            }
+        }
+        Err(DriveError::Rounds(LocalCollective::MAX_ROUNDS).into())
+    }
+
+    /// Executes `m`'s local actions until it enters a collective or has none.
+    fn run_local<H: LocalHooks>(
+        net: &mut LocalCollective,
+        launched: &mut [Option<(u16, bool)>],
+        waiting: &mut [bool],
+        m: &mut RankMachine,
+        hooks: &mut H,
+    ) -> Result<(), H::Error> {
+        let rank = m.rank();
+        loop {
+            match m.poll() {
+                None => return Ok(()),
+                Some(Action::Collective(c)) => {
+                    hooks.collective(rank, &c);
+                    return Ok(net.enter(rank, c)?);
+                }
+                Some(Action::Planner(PlannerAction::Submit(input))) => {
+                    let cycle = input.cycle;
+                    match hooks.submit(rank, &input)? {
+                        PlanAnswer::Plan(p) => m.handle_plan(cycle, Some(p)),
+                        PlanAnswer::Failed => m.handle_plan(cycle, None),
+                        PlanAnswer::Later => {
+                            if let Some(w) = waiting.get_mut(rank) {
+                                *w = true;
+                            }
+                        }
+                    }
+                }
+                Some(Action::Planner(PlannerAction::Settle {
+                    cycle,
+                    taken,
+                    resync,
+                })) => hooks.settle(rank, cycle, taken, resync),
+                Some(Action::Layer(LayerAction::Launch { layer })) => {
+                    let ok = hooks.launch(m, layer);
+                    if let Some(l) = launched.get_mut(rank) {
+                        *l = Some((layer, ok));
+                    }
+                }
+                Some(Action::Layer(LayerAction::Load { layer })) => {
+                    let ok = hooks.load(rank, layer);
+                    m.handle_loaded(layer, ok);
+                }
+                Some(Action::Layer(LayerAction::Commit { layer })) => {
+                    let ok = hooks.commit(rank, layer);
+                    m.handle_committed(layer, ok);
+                }
+                Some(Action::Members { live }) => net.set_live(live),
+                Some(Action::Reroute) => hooks.reroute(rank),
+                Some(Action::Record { .. })
+                | Some(Action::Layer(LayerAction::SendOnly { .. }))
+                | Some(Action::Layer(LayerAction::Abort { .. })) => {}
+            }
+        }
+    }
+
+    /// Hands the plan, once the planner has one, to the ranks waiting for it (a plan is
+    /// validated once, when the policy host built it).
+    fn hand_waiting<H: LocalHooks>(
+        &mut self,
+        machines: &mut [RankMachine],
+        hooks: &mut H,
+    ) -> Result<(), H::Error> {
+        if !self.waiting.contains(&true) {
+            return Ok(());
+        }
+        let Some((cycle, plan)) = hooks.planned() else {
+            return Ok(());
+        };
+        for (m, waiting) in machines.iter_mut().zip(self.waiting.iter_mut()) {
+            if core::mem::take(waiting) {
+                m.handle_plan(cycle, plan);
+            }
+        }
+        Ok(())
+    }
 }

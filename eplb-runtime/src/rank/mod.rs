@@ -94,7 +94,9 @@ use agree::{Agree, Awaiting, Task, Verdict};
 pub use error::MachineError;
 use error::check;
 use heat::SlotHeat;
-pub use local::{DriveError, Entered, LocalCollective, LocalFault};
+pub use local::{
+    DriveError, Entered, LocalCollective, LocalFault, LocalHooks, LocalWorld, PlanAnswer,
+};
 use members::{Adopt, MemberPoll, Members};
 use walk::{Dropped, Install, LayerStep, Walk};
 pub use wire::{AGREE_WORDS, FAILED_PLAN, agree_tag, outcome, placement_hash, seal, tag_gather};
