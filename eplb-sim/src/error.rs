@@ -5,7 +5,7 @@ use core::fmt;
 use eplb_runtime::rank::{DriveError, MachineError};
 use eplb_runtime::transfer::PlanError;
 
-use crate::simulate::{MemberEvent, MemberKind};
+use crate::events::{MemberEvent, MemberKind};
 
 /// Why a replay could not run: what is wrong, and where.
 #[derive(Debug, Clone, PartialEq)]

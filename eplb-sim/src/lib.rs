@@ -16,6 +16,7 @@ pub mod advise;
 pub mod cluster;
 pub mod cost;
 mod error;
+mod events;
 pub mod json;
 pub mod metrics_out;
 pub mod replay;

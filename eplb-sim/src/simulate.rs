@@ -28,6 +28,7 @@ use eplb_runtime::rank::{
 use eplb_runtime::transfer::plan_loads;
 
 use crate::SimError;
+pub use crate::events::{MemberEvent, MemberKind};
 
 /// A trace in memory: `counts[w][l][e]`.
 ///
@@ -71,37 +72,6 @@ pub enum Initial {
     Default,
     /// The default layout with expert ids permuted per layer by a seeded permutation.
     Random(u64),
-}
-
-/// What a membership event does to its rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberKind {
-    /// The rank stops (its machine is never driven again, its slots empty).
-    Fail,
-    /// A rank that failed comes back, with empty slots until a layer walk fills them.
-    Join,
-}
-
-impl MemberKind {
-    /// `fail` or `join` (the JSON's `kind`).
-    pub fn name(self) -> &'static str {
-        match self {
-            MemberKind::Fail => "fail",
-            MemberKind::Join => "join",
-        }
-    }
-}
-
-/// A membership event of a replay: `rank` fails or joins at `window`, before that window is
-/// routed (`SIMULATION.md`, "Elastic membership").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemberEvent {
-    /// The window at whose start the event happens.
-    pub window: usize,
-    /// The rank.
-    pub rank: u16,
-    /// Fail or join.
-    pub kind: MemberKind,
 }
 
 /// Checks `events` against a run of `ranks` ranks, `windows` windows, `experts` experts and
