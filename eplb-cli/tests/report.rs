@@ -267,6 +267,21 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
             f(&want["est_moe_ms_per_iter_mean"]),
             "est_moe_ms_per_iter_mean",
         );
+        let step: Vec<f64> = p["est_step_ms_per_window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect();
+        close(
+            step[first..].iter().sum::<f64>() / (t - first) as f64,
+            f(&want["est_step_ms_per_iter_mean"]),
+            "est_step_ms_per_iter_mean",
+        );
+        assert!(
+            step.iter().zip(&est).all(|(s, m)| s > m),
+            "{name}: step over MoE"
+        );
         let stalls = p["est_stalls"].as_array().unwrap();
         assert_eq!(stalls.len() as u64, want["cycles"].as_u64().unwrap());
         close(

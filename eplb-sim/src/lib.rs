@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod advise;
+pub mod calibrate;
 pub mod cluster;
 pub mod cost;
 mod error;

@@ -326,9 +326,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             job.basis.payload.total_bytes(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
-        let static_ms = runs
-            .first()
-            .map(|r: &Run| r.time.static_per_window_ms.as_slice());
+        let static_ms = runs.first().map(|r: &Run| r.time.static_times());
         let time = estimate_log(
             job.trace,
             &result.shape,
@@ -336,7 +334,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             &costs,
             &cfg,
             job.time,
-            static_ms,
+            static_ms.as_ref(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
         let mut metrics = eplb_sim::json::sim_json(&result, name, cfg.routing);
@@ -574,7 +572,8 @@ impl Report {
                     "fetches_per_cycle": r.fetches_per_cycle(),
                     "bytes_per_cycle": r.costs.iter().map(MoveCost::bytes_moved).collect::<Vec<_>>(),
                     "transfer_ms_per_cycle": r.costs.iter().map(|c| c.transfer_ms(link)).collect::<Vec<_>>(),
-                    "est_moe_ms_per_window": r.time.per_window_ms,
+                    "est_moe_ms_per_window": r.time.moe_per_window_ms,
+                    "est_step_ms_per_window": r.time.per_window_ms,
                     "est_stalls": r.time.stalls.iter().map(|c| json!({
                         "cycle": c.cycle, "window": c.window, "changed_layers": c.changed_layers, "ms": c.ms,
                     })).collect::<Vec<_>>(),
