@@ -17,6 +17,7 @@ pub mod calibrate;
 pub mod cluster;
 pub mod cost;
 mod error;
+pub mod estimate;
 pub mod json;
 pub mod metrics_out;
 pub mod replay;

@@ -75,6 +75,7 @@ macro_rules! outln {
 
 mod advise;
 mod check_config;
+mod estimate;
 mod hotness;
 mod plan;
 mod report;
@@ -98,6 +99,8 @@ enum Command {
     /// Sweep policies, intervals and redundant experts over a trace with the time model, and
     /// recommend a setting, or not to enable EPLB.
     Advise(advise::AdviseArgs),
+    /// Price one step of a deployment without a trace (the whole-step time model).
+    Estimate(estimate::EstimateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -482,6 +485,7 @@ where
         Command::Simulate(a) => simulate::run(&a, &mut io),
         Command::Report(a) => report::run(&a, &argv, &mut io),
         Command::Advise(a) => advise::run(&a, &mut io),
+        Command::Estimate(a) => estimate::run(&a, &mut io),
     };
     finish(result, io.out.as_bytes())
 }
