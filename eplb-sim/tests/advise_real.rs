@@ -111,6 +111,20 @@ fn deepseek_prefill_ep32_16k_tokens_per_gpu_is_enabled() {
     };
     let a = run(&r, &base(32, Some(8)), &spec);
     assert_eq!(a.verdict, Verdict::Enable, "{}", a.recommendation());
+    // Research note §7 row 11 (LMSYS "SGLang (Default)", 50,302 tok/s per node: 2.61 s per
+    // iteration, whole forward, no EPLB): the static baseline on this trace stays under it
+    // and within 1.5x of it.
+    let static_ms = a.baseline_ms;
+    assert!((2610.0 / 1.5..=2610.0).contains(&static_ms), "{static_ms}");
+    // Row 12 (EPLB saves 397 ms per iteration, 15.2 %): a documented miss. The model's best
+    // setting saves about 3.6x that (the static baseline matches, the balanced step is 0.56 of
+    // DeepSeek's measured one: row 10); asserted inside the band around the miss.
+    let saved = static_ms - a.rows[0].step_ms;
+    let ratio = saved / 397.0;
+    assert!(
+        (2.5..5.0).contains(&ratio),
+        "saving {saved} ms, ratio {ratio}"
+    );
     assert!(a.saving_pct.0 >= eplb_sim::advise::MIN_SAVING_PCT);
     assert_eq!(a.to_json()["topology"]["nodes"], 4);
     assert_eq!(a.to_json()["topology"]["inter_node_link"], "scale-out");

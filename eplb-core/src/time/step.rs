@@ -734,6 +734,12 @@ impl StepModel {
         }
     }
 
+    /// A dense GEMM of `params` weights over `m` rows, ms: the larger of
+    /// `2 * params * m / (eta_c(m) * F)` and `params * weight_bytes / (eta_m * B_hbm)`.
+    pub fn gemm_ms_of(&self, params: f64, m: f64) -> f64 {
+        self.gemm_ms(params, m)
+    }
+
     fn gemm_ms(&self, params: f64, m: f64) -> f64 {
         let hw = &self.time.hardware;
         let d = self.time.model.dtype;

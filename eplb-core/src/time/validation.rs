@@ -201,3 +201,17 @@ fn tuned_v5_v10_attention_roofs_and_host_floor() {
     let floor = b.host_ms + 61.0 * hw.layer_overhead_ms;
     within("host + launch floor ms", floor, 3.5, 1.5);
 }
+
+/// Tuning figures (not validation): DeepGEMM's H800 FP8 dense GEMMs (V4), N 4096 x K 7168,
+/// M 64 / 128 / 4096: 287 / 533 / 1410 TFLOPS, priced as the step model prices a projection
+/// (the larger of the efficiency-curve compute time and the weight read).
+#[test]
+fn tuned_v4_deepgemm_dense_small_m() {
+    let m = dsv3(Hardware::H800, Role::Decode, 128.0);
+    let params = 4096.0 * 7168.0;
+    for (rows, tflops) in [(64.0, 287.0), (128.0, 533.0), (4096.0, 1410.0)] {
+        let ms = m.gemm_ms_of(params, rows);
+        let ours = 2.0 * params * rows / (ms * 1e-3) / 1e12;
+        within(&std::format!("dense M={rows} TFLOPS"), ours, tflops, 1.15);
+    }
+}
