@@ -74,6 +74,7 @@ macro_rules! outln {
 }
 
 mod advise;
+mod calibrate;
 mod check_config;
 mod estimate;
 mod hotness;
@@ -101,6 +102,9 @@ enum Command {
     Advise(advise::AdviseArgs),
     /// Price one step of a deployment without a trace (the whole-step time model).
     Estimate(estimate::EstimateArgs),
+    /// Fit the time model's free constants to measured step times (NNLS) and write a
+    /// calibration file for `--calibration`.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -486,6 +490,7 @@ where
         Command::Report(a) => report::run(&a, &argv, &mut io),
         Command::Advise(a) => advise::run(&a, &mut io),
         Command::Estimate(a) => estimate::run(&a, &mut io),
+        Command::Calibrate(a) => calibrate::run(&a, &mut io),
     };
     finish(result, io.out.as_bytes())
 }
