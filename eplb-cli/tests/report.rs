@@ -340,7 +340,18 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
     assert_eq!(data["time_best_policy"], top_name);
     if saving(top) > 0.0 {
         assert!(
-            sentence.starts_with(&format!("{top_name} saves most: {:.1}%", saving(top))),
+            sentence.starts_with(&format!(
+                "{top_name} saves most: {:.1}% of the estimated step (band ",
+                saving(top)
+            )),
+            "{sentence}"
+        );
+        let lo = f(&top["metrics"]["est_net_saving_pct_low"]);
+        let hi = f(&top["metrics"]["est_net_saving_pct_high"]);
+        assert!(lo <= saving(top) && saving(top) <= hi);
+        let verdict = eplb_sim::advise::Verdict::of(lo, hi).name();
+        assert!(
+            sentence.contains(&format!("verdict {verdict})")),
             "{sentence}"
         );
     } else {

@@ -458,20 +458,26 @@ impl Report {
             Some(r) => {
                 let t = &r.time;
                 let pct = t.net_saving_pct();
+                let (lo, hi) = t.net_saving_band_pct();
+                let verdict = eplb_sim::advise::Verdict::of(lo, hi).name();
                 if pct > 0.0 {
                     format!(
-                        "{} saves most: {:.1}% of the estimated MoE time per iteration net of its moves ({:.3} ms instead of {:.3} ms under static from window {first}, stalls {:.2} ms per cycle at most; time model: {setting}).",
+                        "{} saves most: {:.1}% of the estimated step (band {:.1}% to {:.1}%; verdict {verdict}) net of its moves ({:.3} ms per step instead of {:.3} ms under static from window {first}, stalls {:.2} ms per cycle at most; time model: {setting}).",
                         r.policy.name(),
                         pct,
+                        lo,
+                        hi,
                         t.mean_ms(),
                         t.static_mean_ms(),
                         t.stall_max_ms()
                     )
                 } else {
                     format!(
-                        "No policy pays: the best, {}, is {:.1}% slower than static net of its moves ({:.3} ms per iteration plus {:.2} ms of stalls in all, against {:.3} ms; time model: {setting}).",
+                        "No policy pays: the best, {}, is {:.1}% of the estimated step slower than static net of its moves (band {:.1}% to {:.1}% saving; verdict {verdict}; {:.3} ms per step plus {:.2} ms of stalls in all, against {:.3} ms; time model: {setting}).",
                         r.policy.name(),
                         -pct,
+                        lo,
+                        hi,
                         t.mean_ms(),
                         t.stall_total_ms(),
                         t.static_mean_ms()
