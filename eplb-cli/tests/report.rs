@@ -325,6 +325,12 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         .map(|n| n.text().unwrap())
         .collect();
     assert!(text.contains("Estimated MoE time per iteration"), "{text}");
+    // The topology the time model assumed is on the page and in the data.
+    assert!(
+        html.contains("topology: 4 ranks = 1 node(s) of 4"),
+        "no topology line"
+    );
+    assert_eq!(data["topology"]["ranks"], 4);
     // The verdict sentence at the top names the policy with the largest net saving.
     let verdict = doc
         .descendants()

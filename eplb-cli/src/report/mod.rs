@@ -390,6 +390,11 @@ pub struct RankLoads {
 }
 
 impl Report {
+    /// The topology line the time model assumed for this run's ranks.
+    pub fn topology_line(&self) -> String {
+        self.time.describe_topology(self.shape().ranks())
+    }
+
     fn shape(&self) -> Shape {
         self.runs[0].result.shape
     }
@@ -617,6 +622,7 @@ impl Report {
             "skipped": self.skipped.iter().map(|(p, why)| json!({"policy": p, "reason": why})).collect::<Vec<_>>(),
             "best_policy": best.policy.name(),
             "time_model": self.time.to_json(),
+            "topology": self.time.topology_json(Some(self.shape().ranks())),
             "time_verdict": self.time_verdict(),
             "time_best_policy": self.time_best().map(|r| r.policy.name()),
             "heatmap": heatmap,

@@ -357,6 +357,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
     }
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.basis.describe()));
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.time.describe()));
+    let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.topology_line()));
     if first >= t {
         let _ = writeln!(
             h,
