@@ -117,6 +117,10 @@ pub struct TimeBasis {
     pub step: StepModel,
     /// Where the calibration came from (`None`: the presets).
     pub calibration_source: Option<String>,
+    /// The link weights move over when the user named one (`--link`, bytes/s): then the cost
+    /// figures and the time model's exchanges use it both; `None`: the hardware's links (the
+    /// all-to-all's).
+    pub exchange_bytes_per_s: Option<f64>,
     /// The role.
     pub role: Role,
     /// Which of `hardware`, `role`, `tokens_per_rank` were defaulted.
@@ -298,6 +302,8 @@ impl TimeSpec {
             model: tm,
             step,
             calibration_source: self.calibration.as_ref().map(|(s, _)| s.clone()),
+            exchange_bytes_per_s: (!cost.defaulted.contains(&"link"))
+                .then(|| cost.link.bytes_per_s()),
             role,
             defaulted,
             reload_bytes_per_s: self.reload_bytes_per_s()?,
@@ -565,6 +571,10 @@ impl TimeBasis {
                     .collect::<serde_json::Map<String, Value>>(),
             },
             "baseline": BASELINE,
+            "exchange_link": match self.exchange_bytes_per_s {
+                Some(bw) => json!({"source": "--link", "bytes_per_s": bw}),
+                None => json!({"source": "hardware links (the all-to-all's)"}),
+            },
         })
     }
 
@@ -987,9 +997,12 @@ pub fn estimate_log(
             };
             let time_err =
                 |e: eplb_core::Error| SimError::Run(format!("time model, layer {layer}: {e}"));
-            let ex = basis
-                .step
-                .exchange_ms(lc.max_rank_bytes as f64, crosses, shape.ranks());
+            let ex = match basis.exchange_bytes_per_s {
+                Some(bw) => lc.max_rank_bytes as f64 / bw * 1e3,
+                None => basis
+                    .step
+                    .exchange_ms(lc.max_rank_bytes as f64, crosses, shape.ranks()),
+            };
             ms += layer_stall_ms(ex, iteration, hw).map_err(time_err)?;
         }
         stalls.push(CycleStall {

@@ -223,3 +223,39 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
         .is_err()
     );
 }
+
+#[test]
+fn a_named_link_prices_the_exchanges_of_the_time_model_too() {
+    let r = replay();
+    let c = cfg(SimPolicy::Policy(PolicyKind::Swift));
+    let run = r.run(&c, &[], &mut |_, _| {}).unwrap();
+    // Default link: the hardware's (the all-to-all's) links, and the JSON says so.
+    let hw = TimeSpec::default().resolve(&r.basis, None).unwrap();
+    assert_eq!(hw.exchange_bytes_per_s, None);
+    assert_eq!(
+        hw.to_json()["exchange_link"]["source"],
+        "hardware links (the all-to-all's)"
+    );
+    // `--link 1gbps`: the cost figures and the exchanges use it both.
+    let mut named = r.basis.clone();
+    named.link = "1gbps".parse().unwrap();
+    named.defaulted.retain(|d| *d != "link");
+    let b = TimeSpec::default().resolve(&named, None).unwrap();
+    assert_eq!(b.exchange_bytes_per_s, Some(named.link.bytes_per_s()));
+    let slow = estimate(&r.trace, &run, &c, &b, None).unwrap();
+    let fast = estimate(&r.trace, &run, &c, &hw, None).unwrap();
+    assert!(slow.stall_total_ms() > fast.stall_total_ms());
+    for (s, cost) in slow.stalls.iter().zip(&run.costs) {
+        let it = slow.per_window_ms[s.window - 1];
+        let mut want = b.model.hardware.collective_ms;
+        for lc in cost.layers.iter().filter(|lc| lc.transfers > 0) {
+            let ex = lc.max_rank_bytes as f64 / named.link.bytes_per_s() * 1e3;
+            want += (ex - it).max(0.0) + b.model.hardware.collective_ms;
+        }
+        assert!(
+            (s.ms - want).abs() <= 1e-9 * want.max(1.0),
+            "{} vs {want}",
+            s.ms
+        );
+    }
+}
