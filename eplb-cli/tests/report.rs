@@ -267,6 +267,21 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
             f(&want["est_moe_ms_per_iter_mean"]),
             "est_moe_ms_per_iter_mean",
         );
+        let step: Vec<f64> = p["est_step_ms_per_window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect();
+        close(
+            step[first..].iter().sum::<f64>() / (t - first) as f64,
+            f(&want["est_step_ms_per_iter_mean"]),
+            "est_step_ms_per_iter_mean",
+        );
+        assert!(
+            step.iter().zip(&est).all(|(s, m)| s > m),
+            "{name}: step over MoE"
+        );
         let stalls = p["est_stalls"].as_array().unwrap();
         assert_eq!(stalls.len() as u64, want["cycles"].as_u64().unwrap());
         close(
@@ -310,6 +325,12 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
         .map(|n| n.text().unwrap())
         .collect();
     assert!(text.contains("Estimated MoE time per iteration"), "{text}");
+    // The topology the time model assumed is on the page and in the data.
+    assert!(
+        html.contains("topology: 4 ranks = 1 node(s) of 4"),
+        "no topology line"
+    );
+    assert_eq!(data["topology"]["ranks"], 4);
     // The verdict sentence at the top names the policy with the largest net saving.
     let verdict = doc
         .descendants()
@@ -325,7 +346,18 @@ fn page_parses_and_its_numbers_equal_simulate_json() {
     assert_eq!(data["time_best_policy"], top_name);
     if saving(top) > 0.0 {
         assert!(
-            sentence.starts_with(&format!("{top_name} saves most: {:.1}%", saving(top))),
+            sentence.starts_with(&format!(
+                "{top_name} saves most: {:.1}% of the estimated step (band ",
+                saving(top)
+            )),
+            "{sentence}"
+        );
+        let lo = f(&top["metrics"]["est_net_saving_pct_low"]);
+        let hi = f(&top["metrics"]["est_net_saving_pct_high"]);
+        assert!(lo <= saving(top) && saving(top) <= hi);
+        let verdict = eplb_sim::advise::Verdict::of(lo, hi).name();
+        assert!(
+            sentence.contains(&format!("verdict {verdict})")),
             "{sentence}"
         );
     } else {

@@ -21,12 +21,140 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use eplb_policies::PolicyKind;
 use serde_json::{Value, json};
 
-use crate::time::{TimeBasis, TimeSpec, estimate, window_ms};
-use crate::{Replay, SimConfig, SimError, SimPolicy};
+use crate::time::{TimeBasis, TimeSpec, WindowTimes, estimate, saving_pct, window_ms};
+use crate::{Replay, SimConfig, SimError, SimPolicy, SimTrace};
 
-/// The smallest net saving, percent of MoE time, for which `advise` recommends EPLB: below it
-/// the estimate is within the model's own uncertainty and the moves are not worth the risk.
-pub const MIN_SAVING_PCT: f64 = 1.0;
+/// The smallest net saving, percent of the whole step (TPOT in decode, the iteration in
+/// prefill), for which `advise` recommends EPLB: it says **enable** only when the low end of
+/// the saving's band clears it, **do not enable** when the high end misses it, and otherwise
+/// **benchmark first** (research note §5).
+pub const MIN_SAVING_PCT: f64 = 3.0;
+
+/// Share of a one-window (aggregate) trace's load assumed to drift between rebalances for the
+/// low end of its band: the load served is `(1 - d)` the trace's and `d` a permutation of it
+/// that changes every [`DRIFT_PERIOD`] iterations. An assumption, stated: an aggregate keeps no
+/// time, so how much the load moves is unknown.
+pub const DRIFT_SHARE: f64 = 0.25;
+
+/// Iterations between the drifting part's changes (see [`DRIFT_SHARE`]).
+pub const DRIFT_PERIOD: usize = 25;
+
+/// What `advise` tells the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The low end of the saving clears the threshold.
+    Enable,
+    /// The high end of the saving misses the threshold.
+    DoNotEnable,
+    /// In between: measure before deciding.
+    BenchmarkFirst,
+}
+
+impl Verdict {
+    /// `enable`, `do-not-enable` or `benchmark-first`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Verdict::Enable => "enable",
+            Verdict::DoNotEnable => "do-not-enable",
+            Verdict::BenchmarkFirst => "benchmark-first",
+        }
+    }
+
+    /// The verdict of a saving band `[low, high]` (percent of the step).
+    pub fn of(low: f64, high: f64) -> Verdict {
+        if low.is_finite() && low >= MIN_SAVING_PCT {
+            Verdict::Enable
+        } else if !(high.is_finite() && high >= MIN_SAVING_PCT) {
+            Verdict::DoNotEnable
+        } else {
+            Verdict::BenchmarkFirst
+        }
+    }
+}
+
+/// The same trace with each layer's expert ids permuted by a fixed seeded shuffle (the
+/// shipped traces' load falls with the id, which flatters EPLB against a contiguous static
+/// placement).
+pub fn permuted_ids(replay: &Replay, seed: u64) -> Replay {
+    let t = &replay.trace;
+    let (l, n) = (t.layers, t.experts);
+    let perms: Vec<Vec<usize>> = (0..l)
+        .map(|layer| shuffle(n, seed ^ layer as u64))
+        .collect();
+    let mut counts = vec![0u64; t.counts.len()];
+    for (w, chunk) in t.counts.chunks_exact(l * n).enumerate() {
+        for (layer, row) in chunk.chunks_exact(n).enumerate() {
+            for (e, &c) in row.iter().enumerate() {
+                if let Some(slot) = counts.get_mut(w * l * n + layer * n + perms[layer][e]) {
+                    *slot = c;
+                }
+            }
+        }
+    }
+    Replay {
+        trace: SimTrace {
+            counts,
+            ..t.clone()
+        },
+        ..replay.clone()
+    }
+}
+
+/// A one-window trace as `windows` iterations whose load drifts: `(1 - DRIFT_SHARE)` of the
+/// window as given plus `DRIFT_SHARE` of it under an id permutation that changes every
+/// [`DRIFT_PERIOD`] iterations.
+pub fn drifting(replay: &Replay, windows: usize) -> Replay {
+    let t = &replay.trace;
+    let (l, n) = (t.layers, t.experts);
+    let first = t.counts.get(..l * n).unwrap_or(&[]);
+    let mut counts = Vec::with_capacity(l * n * windows);
+    let mut perm = replay.clone();
+    for w in 0..windows {
+        if w % DRIFT_PERIOD == 0 {
+            perm = permuted_ids(
+                &Replay {
+                    trace: SimTrace {
+                        windows: 1,
+                        counts: first.to_vec(),
+                        ..t.clone()
+                    },
+                    ..replay.clone()
+                },
+                0xD21F7 + (w / DRIFT_PERIOD) as u64,
+            );
+        }
+        for (&a, &b) in first.iter().zip(&perm.trace.counts) {
+            let x = (1.0 - DRIFT_SHARE) * a as f64 + DRIFT_SHARE * b as f64;
+            counts.push(x.round() as u64);
+        }
+    }
+    Replay {
+        trace: SimTrace {
+            windows,
+            layers: l,
+            experts: n,
+            counts,
+        },
+        ..replay.clone()
+    }
+}
+
+/// A seeded Fisher-Yates shuffle of `0..n` (splitmix64).
+fn shuffle(n: usize, seed: u64) -> Vec<usize> {
+    let mut x = seed;
+    let mut next = || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        p.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    p
+}
 
 /// Iterations an aggregate (one-window) trace is replayed for: it is taken as a stationary
 /// workload, its one window repeated. Long enough that every default setting activates and
@@ -144,8 +272,15 @@ pub struct Row {
     pub error: Option<String>,
     /// Mean estimated MoE ms per iteration over the common windows.
     pub moe_ms: f64,
-    /// Net saving against the baseline over the common windows, percent (stalls included).
+    /// Mean estimated step ms per iteration over the common windows.
+    pub step_ms: f64,
+    /// Net saving against the baseline over the common windows, percent of the step (stalls
+    /// included).
     pub net_saving_pct: f64,
+    /// The same at the model band's low-saving corner.
+    pub net_saving_pct_low: f64,
+    /// The same at the model band's high-saving corner.
+    pub net_saving_pct_high: f64,
     /// Mean stall per cycle (every cycle of the run), ms.
     pub stall_ms_per_cycle_mean: f64,
     /// Largest stall of one such cycle, ms.
@@ -167,17 +302,30 @@ pub struct Advice {
     pub rows: Vec<Row>,
     /// The baseline's redundant experts (`static`, no EPLB).
     pub baseline_redundant: u32,
-    /// The baseline's mean estimated MoE ms per iteration over the common windows.
+    /// The baseline's mean estimated step ms per iteration over the common windows.
     pub baseline_ms: f64,
     /// The first common window (`max(H + A)` over the settings run).
     pub first_window: usize,
-    /// Whether the best setting saves at least [`MIN_SAVING_PCT`].
+    /// Whether the verdict is [`Verdict::Enable`].
     pub recommended: bool,
+    /// The verdict for the best setting.
+    pub verdict: Verdict,
+    /// The best setting's saving, percent of the step: `(low, central, high)` over the model's
+    /// band, the ids as given and permuted, and (one-window traces) drift.
+    pub saving_pct: (f64, f64, f64),
+    /// The best setting's central saving with the expert ids permuted.
+    pub permuted_saving_pct: Option<f64>,
+    /// The best setting's central saving when a one-window trace's load drifts.
+    pub drift_saving_pct: Option<f64>,
+    /// The baseline's mean estimated MoE ms per iteration over the common windows.
+    pub baseline_moe_ms: f64,
     /// `Some(n)` when the trace had one window and was replayed as a stationary workload of
     /// `n` iterations ([`STATIONARY_WINDOWS`]).
     pub stationary: Option<usize>,
     /// The time model used.
     pub time: TimeBasis,
+    /// EP ranks.
+    pub ranks: u16,
 }
 
 fn sum_from(v: &[f64], from: usize) -> f64 {
@@ -231,14 +379,14 @@ pub fn advise(
         trace,
         &base_run.result.shape,
         &base_cfg,
-        &time.model,
+        &time,
         base_run
             .result
             .log
             .first()
             .map(|e| (0, e.placement.as_slice())),
     )?;
-    let base_total = sum_from(&baseline, first_window);
+    let base_total = sum_from(&baseline.step_ms, first_window);
     let tail_len = trace.windows.saturating_sub(first_window).max(1) as f64;
 
     let next = AtomicUsize::new(0);
@@ -295,18 +443,114 @@ pub fn advise(
         };
         key(b).total_cmp(&key(a)).then(a.index.cmp(&b.index))
     });
-    let recommended = rows.first().is_some_and(|r| {
-        r.error.is_none() && r.net_saving_pct.is_finite() && r.net_saving_pct >= MIN_SAVING_PCT
-    });
+    // The best setting's band: the model's parameter box, the ids permuted, and drift for an
+    // aggregate trace.
+    let best = rows
+        .first()
+        .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite())
+        .cloned();
+    let (mut lo, mut hi, central) = match &best {
+        Some(r) => (
+            r.net_saving_pct_low,
+            r.net_saving_pct_high,
+            r.net_saving_pct,
+        ),
+        None => (f64::NAN, f64::NAN, f64::NAN),
+    };
+    let mut permuted_saving_pct = None;
+    let mut drift_saving_pct = None;
+    if let Some(r) = &best {
+        let widen = |x: &Row, lo: &mut f64, hi: &mut f64| {
+            for v in [
+                x.net_saving_pct,
+                x.net_saving_pct_low,
+                x.net_saving_pct_high,
+            ] {
+                if v.is_finite() {
+                    *lo = lo.min(v);
+                    *hi = hi.max(v);
+                }
+            }
+        };
+        let p = permuted_ids(replay, 0x1D5);
+        let x = one_setting(&p, base, &time, r.setting, first_window)?;
+        permuted_saving_pct = Some(x.net_saving_pct);
+        widen(&x, &mut lo, &mut hi);
+        if stationary.is_some() {
+            let d = drifting(replay, trace.windows);
+            let x = one_setting(&d, base, &time, r.setting, first_window)?;
+            drift_saving_pct = Some(x.net_saving_pct);
+            widen(&x, &mut lo, &mut hi);
+        }
+    }
+    let verdict = Verdict::of(lo, hi);
     Ok(Advice {
         rows,
         baseline_redundant,
         baseline_ms: base_total / tail_len,
+        baseline_moe_ms: sum_from(&baseline.moe_ms, first_window) / tail_len,
         first_window,
-        recommended,
+        recommended: verdict == Verdict::Enable,
+        verdict,
+        saving_pct: (lo, central, hi),
+        permuted_saving_pct,
+        drift_saving_pct,
         stationary: stationary.map(|r| r.trace.windows),
         time,
+        ranks: base.ranks,
     })
+}
+
+/// One setting's row on `replay` against its own no-EPLB baseline.
+fn one_setting(
+    replay: &Replay,
+    base: &SimConfig,
+    time: &TimeBasis,
+    s: Setting,
+    first_window: usize,
+) -> Result<Row, SimError> {
+    let trace = &replay.trace;
+    let base_cfg = SimConfig {
+        policy: SimPolicy::Static,
+        redundant: min_redundant(trace.experts, base.ranks),
+        ..base.clone()
+    };
+    let base_run = replay.run(&base_cfg, &[], &mut |_, _| {})?;
+    let baseline = window_ms(
+        trace,
+        &base_run.result.shape,
+        &base_cfg,
+        time,
+        base_run
+            .result
+            .log
+            .first()
+            .map(|e| (0, e.placement.as_slice())),
+    )?;
+    let base_total = sum_from(&baseline.step_ms, first_window);
+    let tail_len = trace.windows.saturating_sub(first_window).max(1) as f64;
+    let row = run_setting(
+        replay,
+        base,
+        time,
+        s,
+        0,
+        &baseline,
+        base_total,
+        first_window,
+        tail_len,
+    );
+    match &row.error {
+        Some(e) => Err(SimError::Setting {
+            what: format!(
+                "advise: policy {} with {} redundant experts",
+                s.policy.name(),
+                s.redundant
+            ),
+            why: e.clone(),
+        }),
+        None => Ok(row),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -316,7 +560,7 @@ fn run_setting(
     time: &TimeBasis,
     s: Setting,
     index: usize,
-    baseline: &[f64],
+    baseline: &WindowTimes,
     base_total: f64,
     first_window: usize,
     tail_len: f64,
@@ -337,7 +581,10 @@ fn run_setting(
         index,
         error: Some(e),
         moe_ms: f64::NAN,
+        step_ms: f64::NAN,
         net_saving_pct: f64::NAN,
+        net_saving_pct_low: f64::NAN,
+        net_saving_pct_high: f64::NAN,
         stall_ms_per_cycle_mean: f64::NAN,
         stall_ms_per_cycle_max: f64::NAN,
         stall_ms_total: f64::NAN,
@@ -362,16 +609,25 @@ fn run_setting(
     let stalls: Vec<f64> = fig.stalls.iter().map(|c| c.ms).collect();
     let stall_total = stalls.iter().sum::<f64>() + 0.0;
     let ours = sum_from(&fig.per_window_ms, first_window);
+    let corner = |ours: &[f64], base: &[f64]| {
+        saving_pct(
+            sum_from(base, first_window),
+            sum_from(ours, first_window),
+            stall_total,
+        )
+    };
+    let a = corner(&fig.corners[0], &baseline.low_ms);
+    let b = corner(&fig.corners[1], &baseline.high_ms);
+    let central = saving_pct(base_total, ours, stall_total);
     Row {
         setting: s,
         index,
         error: None,
-        moe_ms: ours / tail_len,
-        net_saving_pct: if base_total > 0.0 {
-            (base_total - (ours + stall_total)) / base_total * 100.0
-        } else {
-            f64::NAN
-        },
+        moe_ms: sum_from(&fig.moe_per_window_ms, first_window) / tail_len,
+        step_ms: ours / tail_len,
+        net_saving_pct: central,
+        net_saving_pct_low: a.min(b).min(central),
+        net_saving_pct_high: a.max(b).max(central),
         stall_ms_per_cycle_mean: if stalls.is_empty() {
             0.0
         } else {
@@ -428,7 +684,10 @@ impl Row {
             "redundant": s.redundant,
             "payoff_gate": s.payoff_gate,
             "est_moe_ms_per_iter_mean": self.moe_ms,
+            "est_step_ms_per_iter_mean": self.step_ms,
             "est_net_saving_pct": self.net_saving_pct,
+            "est_net_saving_pct_low": self.net_saving_pct_low,
+            "est_net_saving_pct_high": self.net_saving_pct_high,
             "est_stall_ms_per_cycle_mean": self.stall_ms_per_cycle_mean,
             "est_stall_ms_per_cycle_max": self.stall_ms_per_cycle_max,
             "est_stall_ms_total": self.stall_ms_total,
@@ -441,9 +700,16 @@ impl Row {
 }
 
 impl Advice {
-    /// The best row, when EPLB is recommended.
+    /// The best row, when the verdict is enable.
     pub fn winner(&self) -> Option<&Row> {
         self.rows.first().filter(|_| self.recommended)
+    }
+
+    /// The best row that ran (the candidate of a benchmark).
+    pub fn best(&self) -> Option<&Row> {
+        self.rows
+            .first()
+            .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite())
     }
 
     /// The `eplb_config` to use: the winner's, or `{"dynamic_eplb": false}`.
@@ -454,55 +720,86 @@ impl Advice {
         }
     }
 
-    /// The one-line recommendation.
+    fn band_text(&self) -> String {
+        let (lo, c, hi) = self.saving_pct;
+        format!("{c:.1}% of the step (band {lo:.1}% to {hi:.1}%)")
+    }
+
+    /// The one-line recommendation: the verdict, the saving with its band, the setting.
     pub fn recommendation(&self) -> String {
-        match self.winner() {
-            Some(r) => {
-                let s = &r.setting;
-                format!(
-                    "enable: policy {}, heat interval {}, algorithm interval {}, {} redundant{}: -{:.1}% MoE time per iteration, stalls {:.2} ms per cycle",
-                    s.policy.name(),
-                    s.heat_interval,
-                    s.algo_interval,
-                    s.redundant,
-                    if s.payoff_gate {
-                        ", pay-off gate on"
-                    } else {
-                        ""
-                    },
-                    r.net_saving_pct,
-                    r.stall_ms_per_cycle_mean
-                )
-            }
-            None => {
-                let best = self
-                    .rows
-                    .first()
-                    .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite());
-                match best {
-                    Some(r) if r.net_saving_pct > 0.0 => format!(
-                        "do not enable: the best setting saves only {:.2}% net of its moves (below the {MIN_SAVING_PCT}% threshold)",
-                        r.net_saving_pct
-                    ),
-                    Some(_) => {
-                        "do not enable: the moves cost more than the balance saves".to_owned()
-                    }
-                    None => "do not enable: no setting could be run".to_owned(),
-                }
-            }
+        let Some(r) = self.best() else {
+            return "do not enable: no setting could be run".to_owned();
+        };
+        let s = &r.setting;
+        let what = format!(
+            "policy {}, heat interval {}, algorithm interval {}, {} redundant{}",
+            s.policy.name(),
+            s.heat_interval,
+            s.algo_interval,
+            s.redundant,
+            if s.payoff_gate {
+                ", pay-off gate on"
+            } else {
+                ""
+            },
+        );
+        match self.verdict {
+            Verdict::Enable => format!(
+                "enable: {what}: saves {}, stalls {:.2} ms per cycle",
+                self.band_text(),
+                r.stall_ms_per_cycle_mean
+            ),
+            Verdict::DoNotEnable => format!(
+                "do not enable: the best setting ({what}) saves {}, below the {MIN_SAVING_PCT}% threshold even at the high end",
+                self.band_text()
+            ),
+            Verdict::BenchmarkFirst => format!(
+                "benchmark first: the best setting ({what}) saves {}; the {MIN_SAVING_PCT}% threshold lies inside the band",
+                self.band_text()
+            ),
         }
+    }
+
+    /// The A/B run to make when the verdict is benchmark-first.
+    pub fn ab_run(&self) -> Option<String> {
+        if self.verdict != Verdict::BenchmarkFirst {
+            return None;
+        }
+        let r = self.best()?;
+        let step = match self.time.role {
+            eplb_core::time::Role::Decode => "TPOT",
+            eplb_core::time::Role::Prefill => "the prefill iteration time",
+        };
+        Some(format!(
+            "A/B: serve the same load twice for at least {} steps after warm-up, (A) with EPLB off ({{\"dynamic_eplb\": false}}) and (B) with EPLB on ({}); or, as an upper bound of any EPLB gain, (B) with the engine's forced-balanced routing (SGLang --ep-dispatch-algorithm fake). Enable EPLB if {step} improves by at least {MIN_SAVING_PCT}% (the model expects {:.1}%, between {:.1}% and {:.1}%).",
+            (10 * (r.setting.heat_interval + r.setting.algo_interval)).max(1000),
+            r.setting.eplb_config(),
+            self.saving_pct.1,
+            self.saving_pct.0,
+            self.saving_pct.2
+        ))
     }
 
     /// The `advise --json` object.
     pub fn to_json(&self) -> Value {
         json!({
             "recommended": self.recommended,
+            "verdict": self.verdict.name(),
+            "saving_pct_low": self.saving_pct.0,
+            "saving_pct_central": self.saving_pct.1,
+            "saving_pct_high": self.saving_pct.2,
+            "saving_pct_ids_permuted": self.permuted_saving_pct,
+            "saving_pct_drift": self.drift_saving_pct,
+            "ab_run": self.ab_run(),
             "recommendation": self.recommendation(),
             "threshold_pct": MIN_SAVING_PCT,
+            "saving_of": "whole step (TPOT in decode, iteration in prefill)",
             "baseline": {
+                "name": crate::time::BASELINE,
                 "policy": "static",
                 "redundant": self.baseline_redundant,
-                "est_moe_ms_per_iter_mean": self.baseline_ms,
+                "est_moe_ms_per_iter_mean": self.baseline_moe_ms,
+                "est_step_ms_per_iter_mean": self.baseline_ms,
             },
             "first_window": self.first_window,
             "stationary_windows": self.stationary,
@@ -513,21 +810,25 @@ impl Advice {
                 .map(|(i, r)| r.to_json(i + 1))
                 .collect::<Vec<_>>(),
             "eplb_config": self.eplb_config(),
+            "candidate_eplb_config": self.best().map(|r| r.setting.eplb_config()),
             "time_model": self.time.to_json(),
+            "topology": self.time.topology_json(Some(usize::from(self.ranks))),
         })
     }
 
     /// The ranked table for people (one line per setting, a header first).
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10}  {:>8}  {:>12}  {:>11}  {:>6}  {:>7}\n",
+            "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10}  {:>10}  {:>8}  {:>16}  {:>12}  {:>11}  {:>6}  {:>7}\n",
             "rank",
             "policy",
             "H",
             "A",
             "X",
+            "step ms/it",
             "MoE ms/it",
             "net %",
+            "band %",
             "stall/cycle",
             "stall max",
             "cycles",
@@ -547,14 +848,16 @@ impl Advice {
                 continue;
             }
             out.push_str(&format!(
-                "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10.3}  {:>8.2}  {:>9.2} ms  {:>8.2} ms  {:>6}  {:>7.4}\n",
+                "{:>4}  {:<17} {:>5} {:>5} {:>5}  {:>10.3}  {:>10.3}  {:>8.2}  {:>16}  {:>9.2} ms  {:>8.2} ms  {:>6}  {:>7.4}\n",
                 i + 1,
                 s.label(),
                 s.heat_interval,
                 s.algo_interval,
                 s.redundant,
+                r.step_ms,
                 r.moe_ms,
                 r.net_saving_pct,
+                format!("{:.2}..{:.2}", r.net_saving_pct_low, r.net_saving_pct_high),
                 r.stall_ms_per_cycle_mean,
                 r.stall_ms_per_cycle_max,
                 r.cycles,

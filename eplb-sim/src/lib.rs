@@ -13,9 +13,11 @@
 #![forbid(unsafe_code)]
 
 pub mod advise;
+pub mod calibrate;
 pub mod cluster;
 pub mod cost;
 mod error;
+pub mod estimate;
 mod events;
 pub mod json;
 pub mod metrics_out;

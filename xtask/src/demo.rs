@@ -60,8 +60,14 @@ pub fn demo(args: &[String]) -> Result<(), String> {
         println!();
         println!("EP{ranks}, {redundant} redundant experts");
         println!(
-            "{:<12} {:>10} {:>9} {:>8} {:>13} {:>12}",
-            "policy", "mean PAR*", "p99 PAR*", "changes", "moves/change", "planner ms"
+            "{:<12} {:>10} {:>9} {:>8} {:>13} {:>12}  {:>24}",
+            "policy",
+            "mean PAR*",
+            "p99 PAR*",
+            "changes",
+            "moves/change",
+            "planner ms",
+            "step saving % (band)**"
         );
         for policy in POLICIES {
             let out = Command::new(&bin)
@@ -94,17 +100,27 @@ pub fn demo(args: &[String]) -> Result<(), String> {
                 .map_err(|e| format!("eplb simulate --json printed no JSON: {e}"))?;
             let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
             println!(
-                "{policy:<12} {:>10.4} {:>9.4} {:>8} {:>13.0} {:>12.2}",
+                "{policy:<12} {:>10.4} {:>9.4} {:>8} {:>13.0} {:>12.2}  {:>24}",
                 f("mean_par_from_first_activation"),
                 f("p99_par_from_first_activation"),
                 v["changes"].as_u64().unwrap_or(0),
                 f("moves_per_change"),
                 f("policy_time_ms_mean"),
+                format!(
+                    "{:.2} ({:.2} to {:.2})",
+                    f("est_net_saving_pct"),
+                    f("est_net_saving_pct_low"),
+                    f("est_net_saving_pct_high")
+                ),
             );
         }
     }
     println!();
     println!("* from the first activation (window 11) on; lower bound 1.0000 on every window.");
+    println!(
+        "** estimated saving of the whole step (TPOT) against static net of the moves, with the time \
+         model's band (docs/time-model.md; default hardware a3, decode, 128 tokens per rank)."
+    );
     let page = report(&bin, CLUSTERS[0])?;
     println!();
     println!("report of EP{}: {}", CLUSTERS[0].0, page.display());

@@ -122,7 +122,7 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     let advice = advise(
         &replay,
         &base,
-        &a.run.time.spec(),
+        &a.run.time.spec_with(io)?,
         &grid,
         threads,
         &progress,
@@ -142,6 +142,11 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     } else {
         outln!(io, "{}", replay.basis.describe());
         outln!(io, "{}", advice.time.describe());
+        outln!(
+            io,
+            "{}",
+            advice.time.describe_topology(usize::from(a.ranks))
+        );
         if let Some(n) = advice.stationary {
             outln!(
                 io,
@@ -150,14 +155,18 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
         }
         outln!(
             io,
-            "baseline (no EPLB: static, {} redundant): {:.3} ms MoE per iteration over windows {}..{}",
+            "baseline (no EPLB: static, {} redundant): {:.3} ms per step, of it {:.3} ms MoE, over windows {}..{}",
             advice.baseline_redundant,
             advice.baseline_ms,
+            advice.baseline_moe_ms,
             advice.first_window,
             advice.stationary.unwrap_or(t.windows)
         );
         io.out.push_str(&advice.table());
         outln!(io, "{}", advice.recommendation());
+        if let Some(ab) = advice.ab_run() {
+            outln!(io, "{ab}");
+        }
         if let Some(out) = &a.config_out {
             outln!(io, "wrote {}", out.display());
         }

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
 use eplb_core::time::Role;
+use eplb_core::time::step::Overlap;
 use eplb_map::heat::Heat;
 use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_policies::PolicyKind;
@@ -73,7 +74,9 @@ macro_rules! outln {
 }
 
 mod advise;
+mod calibrate;
 mod check_config;
+mod estimate;
 mod hotness;
 mod plan;
 mod report;
@@ -97,6 +100,11 @@ enum Command {
     /// Sweep policies, intervals and redundant experts over a trace with the time model, and
     /// recommend a setting, or not to enable EPLB.
     Advise(advise::AdviseArgs),
+    /// Price one step of a deployment without a trace (the whole-step time model).
+    Estimate(estimate::EstimateArgs),
+    /// Fit the time model's free constants to measured step times (NNLS) and write a
+    /// calibration file for `--calibration`.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -182,10 +190,37 @@ struct TimeArgs {
     /// experts, top_k, moe_layers, shared_experts.
     #[arg(long = "model-param", value_name = "KEY=VALUE", value_parser = parse_key_value)]
     model_params: Vec<(String, f64)>,
+    #[command(flatten)]
+    shape: StepArgs,
+}
+
+/// The request shape and the step model's settings (`docs/time-model.md`, "The step model").
+#[derive(Debug, Args, Clone)]
+struct StepArgs {
+    /// Mean context of a decode request, tokens (default 4096).
+    #[arg(long)]
+    context_tokens: Option<f64>,
+    /// Prompt length of a prefill request, tokens (default 4096).
+    #[arg(long)]
+    prompt_tokens: Option<f64>,
+    /// Requests per rank per step (default: tokens per rank / tokens per request in decode,
+    /// tokens per rank / prompt tokens in prefill).
+    #[arg(long)]
+    requests_per_rank: Option<f64>,
+    /// Tokens per request per step in decode: 1, or 1 + MTP drafts (default 1).
+    #[arg(long)]
+    tokens_per_request: Option<f64>,
+    /// Overlap of computation and all-to-all: none (default) or two-batch.
+    #[arg(long, value_parser = parse_overlap)]
+    overlap: Option<Overlap>,
+    /// An `eplb calibrate` output (eplb-calibration/v1): the model's fitted constants.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
 }
 
 impl TimeArgs {
-    /// The flags as the time model's settings.
+    /// The flags as the time model's settings, without the calibration file (checks that
+    /// need no input).
     fn spec(&self) -> TimeSpec {
         TimeSpec {
             hardware: self.hardware.clone(),
@@ -193,8 +228,37 @@ impl TimeArgs {
             tokens_per_rank: self.tokens_per_rank,
             hw_params: self.hw_params.clone(),
             model_params: self.model_params.clone(),
+            requests_per_rank: self.shape.requests_per_rank,
+            context_tokens: self.shape.context_tokens,
+            prompt_tokens: self.shape.prompt_tokens,
+            tokens_per_request: self.shape.tokens_per_request,
+            overlap: self.shape.overlap,
+            calibration: None,
         }
     }
+
+    /// The flags as the time model's settings, the calibration file read.
+    fn spec_with(&self, io: &Io) -> Result<TimeSpec, String> {
+        let mut spec = self.spec();
+        spec.calibration = read_calibration_arg(self.shape.calibration.as_deref(), io)?;
+        Ok(spec)
+    }
+}
+
+/// Reads `--calibration FILE` when given.
+fn read_calibration_arg(
+    path: Option<&Path>,
+    io: &Io,
+) -> Result<Option<(String, eplb_core::time::step::Calibration)>, String> {
+    let Some(p) = path else { return Ok(None) };
+    let bytes = io.read(p)?;
+    let src = p.display().to_string();
+    let c = eplb_sim::calibrate::read_calibration(&bytes, &src).map_err(|e| e.to_string())?;
+    Ok(Some((src, c)))
+}
+
+fn parse_overlap(s: &str) -> Result<Overlap, String> {
+    Overlap::from_name(s).ok_or_else(|| format!("{s}: unknown overlap; expected none or two-batch"))
 }
 
 fn parse_hardware(s: &str) -> Result<String, String> {
@@ -427,6 +491,8 @@ where
         Command::Simulate(a) => simulate::run(&a, &mut io),
         Command::Report(a) => report::run(&a, &argv, &mut io),
         Command::Advise(a) => advise::run(&a, &mut io),
+        Command::Estimate(a) => estimate::run(&a, &mut io),
+        Command::Calibrate(a) => calibrate::run(&a, &mut io),
     };
     finish(result, io.out.as_bytes())
 }

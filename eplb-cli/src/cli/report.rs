@@ -58,7 +58,7 @@ pub(super) fn run(
         .replay
         .run
         .time
-        .spec()
+        .spec_with(io)?
         .resolve(&basis, base.ranks_per_node)
         .map_err(|e| e.to_string())?;
     let words: Vec<String> = argv

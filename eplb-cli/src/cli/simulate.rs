@@ -96,7 +96,7 @@ pub(super) fn run(a: &SimulateArgs, io: &mut Io) -> Result<ExitCode, String> {
         .replay
         .run
         .time
-        .spec()
+        .spec_with(io)?
         .resolve(basis, cfg.ranks_per_node)
         .map_err(|e| e.to_string())?;
     let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &time, None)

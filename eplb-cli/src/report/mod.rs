@@ -329,9 +329,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             job.basis.payload.total_bytes(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
-        let static_ms = runs
-            .first()
-            .map(|r: &Run| r.time.static_per_window_ms.as_slice());
+        let static_ms = runs.first().map(|r: &Run| r.time.static_times());
         let time = estimate_log(
             job.trace,
             &result.shape,
@@ -339,7 +337,7 @@ pub fn run(job: ReportJob<'_>) -> Result<Report, String> {
             &costs,
             &cfg,
             job.time,
-            static_ms,
+            static_ms.as_ref(),
         )
         .map_err(|e| format!("policy {name}: {e}"))?;
         let metrics = eplb_sim::json::simulation(
@@ -395,6 +393,11 @@ pub struct RankLoads {
 }
 
 impl Report {
+    /// The topology line the time model assumed for this run's ranks.
+    pub fn topology_line(&self) -> String {
+        self.time.describe_topology(self.shape().ranks())
+    }
+
     fn shape(&self) -> Shape {
         self.runs[0].result.shape
     }
@@ -463,20 +466,26 @@ impl Report {
             Some(r) => {
                 let t = &r.time;
                 let pct = t.net_saving_pct();
+                let (lo, hi) = t.net_saving_band_pct();
+                let verdict = eplb_sim::advise::Verdict::of(lo, hi).name();
                 if pct > 0.0 {
                     format!(
-                        "{} saves most: {:.1}% of the estimated MoE time per iteration net of its moves ({:.3} ms instead of {:.3} ms under static from window {first}, stalls {:.2} ms per cycle at most; time model: {setting}).",
+                        "{} saves most: {:.1}% of the estimated step (band {:.1}% to {:.1}%; verdict {verdict}) net of its moves ({:.3} ms per step instead of {:.3} ms under static from window {first}, stalls {:.2} ms per cycle at most; time model: {setting}).",
                         r.policy.name(),
                         pct,
+                        lo,
+                        hi,
                         t.mean_ms(),
                         t.static_mean_ms(),
                         t.stall_max_ms()
                     )
                 } else {
                     format!(
-                        "No policy pays: the best, {}, is {:.1}% slower than static net of its moves ({:.3} ms per iteration plus {:.2} ms of stalls in all, against {:.3} ms; time model: {setting}).",
+                        "No policy pays: the best, {}, is {:.1}% of the estimated step slower than static net of its moves (band {:.1}% to {:.1}% saving; verdict {verdict}; {:.3} ms per step plus {:.2} ms of stalls in all, against {:.3} ms; time model: {setting}).",
                         r.policy.name(),
                         -pct,
+                        lo,
+                        hi,
                         t.mean_ms(),
                         t.stall_total_ms(),
                         t.static_mean_ms()
@@ -577,7 +586,8 @@ impl Report {
                     "fetches_per_cycle": r.fetches_per_cycle(),
                     "bytes_per_cycle": r.costs.iter().map(MoveCost::bytes_moved).collect::<Vec<_>>(),
                     "transfer_ms_per_cycle": r.costs.iter().map(|c| c.transfer_ms(link)).collect::<Vec<_>>(),
-                    "est_moe_ms_per_window": r.time.per_window_ms,
+                    "est_moe_ms_per_window": r.time.moe_per_window_ms,
+                    "est_step_ms_per_window": r.time.per_window_ms,
                     "est_stalls": r.time.stalls.iter().map(|c| json!({
                         "cycle": c.cycle, "window": c.window, "changed_layers": c.changed_layers, "ms": c.ms,
                     })).collect::<Vec<_>>(),
@@ -615,6 +625,7 @@ impl Report {
             "skipped": self.skipped.iter().map(|(p, why)| json!({"policy": p, "reason": why})).collect::<Vec<_>>(),
             "best_policy": best.policy.name(),
             "time_model": self.time.to_json(),
+            "topology": self.time.topology_json(Some(self.shape().ranks())),
             "time_verdict": self.time_verdict(),
             "time_best_policy": self.time_best().map(|r| r.policy.name()),
             "heatmap": heatmap,

@@ -195,15 +195,17 @@ pub fn render(rep: &Report) -> Result<String, String> {
             // `n/a` where the trace has no window after the first activation.
             label: if i == 0 {
                 format!(
-                    "{}: {} ms",
+                    "{}: {} ms MoE ({} ms per step)",
                     r.policy.name(),
+                    fixed(r.time.static_moe_mean_ms(), 3),
                     fixed(r.time.static_mean_ms(), 3)
                 )
             } else {
                 let pct = r.time.net_saving_pct();
                 format!(
-                    "{}: {} ms, stalls {} ms in all (at most {} ms per cycle), net saving {}%",
+                    "{}: {} ms MoE ({} ms per step), stalls {} ms in all (at most {} ms per cycle), net saving {}% of the step",
                     r.policy.name(),
+                    fixed(r.time.moe_mean_ms(), 3),
                     fixed(r.time.mean_ms(), 3),
                     fixed(r.time.stall_total_ms(), 1),
                     fixed(r.time.stall_max_ms(), 1),
@@ -215,7 +217,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
                 )
             },
             color: colors[i],
-            values: &r.time.per_window_ms,
+            values: &r.time.moe_per_window_ms,
             stalls: &stalls[i],
         })
         .collect();
@@ -355,6 +357,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
     }
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.basis.describe()));
     let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.time.describe()));
+    let _ = writeln!(h, "<p class=\"facts\">{}</p>", esc(&rep.topology_line()));
     if first >= t {
         let _ = writeln!(
             h,

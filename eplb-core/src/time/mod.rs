@@ -79,8 +79,13 @@ use crate::placement::check_len;
 
 pub mod gate;
 mod presets;
+pub mod step;
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod validation;
 
 /// Bytes of one combined element: engines combine expert outputs in bf16.
 pub const COMBINE_BYTES: f64 = 2.0;

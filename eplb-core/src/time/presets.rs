@@ -102,8 +102,26 @@ impl Hardware {
         collective_ms: NVIDIA_COLLECTIVE_MS,
     };
 
+    /// NVIDIA H800 SXM: the H100's compute and HBM, NVLink 400 GB/s (bidirectional) = 200 GB/s
+    /// per direction, 400 Gb/s NIC per GPU (the chip of DeepSeek's and DeepEP's figures).
+    pub const H800: Hardware = Hardware {
+        name: "h800",
+        intra_node_bytes_per_s: 200.0 * GIGA,
+        ..Hardware::H100
+    };
+
+    /// NVIDIA GB200 (NVL72), one GPU: 2.5 PFLOPS bf16, 5 PFLOPS fp8, 10 PFLOPS fp4 (dense),
+    /// HBM3e 8 TB/s, NVLink 5 900 GB/s per direction across the 72-GPU domain, 400 Gb/s NIC.
+    pub const GB200: Hardware = Hardware {
+        name: "gb200",
+        flops_bf16: 2500.0 * TERA,
+        flops_8bit: 5000.0 * TERA,
+        flops_fp4: 10000.0 * TERA,
+        ..Hardware::B200
+    };
+
     /// Every hardware preset.
-    pub const ALL: [Hardware; 7] = [
+    pub const ALL: [Hardware; 9] = [
         Hardware::A2,
         Hardware::A3,
         Hardware::ASCEND_950PR,
@@ -111,13 +129,15 @@ impl Hardware {
         Hardware::H100,
         Hardware::H200,
         Hardware::B200,
+        Hardware::H800,
+        Hardware::GB200,
     ];
 
     /// The preset named `name` or one of its aliases (ASCII case-insensitive, trimmed):
     /// `a2` (`910b`, `ascend-a2`), `a3` (`910c`, `ascend-a3`), `950pr` (`ascend-950pr`),
-    /// `950dt` (`ascend-950dt`), `h100` (`h100-sxm`), `h200` (`h200-sxm`), `b200` (`hgx-b200`).
+    /// `950dt` (`ascend-950dt`), `h100` (`h100-sxm`), `h200` (`h200-sxm`), `b200` (`hgx-b200`), `h800` (`h800-sxm`), `gb200` (`gb200-nvl72`).
     pub fn from_name(name: &str) -> Option<Hardware> {
-        const ALIASES: [(&str, Hardware); 10] = [
+        const ALIASES: [(&str, Hardware); 12] = [
             ("910b", Hardware::A2),
             ("ascend-a2", Hardware::A2),
             ("910c", Hardware::A3),
@@ -128,6 +148,8 @@ impl Hardware {
             ("h200-sxm", Hardware::H200),
             ("hgx-b200", Hardware::B200),
             ("b200-hgx", Hardware::B200),
+            ("h800-sxm", Hardware::H800),
+            ("gb200-nvl72", Hardware::GB200),
         ];
         lookup(name, Hardware::ALL.iter().map(|h| (h.name, *h)), ALIASES)
     }

@@ -53,9 +53,10 @@ fn windows_are_priced_with_the_simulators_routing() {
         Router::new(&shape, &live.placement, Routing::Log2Phy).route(counts, &mut out);
         let loads: Vec<f64> = out.iter().map(|&c| f64::from(c)).collect();
         let want = basis
-            .model
-            .model_time(shape.ranks(), shape.slots_per_rank(), &loads, &mut [])
-            .unwrap();
+            .step
+            .step(shape.ranks(), shape.slots_per_rank(), &loads, &mut [])
+            .unwrap()
+            .iteration_ms;
         assert_eq!(fig.per_window_ms[w].to_bits(), want.to_bits(), "window {w}");
     }
     // Every cycle pays the digest; one that changed layers pays a vote per changed layer.
@@ -122,7 +123,30 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
     assert_eq!(b.model.model.dtype, Dtype::Bf16);
     assert_eq!(b.model.expert_bytes, r.basis.payload.total_bytes() as f64);
     assert_eq!(b.model.tokens_per_rank, 128.0);
-    assert_eq!(b.defaulted, ["hardware", "role", "tokens_per_rank"]);
+    assert_eq!(
+        b.defaulted,
+        [
+            "hardware",
+            "role",
+            "tokens_per_rank",
+            "context_tokens",
+            "tokens_per_request",
+            "requests_per_rank",
+            "overlap"
+        ]
+    );
+    // Without --ranks-per-node the hardware preset's node is assumed, and said.
+    let b = TimeSpec::default().resolve(&r.basis, None).unwrap();
+    assert!(b.defaulted.contains(&"ranks_per_node"));
+    assert_eq!(b.ranks_per_node_for(64), 16);
+    assert!(
+        b.describe_topology(64)
+            .contains("hardware preset: set --ranks-per-node")
+    );
+    assert_eq!(
+        b.topology_json(Some(64))["inter_node_link"],
+        "scale-up domain"
+    );
     let b = TimeSpec {
         hardware: Some("H200".to_owned()),
         role: Some(Role::Prefill),
@@ -140,7 +164,38 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
         ("h200", 16384.0, 4)
     );
     let e = parse_hardware("tpu").unwrap_err().to_string();
-    assert!(e.contains("a2, a3, 950pr, 950dt, h100, h200, b200"), "{e}");
+    assert!(
+        e.contains("a2, a3, 950pr, 950dt, h100, h200, b200, h800, gb200"),
+        "{e}"
+    );
+    for (k, v) in [
+        ("link_efficiency", 2.0),
+        ("domain_ranks", 0.5),
+        ("fused_mc2", 3.0),
+        ("host_ms", -1.0),
+    ] {
+        let spec = TimeSpec {
+            hw_params: vec![(k.to_owned(), v)],
+            ..TimeSpec::default()
+        };
+        assert!(spec.check().is_err(), "{k}={v}");
+    }
+    for bad in [
+        TimeSpec {
+            context_tokens: Some(-1.0),
+            ..TimeSpec::default()
+        },
+        TimeSpec {
+            prompt_tokens: Some(0.0),
+            ..TimeSpec::default()
+        },
+        TimeSpec {
+            requests_per_rank: Some(f64::NAN),
+            ..TimeSpec::default()
+        },
+    ] {
+        assert!(bad.check().is_err(), "{bad:?}");
+    }
     let e = TimeSpec {
         hw_params: vec![("speed".to_owned(), 1.0)],
         ..TimeSpec::default()
@@ -167,4 +222,40 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
         .check()
         .is_err()
     );
+}
+
+#[test]
+fn a_named_link_prices_the_exchanges_of_the_time_model_too() {
+    let r = replay();
+    let c = cfg(SimPolicy::Policy(PolicyKind::Swift));
+    let run = r.run(&c, &[], &mut |_, _| {}).unwrap();
+    // Default link: the hardware's (the all-to-all's) links, and the JSON says so.
+    let hw = TimeSpec::default().resolve(&r.basis, None).unwrap();
+    assert_eq!(hw.exchange_bytes_per_s, None);
+    assert_eq!(
+        hw.to_json()["exchange_link"]["source"],
+        "hardware links (the all-to-all's)"
+    );
+    // `--link 1gbps`: the cost figures and the exchanges use it both.
+    let mut named = r.basis.clone();
+    named.link = "1gbps".parse().unwrap();
+    named.defaulted.retain(|d| *d != "link");
+    let b = TimeSpec::default().resolve(&named, None).unwrap();
+    assert_eq!(b.exchange_bytes_per_s, Some(named.link.bytes_per_s()));
+    let slow = estimate(&r.trace, &run, &c, &b, None).unwrap();
+    let fast = estimate(&r.trace, &run, &c, &hw, None).unwrap();
+    assert!(slow.stall_total_ms() > fast.stall_total_ms());
+    for (s, cost) in slow.stalls.iter().zip(&run.costs) {
+        let it = slow.per_window_ms[s.window - 1];
+        let mut want = b.model.hardware.collective_ms;
+        for lc in cost.layers.iter().filter(|lc| lc.transfers > 0) {
+            let ex = lc.max_rank_bytes as f64 / named.link.bytes_per_s() * 1e3;
+            want += (ex - it).max(0.0) + b.model.hardware.collective_ms;
+        }
+        assert!(
+            (s.ms - want).abs() <= 1e-9 * want.max(1.0),
+            "{} vs {want}",
+            s.ms
+        );
+    }
 }

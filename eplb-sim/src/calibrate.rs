@@ -1,0 +1,413 @@
+//! Calibration from the user's own numbers (`eplb calibrate`, `docs/time-model.md`,
+//! "Calibration"): a file of measured step times at known shapes, a non-negative least-squares
+//! fit of the step model's free multipliers ([`Calibration`]) and the `eplb-calibration/v1`
+//! file every time-aware command accepts (`--calibration`).
+
+use eplb_core::time::step::Calibration;
+use serde_json::{Value, json};
+
+use crate::SimError;
+
+/// The format tag of a calibration file.
+pub const FORMAT: &str = "eplb-calibration/v1";
+
+fn bad(source: &str, why: impl Into<String>) -> SimError {
+    SimError::Setting {
+        what: source.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// Reads an `eplb-calibration/v1` file: `{"format": "eplb-calibration/v1", "multipliers":
+/// {"host": x, "backbone": x, "gemm": x, "link": x, "latency": x}, ...}`; every multiplier
+/// must be present, finite and `>= 0`. Other keys (residuals, the fit's inputs) are kept for
+/// people and ignored here.
+pub fn read_calibration(bytes: &[u8], source: &str) -> Result<Calibration, SimError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| bad(source, format!("not a JSON calibration file: {e}")))?;
+    if v.get("format").and_then(Value::as_str) != Some(FORMAT) {
+        return Err(bad(source, format!("\"format\" must be \"{FORMAT}\"")));
+    }
+    let m = v
+        .get("multipliers")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad(source, "\"multipliers\" must be an object"))?;
+    let mut a = [0.0; 5];
+    for (slot, name) in a.iter_mut().zip(Calibration::NAMES) {
+        let x = m
+            .get(name)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| bad(source, format!("multipliers.{name} must be a number")))?;
+        if !(x.is_finite() && x >= 0.0) {
+            return Err(bad(
+                source,
+                format!("multipliers.{name} must be a finite number >= 0, not {x}"),
+            ));
+        }
+        *slot = x;
+    }
+    Ok(Calibration::from_array(a))
+}
+
+/// The JSON of a calibration file with its multipliers and `extra` keys (the fit's report).
+pub fn calibration_json(c: &Calibration, extra: Value) -> Value {
+    let mut v = json!({
+        "format": FORMAT,
+        "multipliers": Calibration::NAMES.iter().zip(c.as_array())
+            .map(|(k, x)| ((*k).to_owned(), json!(x)))
+            .collect::<serde_json::Map<String, Value>>(),
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        for (k, x) in e {
+            o.insert(k, x);
+        }
+    }
+    v
+}
+
+/// One measured step: its shape and its time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// Decode or prefill.
+    pub role: eplb_core::time::Role,
+    /// EP ranks of the run.
+    pub ranks: u16,
+    /// Tokens per rank per step.
+    pub tokens_per_rank: f64,
+    /// Mean decode context (decode), tokens.
+    pub context_tokens: Option<f64>,
+    /// Prompt length (prefill), tokens.
+    pub prompt_tokens: Option<f64>,
+    /// The busiest rank's MoE load over the mean during the measurement (1.0: forced
+    /// balanced routing).
+    pub par: f64,
+    /// The measured step (TPOT, or one prefill iteration), ms.
+    pub step_ms: f64,
+}
+
+/// The fit: the multipliers and how well they reproduce the points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    /// The fitted multipliers.
+    pub calibration: Calibration,
+    /// Per point: `(measured, predicted)` ms.
+    pub residuals: Vec<(f64, f64)>,
+    /// Root-mean-square relative error of the fit.
+    pub rms_rel: f64,
+    /// The largest relative error.
+    pub max_rel: f64,
+}
+
+/// Reads measured points: a JSON array of objects (or `{"points": [...]}`) with keys `role`,
+/// `tokens_per_rank`, `step_ms` and optionally `ranks` (default `default_ranks`),
+/// `context_tokens`, `prompt_tokens`, `par` (default 1.0); or a CSV with a header naming the
+/// same columns (comma-separated, empty cells for absent values). An A/B pair with the
+/// engine's forced-balanced routing is two points: the same shape at its measured PAR and at
+/// PAR 1.
+pub fn read_measured(
+    bytes: &[u8],
+    source: &str,
+    default_ranks: u16,
+) -> Result<Vec<Measured>, SimError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| bad(source, "not UTF-8 text"))?;
+    let t = text.trim_start();
+    let rows: Vec<std::collections::BTreeMap<String, String>> =
+        if t.starts_with('[') || t.starts_with('{') {
+            let v: Value =
+                serde_json::from_str(t).map_err(|e| bad(source, format!("not JSON: {e}")))?;
+            let arr = match &v {
+                Value::Array(a) => a,
+                Value::Object(o) => o
+                    .get("points")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad(source, "expected an array or {\"points\": [...]}"))?,
+                _ => return Err(bad(source, "expected an array of points")),
+            };
+            arr.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let o = p
+                        .as_object()
+                        .ok_or_else(|| bad(source, format!("point {i} is not an object")))?;
+                    Ok(o.iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                            )
+                        })
+                        .collect())
+                })
+                .collect::<Result<_, SimError>>()?
+        } else {
+            let mut lines = t.lines().filter(|l| !l.trim().is_empty());
+            let header: Vec<String> = lines
+                .next()
+                .ok_or_else(|| bad(source, "empty CSV"))?
+                .split(',')
+                .map(|h| h.trim().to_owned())
+                .collect();
+            lines
+                .enumerate()
+                .map(|(i, l)| {
+                    let cells: Vec<&str> = l.split(',').map(str::trim).collect();
+                    if cells.len() != header.len() {
+                        return Err(bad(
+                            source,
+                            format!(
+                                "CSV row {}: {} cells for {} columns",
+                                i + 2,
+                                cells.len(),
+                                header.len()
+                            ),
+                        ));
+                    }
+                    Ok(header
+                        .iter()
+                        .zip(cells)
+                        .filter(|(_, c)| !c.is_empty())
+                        .map(|(h, c)| (h.clone(), c.to_owned()))
+                        .collect())
+                })
+                .collect::<Result<_, SimError>>()?
+        };
+    if rows.is_empty() {
+        return Err(bad(source, "no measured point"));
+    }
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let num = |k: &str| -> Result<Option<f64>, SimError> {
+                match r.get(k) {
+                    None => Ok(None),
+                    Some(s) => s
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite())
+                        .map(Some)
+                        .ok_or_else(|| {
+                            bad(source, format!("point {i}: {k} `{s}` is not a number"))
+                        }),
+                }
+            };
+            let need = |k: &str| -> Result<f64, SimError> {
+                num(k)?.ok_or_else(|| bad(source, format!("point {i}: {k} is missing")))
+            };
+            let role = r
+                .get("role")
+                .and_then(|s| eplb_core::time::Role::from_name(s))
+                .ok_or_else(|| bad(source, format!("point {i}: role must be decode or prefill")))?;
+            let ranks = match num("ranks")? {
+                None => default_ranks,
+                Some(x) if x >= 1.0 && x.fract() == 0.0 && x <= f64::from(u16::MAX) => x as u16,
+                Some(x) => {
+                    return Err(bad(
+                        source,
+                        format!("point {i}: ranks {x} is not a whole number >= 1"),
+                    ));
+                }
+            };
+            let m = Measured {
+                role,
+                ranks,
+                tokens_per_rank: need("tokens_per_rank")?,
+                context_tokens: num("context_tokens")?,
+                prompt_tokens: num("prompt_tokens")?,
+                par: num("par")?.unwrap_or(1.0),
+                step_ms: need("step_ms")?,
+            };
+            if !(m.tokens_per_rank > 0.0 && m.step_ms > 0.0) {
+                return Err(bad(
+                    source,
+                    format!("point {i}: tokens_per_rank and step_ms must be > 0"),
+                ));
+            }
+            if !(m.par >= 1.0 && m.par <= f64::from(m.ranks)) {
+                return Err(bad(
+                    source,
+                    format!("point {i}: par {} must be between 1 and the ranks", m.par),
+                ));
+            }
+            if m.context_tokens.is_some_and(|c| c < 0.0)
+                || m.prompt_tokens.is_some_and(|p| p <= 0.0)
+            {
+                return Err(bad(
+                    source,
+                    format!("point {i}: context_tokens must be >= 0 and prompt_tokens > 0"),
+                ));
+            }
+            Ok(m)
+        })
+        .collect()
+}
+
+/// The step the model predicts for `m` under `c`, from `spec` (model, hardware, topology,
+/// overlap) and `cost` (expert bytes).
+pub fn predict(
+    spec: &crate::time::TimeSpec,
+    cost: &crate::cost::CostBasis,
+    ranks_per_node: Option<u16>,
+    m: &Measured,
+    c: &Calibration,
+) -> Result<f64, SimError> {
+    let s = crate::time::TimeSpec {
+        role: Some(m.role),
+        tokens_per_rank: Some(m.tokens_per_rank),
+        context_tokens: m.context_tokens.or(spec.context_tokens),
+        prompt_tokens: m.prompt_tokens.or(spec.prompt_tokens),
+        calibration: Some(("fit".to_owned(), *c)),
+        ..spec.clone()
+    };
+    let g = ranks_per_node.map(|g| g.min(m.ranks));
+    Ok(crate::estimate::estimate_step(&s, cost, m.ranks, g, m.par)?
+        .central
+        .iteration_ms)
+}
+
+/// Fits the multipliers to `points` by non-negative least squares on relative errors (each
+/// point weighs `1 / measured`). The step is piecewise linear in the multipliers (linear
+/// without overlap; the larger of two linear paths with it), so the fit is repeated on the
+/// terms active at the previous solution until it settles.
+pub fn fit(
+    spec: &crate::time::TimeSpec,
+    cost: &crate::cost::CostBasis,
+    ranks_per_node: Option<u16>,
+    points: &[Measured],
+) -> Result<Fit, SimError> {
+    if points.is_empty() {
+        return Err(bad("--measured", "no measured point"));
+    }
+    let mut x = [1.0; 5];
+    for _ in 0..8 {
+        let c = Calibration::from_array(x);
+        let mut rows = Vec::with_capacity(points.len());
+        for m in points {
+            let base = predict(spec, cost, ranks_per_node, m, &c)?;
+            let mut f = [0.0; 5];
+            for (j, fj) in f.iter_mut().enumerate() {
+                let mut y = x;
+                let h = 1e-3 * x.get(j).copied().unwrap_or(1.0).max(1e-3);
+                if let Some(v) = y.get_mut(j) {
+                    *v += h;
+                }
+                let up = predict(spec, cost, ranks_per_node, m, &Calibration::from_array(y))?;
+                *fj = (up - base) / h / m.step_ms;
+            }
+            rows.push((f, 1.0));
+        }
+        let next = nnls(&rows);
+        let moved = next
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-9))
+            .fold(0.0, f64::max);
+        x = next;
+        if moved < 1e-9 {
+            break;
+        }
+    }
+    let calibration = Calibration::from_array(x);
+    let mut residuals = Vec::with_capacity(points.len());
+    let (mut sq, mut mx) = (0.0, 0.0f64);
+    for m in points {
+        let p = predict(spec, cost, ranks_per_node, m, &calibration)?;
+        let rel = (p - m.step_ms) / m.step_ms;
+        sq += rel * rel;
+        mx = mx.max(rel.abs());
+        residuals.push((m.step_ms, p));
+    }
+    Ok(Fit {
+        calibration,
+        rms_rel: (sq / points.len() as f64).sqrt(),
+        max_rel: mx,
+        residuals,
+    })
+}
+
+/// Non-negative least squares `min |A x - b|`, `x >= 0`, for five unknowns, exactly: the
+/// unconstrained least-squares solution on every subset of free unknowns (the rest at 0),
+/// keeping the feasible one with the smallest residual (32 subsets; columns scaled to unit
+/// norm for the elimination).
+fn nnls(rows: &[([f64; 5], f64)]) -> [f64; 5] {
+    let mut ata = [[0.0; 5]; 5];
+    let mut atb = [0.0; 5];
+    let mut btb = 0.0;
+    for (a, b) in rows {
+        btb += b * b;
+        for i in 0..5 {
+            atb[i] += a[i] * b;
+            for j in 0..5 {
+                ata[i][j] += a[i] * a[j];
+            }
+        }
+    }
+    let scale: [f64; 5] = core::array::from_fn(|i| {
+        let d = ata[i][i];
+        if d > 0.0 { 1.0 / d.sqrt() } else { 0.0 }
+    });
+    let q: [[f64; 5]; 5] =
+        core::array::from_fn(|i| core::array::from_fn(|j| ata[i][j] * scale[i] * scale[j]));
+    let r: [f64; 5] = core::array::from_fn(|i| atb[i] * scale[i]);
+    let mut best = ([0.0; 5], btb);
+    for mask in 1u32..32 {
+        let idx: Vec<usize> = (0..5)
+            .filter(|&i| mask & (1 << i) != 0 && scale[i] > 0.0)
+            .collect();
+        if idx.len() != mask.count_ones() as usize {
+            continue;
+        }
+        let n = idx.len();
+        let mut m: Vec<Vec<f64>> = idx
+            .iter()
+            .map(|&i| {
+                let mut row: Vec<f64> = idx.iter().map(|&j| q[i][j]).collect();
+                row.push(r[i]);
+                row
+            })
+            .collect();
+        // Gaussian elimination with partial pivoting.
+        let mut ok = true;
+        for c in 0..n {
+            let p = (c..n)
+                .max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))
+                .unwrap_or(c);
+            if m[p][c].abs() < 1e-12 {
+                ok = false;
+                break;
+            }
+            m.swap(c, p);
+            let pivot = m[c].clone();
+            for (k, row) in m.iter_mut().enumerate() {
+                if k != c {
+                    let f = row[c] / pivot[c];
+                    for (x, y) in row.iter_mut().zip(&pivot).skip(c) {
+                        *x -= f * y;
+                    }
+                }
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let mut z = [0.0; 5];
+        for (k, &i) in idx.iter().enumerate() {
+            z[i] = m[k][n] / m[k][k];
+        }
+        if z.iter().any(|&v| v < 0.0) {
+            continue;
+        }
+        // Residual |Az - b|^2 = z'Qz - 2 r'z + b'b.
+        let mut res = btb;
+        for i in 0..5 {
+            res -= 2.0 * r[i] * z[i];
+            for j in 0..5 {
+                res += z[i] * q[i][j] * z[j];
+            }
+        }
+        if res < best.1 - 1e-15 {
+            best = (z, res);
+        }
+    }
+    core::array::from_fn(|i| best.0[i] * scale[i])
+}
