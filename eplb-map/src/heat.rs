@@ -42,8 +42,7 @@ mod lines;
 /// The largest integer `f64` holds exactly, 2^53.
 const EXACT_MAX: f64 = 9_007_199_254_740_992.0;
 
-/// The `format` tag of a trace.
-pub const TRACE_FORMAT: &str = "eplb-trace/v1";
+pub use lines::TRACE_FORMAT;
 
 /// Which heat format a file is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

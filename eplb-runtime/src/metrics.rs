@@ -234,155 +234,8 @@ impl Metrics {
         } else {
             registry.sub_registry_with_prefix(&settings.prefix)
         };
-        let f = Families {
-            bal: [
-                before_after(),
-                before_after(),
-                before_after(),
-                before_after(),
-            ],
-            par_mean: before_after(),
-            par_max: before_after(),
-            health: Series::new(
-                ["running", "suspended", "diverged"].map(|s| vec![("state", s.to_owned())]),
-            ),
-            cycles: Counter::default(),
-            rearrangements: Counter::default(),
-            layers_moved: Counter::default(),
-            copies_moved: Counter::default(),
-            bytes_moved: Counter::default(),
-            late: Counter::default(),
-            failed_plans: Counter::default(),
-            failed_collectives: Counter::default(),
-            digest_mismatches: Counter::default(),
-            layers_aborted: Counter::default(),
-            walk: Histogram::new(walk_buckets()),
-            planner: Histogram::new(planner_buckets()),
-            layer_bal: settings.per_layer.then(|| {
-                Series::new((0..layers).flat_map(|l| {
-                    ["before", "after"].map(|w| vec![("layer", l.to_string()), ("when", w.into())])
-                }))
-            }),
-            layer_copies: settings
-                .per_layer
-                .then(|| Series::new((0..layers).map(|l| vec![("layer", l.to_string())]))),
-        };
-        if let Some(g) = f.health.at(0) {
-            g.set(1);
-        }
-        let bal_help = [
-            ("balancedness_min", "least balanced layer"),
-            ("balancedness_p50", "median layer"),
-            (
-                "balancedness_p90",
-                "10th percentile across layers (90% of layers are at least this balanced)",
-            ),
-            ("balancedness_avg", "mean over layers"),
-        ];
-        for ((name, what), s) in bal_help.iter().zip(&f.bal) {
-            reg.register(
-                *name,
-                format!(
-                    "Balancedness (mean over max tokens per EP rank, 1 = perfect) of the last \
-                     planned cycle, {what}; when = before / after the plan"
-                ),
-                s.clone(),
-            );
-        }
-        reg.register(
-            "par_mean",
-            "PAR (max over mean tokens per EP rank) averaged over layers, before / after the \
-             last plan (the [Expert Hotness] log's mean)",
-            f.par_mean.clone(),
-        );
-        reg.register(
-            "par_max",
-            "PAR (max over mean tokens per EP rank) of the worst layer, before / after the last \
-             plan (the [Expert Hotness] log's max)",
-            f.par_max.clone(),
-        );
-        reg.register(
-            "health",
-            "Balancing state of this rank: 1 for the current state, 0 for the others",
-            f.health.clone(),
-        );
-        let counters: [(&str, &str, &Counter); 10] = [
-            (
-                "cycles",
-                "Cycles that reached their plan decision (taken, or failed everywhere)",
-                &f.cycles,
-            ),
-            (
-                "rearrangements",
-                "Cycles that moved at least one layer",
-                &f.rearrangements,
-            ),
-            ("layers_moved", "Layers committed", &f.layers_moved),
-            (
-                "expert_copies_moved",
-                "Expert copies fetched by committed layers, over every rank",
-                &f.copies_moved,
-            ),
-            (
-                "moved_bytes",
-                "Bytes of expert weights fetched by committed layers, over every rank",
-                &f.bytes_moved,
-            ),
-            (
-                "plans_late",
-                "Iterations at which the plan was due but not ready on every rank",
-                &f.late,
-            ),
-            (
-                "plans_failed",
-                "Cycles whose plan failed on some rank",
-                &f.failed_plans,
-            ),
-            (
-                "collectives_failed",
-                "Collectives that failed on this rank",
-                &f.failed_collectives,
-            ),
-            (
-                "digest_mismatches",
-                "Cycles abandoned because ranks held different plans",
-                &f.digest_mismatches,
-            ),
-            (
-                "layers_aborted",
-                "Layer exchanges that failed somewhere (the layer kept its placement)",
-                &f.layers_aborted,
-            ),
-        ];
-        for (name, help, c) in counters {
-            reg.register(name, help, c.clone());
-        }
-        reg.register(
-            "walk_duration_seconds",
-            "Seconds from a taken plan to the end of its layer-by-layer walk",
-            f.walk.clone(),
-        );
-        reg.register(
-            "planner_duration_seconds",
-            "Seconds of the policy call that computed a plan",
-            f.planner.clone(),
-        );
-        if let Some(s) = &f.layer_bal {
-            reg.register(
-                "layer_balancedness",
-                "Balancedness (mean over max tokens per EP rank) of one layer, before / after \
-                 the last plan (opt-in, 2 series per layer)",
-                s.clone(),
-            );
-        }
-        if let Some(s) = &f.layer_copies {
-            reg.register(
-                "layer_expert_copies_moved",
-                "Expert copies fetched by one layer's commits, over every rank (opt-in, 1 series \
-                 per layer)",
-                s.clone(),
-            );
-        }
+        let f = Families::new(settings, layers);
+        f.register(reg);
         Self { f: Arc::new(f) }
     }
 
@@ -731,6 +584,166 @@ impl RankObserver {
             }
         }
         self.last = stats;
+    }
+}
+
+impl Families {
+    /// The families of `settings` (the per-layer ones only when opted in, sized by `layers`).
+    fn new(settings: &MetricsSettings, layers: usize) -> Self {
+        Families {
+            bal: [
+                before_after(),
+                before_after(),
+                before_after(),
+                before_after(),
+            ],
+            par_mean: before_after(),
+            par_max: before_after(),
+            health: Series::new(
+                ["running", "suspended", "diverged"].map(|s| vec![("state", s.to_owned())]),
+            ),
+            cycles: Counter::default(),
+            rearrangements: Counter::default(),
+            layers_moved: Counter::default(),
+            copies_moved: Counter::default(),
+            bytes_moved: Counter::default(),
+            late: Counter::default(),
+            failed_plans: Counter::default(),
+            failed_collectives: Counter::default(),
+            digest_mismatches: Counter::default(),
+            layers_aborted: Counter::default(),
+            walk: Histogram::new(walk_buckets()),
+            planner: Histogram::new(planner_buckets()),
+            layer_bal: settings.per_layer.then(|| {
+                Series::new((0..layers).flat_map(|l| {
+                    ["before", "after"].map(|w| vec![("layer", l.to_string()), ("when", w.into())])
+                }))
+            }),
+            layer_copies: settings
+                .per_layer
+                .then(|| Series::new((0..layers).map(|l| vec![("layer", l.to_string())]))),
+        }
+    }
+
+    /// Registers every family in `reg`, with its help text, and marks the health "running".
+    fn register(&self, reg: &mut Registry) {
+        let f = self;
+        if let Some(g) = f.health.at(0) {
+            g.set(1);
+        }
+        let bal_help = [
+            ("balancedness_min", "least balanced layer"),
+            ("balancedness_p50", "median layer"),
+            (
+                "balancedness_p90",
+                "10th percentile across layers (90% of layers are at least this balanced)",
+            ),
+            ("balancedness_avg", "mean over layers"),
+        ];
+        for ((name, what), s) in bal_help.iter().zip(&f.bal) {
+            reg.register(
+                *name,
+                format!(
+                    "Balancedness (mean over max tokens per EP rank, 1 = perfect) of the last \
+                 planned cycle, {what}; when = before / after the plan"
+                ),
+                s.clone(),
+            );
+        }
+        reg.register(
+            "par_mean",
+            "PAR (max over mean tokens per EP rank) averaged over layers, before / after the \
+         last plan (the [Expert Hotness] log's mean)",
+            f.par_mean.clone(),
+        );
+        reg.register(
+            "par_max",
+            "PAR (max over mean tokens per EP rank) of the worst layer, before / after the last \
+         plan (the [Expert Hotness] log's max)",
+            f.par_max.clone(),
+        );
+        reg.register(
+            "health",
+            "Balancing state of this rank: 1 for the current state, 0 for the others",
+            f.health.clone(),
+        );
+        let counters: [(&str, &str, &Counter); 10] = [
+            (
+                "cycles",
+                "Cycles that reached their plan decision (taken, or failed everywhere)",
+                &f.cycles,
+            ),
+            (
+                "rearrangements",
+                "Cycles that moved at least one layer",
+                &f.rearrangements,
+            ),
+            ("layers_moved", "Layers committed", &f.layers_moved),
+            (
+                "expert_copies_moved",
+                "Expert copies fetched by committed layers, over every rank",
+                &f.copies_moved,
+            ),
+            (
+                "moved_bytes",
+                "Bytes of expert weights fetched by committed layers, over every rank",
+                &f.bytes_moved,
+            ),
+            (
+                "plans_late",
+                "Iterations at which the plan was due but not ready on every rank",
+                &f.late,
+            ),
+            (
+                "plans_failed",
+                "Cycles whose plan failed on some rank",
+                &f.failed_plans,
+            ),
+            (
+                "collectives_failed",
+                "Collectives that failed on this rank",
+                &f.failed_collectives,
+            ),
+            (
+                "digest_mismatches",
+                "Cycles abandoned because ranks held different plans",
+                &f.digest_mismatches,
+            ),
+            (
+                "layers_aborted",
+                "Layer exchanges that failed somewhere (the layer kept its placement)",
+                &f.layers_aborted,
+            ),
+        ];
+        for (name, help, c) in counters {
+            reg.register(name, help, c.clone());
+        }
+        reg.register(
+            "walk_duration_seconds",
+            "Seconds from a taken plan to the end of its layer-by-layer walk",
+            f.walk.clone(),
+        );
+        reg.register(
+            "planner_duration_seconds",
+            "Seconds of the policy call that computed a plan",
+            f.planner.clone(),
+        );
+        if let Some(s) = &f.layer_bal {
+            reg.register(
+                "layer_balancedness",
+                "Balancedness (mean over max tokens per EP rank) of one layer, before / after \
+             the last plan (opt-in, 2 series per layer)",
+                s.clone(),
+            );
+        }
+        if let Some(s) = &f.layer_copies {
+            reg.register(
+                "layer_expert_copies_moved",
+                "Expert copies fetched by one layer's commits, over every rank (opt-in, 1 series \
+             per layer)",
+                s.clone(),
+            );
+        }
     }
 }
 

@@ -389,50 +389,19 @@ pub fn advise(
     let base_total = sum_from(&baseline.step_ms, first_window);
     let tail_len = trace.windows.saturating_sub(first_window).max(1) as f64;
 
-    let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Row>>> = Mutex::new(vec![None; settings.len()]);
-    let total = settings.len();
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(s) = settings.get(i) else { break };
-            let row = run_setting(
-                replay,
-                base,
-                &time,
-                *s,
-                i,
-                &baseline,
-                base_total,
-                first_window,
-                tail_len,
-            );
-            if let Ok(mut r) = results.lock()
-                && let Some(slot) = r.get_mut(i)
-            {
-                *slot = Some(row);
-            }
-            progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
-        }
-    };
-    let threads = threads.clamp(1, total);
-    if threads == 1 {
-        work();
-    } else {
-        std::thread::scope(|sc| {
-            for _ in 0..threads {
-                sc.spawn(work);
-            }
-        });
-    }
-    let mut rows: Vec<Row> = results
-        .into_inner()
-        .map_err(|_| SimError::Worker { setting: None })?
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| r.ok_or(SimError::Worker { setting: Some(i) }))
-        .collect::<Result<_, _>>()?;
+    let mut rows = run_grid(&settings, threads, progress, |s, i| {
+        run_setting(
+            replay,
+            base,
+            &time,
+            s,
+            i,
+            &baseline,
+            base_total,
+            first_window,
+            tail_len,
+        )
+    })?;
     rows.sort_by(|a, b| {
         let key = |r: &Row| {
             if r.error.is_none() && r.net_saving_pct.is_finite() {
@@ -443,46 +412,15 @@ pub fn advise(
         };
         key(b).total_cmp(&key(a)).then(a.index.cmp(&b.index))
     });
-    // The best setting's band: the model's parameter box, the ids permuted, and drift for an
-    // aggregate trace.
-    let best = rows
-        .first()
-        .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite())
-        .cloned();
-    let (mut lo, mut hi, central) = match &best {
-        Some(r) => (
-            r.net_saving_pct_low,
-            r.net_saving_pct_high,
-            r.net_saving_pct,
-        ),
-        None => (f64::NAN, f64::NAN, f64::NAN),
-    };
-    let mut permuted_saving_pct = None;
-    let mut drift_saving_pct = None;
-    if let Some(r) = &best {
-        let widen = |x: &Row, lo: &mut f64, hi: &mut f64| {
-            for v in [
-                x.net_saving_pct,
-                x.net_saving_pct_low,
-                x.net_saving_pct_high,
-            ] {
-                if v.is_finite() {
-                    *lo = lo.min(v);
-                    *hi = hi.max(v);
-                }
-            }
-        };
-        let p = permuted_ids(replay, 0x1D5);
-        let x = one_setting(&p, base, &time, r.setting, first_window)?;
-        permuted_saving_pct = Some(x.net_saving_pct);
-        widen(&x, &mut lo, &mut hi);
-        if stationary.is_some() {
-            let d = drifting(replay, trace.windows);
-            let x = one_setting(&d, base, &time, r.setting, first_window)?;
-            drift_saving_pct = Some(x.net_saving_pct);
-            widen(&x, &mut lo, &mut hi);
-        }
-    }
+    let band = Band::of(
+        &rows,
+        replay,
+        base,
+        &time,
+        first_window,
+        stationary.is_some(),
+    )?;
+    let (lo, central, hi) = band.saving_pct;
     let verdict = Verdict::of(lo, hi);
     Ok(Advice {
         rows,
@@ -493,12 +431,124 @@ pub fn advise(
         recommended: verdict == Verdict::Enable,
         verdict,
         saving_pct: (lo, central, hi),
-        permuted_saving_pct,
-        drift_saving_pct,
+        permuted_saving_pct: band.permuted_saving_pct,
+        drift_saving_pct: band.drift_saving_pct,
         stationary: stationary.map(|r| r.trace.windows),
         time,
         ranks: base.ranks,
     })
+}
+
+/// Runs `row(setting, index)` for every setting on `threads` threads (each takes the next
+/// setting left), calling `progress(done, total)` after each; the rows in setting order.
+fn run_grid(
+    settings: &[Setting],
+    threads: usize,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    row: impl Fn(Setting, usize) -> Row + Sync,
+) -> Result<Vec<Row>, SimError> {
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Row>>> = Mutex::new(vec![None; settings.len()]);
+    let total = settings.len();
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(s) = settings.get(i) else { break };
+            let r = row(*s, i);
+            if let Ok(mut all) = results.lock()
+                && let Some(slot) = all.get_mut(i)
+            {
+                *slot = Some(r);
+            }
+            progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
+        }
+    };
+    let threads = threads.clamp(1, total.max(1));
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|sc| {
+            for _ in 0..threads {
+                sc.spawn(work);
+            }
+        });
+    }
+    results
+        .into_inner()
+        .map_err(|_| SimError::Worker { setting: None })?
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.ok_or(SimError::Worker { setting: Some(i) }))
+        .collect()
+}
+
+/// The recommended setting's saving band: its model band, widened by a re-run with the
+/// trace's expert ids permuted and, for an aggregate (stationary) trace, by a drifting re-run.
+struct Band {
+    /// Low, central and high saving, percent of the step.
+    saving_pct: (f64, f64, f64),
+    permuted_saving_pct: Option<f64>,
+    drift_saving_pct: Option<f64>,
+}
+
+impl Band {
+    /// The band of the first of `rows` (sorted best first), if it is a valid row.
+    fn of(
+        rows: &[Row],
+        replay: &Replay,
+        base: &SimConfig,
+        time: &TimeBasis,
+        first_window: usize,
+        stationary: bool,
+    ) -> Result<Self, SimError> {
+        let trace = &replay.trace;
+        // The best setting's band: the model's parameter box, the ids permuted, and drift for an
+        // aggregate trace.
+        let best = rows
+            .first()
+            .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite())
+            .cloned();
+        let (mut lo, mut hi, central) = match &best {
+            Some(r) => (
+                r.net_saving_pct_low,
+                r.net_saving_pct_high,
+                r.net_saving_pct,
+            ),
+            None => (f64::NAN, f64::NAN, f64::NAN),
+        };
+        let mut permuted_saving_pct = None;
+        let mut drift_saving_pct = None;
+        if let Some(r) = &best {
+            let widen = |x: &Row, lo: &mut f64, hi: &mut f64| {
+                for v in [
+                    x.net_saving_pct,
+                    x.net_saving_pct_low,
+                    x.net_saving_pct_high,
+                ] {
+                    if v.is_finite() {
+                        *lo = lo.min(v);
+                        *hi = hi.max(v);
+                    }
+                }
+            };
+            let p = permuted_ids(replay, 0x1D5);
+            let x = one_setting(&p, base, time, r.setting, first_window)?;
+            permuted_saving_pct = Some(x.net_saving_pct);
+            widen(&x, &mut lo, &mut hi);
+            if stationary {
+                let d = drifting(replay, trace.windows);
+                let x = one_setting(&d, base, time, r.setting, first_window)?;
+                drift_saving_pct = Some(x.net_saving_pct);
+                widen(&x, &mut lo, &mut hi);
+            }
+        }
+        Ok(Self {
+            saving_pct: (lo, central, hi),
+            permuted_saving_pct,
+            drift_saving_pct,
+        })
+    }
 }
 
 /// One setting's row on `replay` against its own no-EPLB baseline.

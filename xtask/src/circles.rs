@@ -29,22 +29,6 @@ pub const CRATES: [&str; 8] = [
     "xtask/src",
 ];
 
-/// Edges `(crate, from, to)` known to close a circle in crates this check reached after they
-/// were written (issue 34): each child uses its parent's helpers while the parent dispatches to
-/// it. They are left out of the search until their crates break them (a helper module below
-/// both); an entry whose edge no longer exists fails the check, so the list only shrinks.
-pub const KNOWN: [(&str, &str, &str); 9] = [
-    ("eplb-map/src", "heat::lines", "heat"),
-    ("eplb-cli/src", "cli::advise", "cli"),
-    ("eplb-cli/src", "cli::check_config", "cli"),
-    ("eplb-cli/src", "cli::hotness", "cli"),
-    ("eplb-cli/src", "cli::plan", "cli"),
-    ("eplb-cli/src", "cli::report", "cli"),
-    ("eplb-cli/src", "cli::simulate", "cli"),
-    ("eplb-cli/src", "cli::validate", "cli"),
-    ("eplb-cli/src", "report::page", "report"),
-];
-
 /// One `use` declaration's binding: `name` stands for the absolute path `target`.
 #[derive(Debug, Clone)]
 struct Binding {
@@ -70,15 +54,7 @@ pub fn check(root: &Path) -> Result<(), String> {
         if !src.is_dir() {
             continue;
         }
-        let mut graph = module_graph(&src)?;
-        for (_, from, to) in KNOWN.iter().filter(|k| k.0 == krate) {
-            let edge = graph.get_mut(*from).is_some_and(|deps| deps.remove(*to));
-            if !edge {
-                found.push(format!(
-                    "{krate}: the known edge {from} -> {to} is gone; delete it from KNOWN"
-                ));
-            }
-        }
+        let graph = module_graph(&src)?;
         if let Some(circle) = find_circle(&graph) {
             found.push(format!("{krate}: {}", circle.join(" -> ")));
         }
@@ -557,7 +533,7 @@ mod tests {
     }
 
     #[test]
-    fn no_crate_of_the_workspace_has_a_circle_but_the_known_ones() {
+    fn no_crate_of_the_workspace_has_a_circle() {
         check(&crate::root()).unwrap();
     }
 

@@ -13,7 +13,7 @@ use eplb_policies::PolicyKind;
 use eplb_sim::advise::{Grid, advise};
 use eplb_sim::{Replay, SimConfig, SimPolicy};
 
-use super::{Io, RunArgs};
+use super::args::{Io, RunArgs};
 
 #[derive(Debug, Args)]
 pub(super) struct AdviseArgs {
@@ -28,7 +28,7 @@ pub(super) struct AdviseArgs {
     #[arg(long, value_delimiter = ',')]
     redundant_list: Option<Vec<u32>>,
     /// Policies to try, comma-separated names or numbers (default: every policy but random).
-    #[arg(long, value_delimiter = ',', value_parser = super::parse_policy)]
+    #[arg(long, value_delimiter = ',', value_parser = super::args::parse_policy)]
     policies: Option<Vec<PolicyKind>>,
     /// Heat intervals to try, comma-separated (default: T/16, T/8, T/4 of the trace's T
     /// windows).

@@ -11,7 +11,7 @@ use eplb_sim::cost::{CostSpec, ModelPreset};
 use eplb_sim::time::TimeSpec;
 use serde_json::json;
 
-use super::{Io, parse_from_str, parse_hardware, parse_overlap};
+use super::args::{Io, parse_from_str, parse_hardware, parse_overlap};
 
 #[derive(Debug, Args)]
 pub(super) struct CalibrateArgs {

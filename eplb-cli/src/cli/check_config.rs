@@ -9,7 +9,7 @@ use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_runtime::config::deployment::{Deployment, Hardware, QuantType, Role};
 use eplb_runtime::config::{EplbConfig, MapRejected, ProcessEnv};
 
-use super::{Io, parse_from_str};
+use super::args::{Io, parse_from_str};
 
 /// The deployment facts of `check-config` (override the file's `deployment` object).
 #[derive(Debug, Args)]

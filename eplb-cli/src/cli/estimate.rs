@@ -10,7 +10,9 @@ use eplb_sim::cost::{CostSpec, ModelPreset};
 use eplb_sim::estimate::estimate_step;
 use eplb_sim::time::TimeSpec;
 
-use super::{Io, parse_from_str, parse_hardware, parse_overlap, parse_role, read_calibration_arg};
+use super::args::{
+    Io, parse_from_str, parse_hardware, parse_overlap, parse_role, read_calibration_arg,
+};
 
 #[derive(Debug, Args)]
 pub(super) struct EstimateArgs {

@@ -8,7 +8,7 @@ use eplb_core::metrics::{self, Routing};
 use eplb_map::heat::load_heat;
 use eplb_map::map::{ReadOptions, read_map_json};
 
-use super::{Io, warn_heat};
+use super::args::{Io, warn_heat};
 
 #[derive(Debug, Args)]
 pub(super) struct HotnessArgs {

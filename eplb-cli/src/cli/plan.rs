@@ -14,7 +14,7 @@ use eplb_runtime::policies::{Param, policy_with};
 use eplb_sim::cost::{CostBasis, MoveCost, human_bytes, human_ms, move_cost};
 use serde_json::json;
 
-use super::{
+use super::args::{
     CostArgs, Io, Topology, layout_shape, parse_param, parse_policy, read_current, warn_heat,
 };
 

@@ -7,7 +7,7 @@ use clap::Args;
 use eplb_runtime::policies::Param;
 use eplb_sim::{Replay, SimPolicy};
 
-use super::{Io, ReplayArgs, parse_param};
+use super::args::{Io, ReplayArgs, parse_param};
 
 #[derive(Debug, Args)]
 pub(super) struct ReportArgs {
@@ -82,7 +82,7 @@ pub(super) fn run(
         time: &time,
         command: shell_quote(&words),
     })?;
-    let html = report.html()?;
+    let html = crate::report::page::render(&report)?;
     eplb_runtime::fsio::write_atomic(&a.out, html.as_bytes())
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
     outln!(io, "wrote {}", a.out.display());

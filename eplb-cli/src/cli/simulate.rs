@@ -13,7 +13,7 @@ use eplb_sim::cost::{CostBasis, MoveCost, human_bytes, human_ms};
 use eplb_sim::json::{self, sim_cost};
 use eplb_sim::replay::{check_params, parse_sim_policy};
 
-use super::{Io, ReplayArgs, parse_param};
+use super::args::{Io, ReplayArgs, parse_param};
 
 #[derive(Debug, Args)]
 pub(super) struct SimulateArgs {

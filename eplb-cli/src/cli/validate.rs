@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 use eplb_map::map::{ReadOptions, check_map_json};
 
-use super::Io;
+use super::args::Io;
 
 #[derive(Debug, Args)]
 pub(super) struct ValidateArgs {

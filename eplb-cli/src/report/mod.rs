@@ -637,11 +637,6 @@ impl Report {
             },
         }))
     }
-
-    /// The page.
-    pub fn html(&self) -> Result<String, String> {
-        page::render(self)
-    }
 }
 
 /// `args` quoted for a POSIX shell: words of safe characters as they are, others in single

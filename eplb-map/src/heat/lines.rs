@@ -14,7 +14,8 @@ use std::vec::Vec;
 use crate::json::{MAX_ARRAY_LEN, Node, parse_lenient_numbers, skip_bom};
 use crate::{Error, Position};
 
-use super::TRACE_FORMAT;
+/// The `format` tag of a trace.
+pub const TRACE_FORMAT: &str = "eplb-trace/v1";
 
 /// The one-object document that `bytes` in the line layout stand for; `None` when `bytes` are
 /// not in the line layout (their first line is not an `eplb-trace/v1` header with `"layout":

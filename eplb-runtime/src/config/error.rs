@@ -293,6 +293,38 @@ impl fmt::Display for ConfigError {
                 )?;
                 suggestion(f, *s)
             }
+            ConfigError::NotJsonPath { .. }
+            | ConfigError::MapUnreadable { .. }
+            | ConfigError::MapInvalid { .. }
+            | ConfigError::RecordPath { .. }
+            | ConfigError::EnvGuard { .. } => self.fmt_files(f),
+            ConfigError::SingleRank => write!(
+                f,
+                "eplb_config.dynamic_eplb = true needs expert parallelism (at least 2 ranks), got 1 rank"
+            ),
+            ConfigError::Shape {
+                redundant,
+                dynamic,
+                experts,
+                ranks,
+                source,
+            } => {
+                if *dynamic {
+                    write!(f, "eplb_config.num_redundant_experts = {redundant}")?;
+                } else {
+                    write!(f, "0 redundant experts (dynamic_eplb is false)")?;
+                }
+                write!(f, " with {experts} experts on {ranks} ranks: {source}")
+            }
+            ConfigError::Deployment(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl ConfigError {
+    /// The messages about files and the environment (maps, record paths, env guards).
+    fn fmt_files(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             ConfigError::NotJsonPath { key, path } => write!(
                 f,
                 "eplb_config.{key}: {} must end with \".json\"",
@@ -333,25 +365,7 @@ impl fmt::Display for ConfigError {
                     env_value(expert_map_record.as_ref())
                 )
             }
-            ConfigError::SingleRank => write!(
-                f,
-                "eplb_config.dynamic_eplb = true needs expert parallelism (at least 2 ranks), got 1 rank"
-            ),
-            ConfigError::Shape {
-                redundant,
-                dynamic,
-                experts,
-                ranks,
-                source,
-            } => {
-                if *dynamic {
-                    write!(f, "eplb_config.num_redundant_experts = {redundant}")?;
-                } else {
-                    write!(f, "0 redundant experts (dynamic_eplb is false)")?;
-                }
-                write!(f, " with {experts} experts on {ranks} ranks: {source}")
-            }
-            ConfigError::Deployment(e) => write!(f, "{e}"),
+            _ => Ok(()),
         }
     }
 }
