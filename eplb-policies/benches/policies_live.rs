@@ -1,6 +1,6 @@
 //! Criterion benchmarks of planning over the live ranks (elastic EP): every policy on the
 //! DeepSeek-V3 EP32 decode golden input (58 layers x 256 experts, 32 ranks x 9 slots), once with
-//! every rank live (`rebalance`) and once with ranks 5 and 17 gone (`rebalance_live`: their
+//! every rank live (`rebalance`) and once with ranks 5 and 17 gone (`rebalance` of a placement with a live set: their
 //! slots `EMPTY`, the experts they held alone reloaded). One measurement is one call over all
 //! 58 layers, single thread, buffers allocated once outside the loop.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]

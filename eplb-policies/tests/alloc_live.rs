@@ -1,4 +1,4 @@
-//! `rebalance_live` allocates nothing, for every policy, on the DeepSeek-V3 EP32 shape with two
+//! `rebalance` over a live set allocates nothing, for every policy, on the DeepSeek-V3 EP32 shape with two
 //! dead ranks and a joined one (one test per crate: the counting allocator is process-wide).
 
 #[allow(dead_code)] // only the counting allocator is used here
@@ -9,7 +9,7 @@ use eplb_core::{Layout, Shape};
 use eplb_policies::{AnyPolicy, Error, Input, Output, PolicyKind, buffer_lens, rebalance};
 
 #[test]
-fn rebalance_live_does_not_allocate() {
+fn rebalance_over_a_live_set_does_not_allocate() {
     let shape = Shape::with_topology(58, 256, 32, 9, 8, 8).unwrap();
     let mut current = vec![0u16; shape.placement_len()];
     Layout::Default.fill(&shape, &mut current).unwrap();
@@ -52,7 +52,7 @@ fn rebalance_live_does_not_allocate() {
             });
             let summary = summary.unwrap_or_else(|e| panic!("{kind}: {e}"));
             assert!(summary.reloads > 0, "{kind}: nothing reloaded");
-            assert_eq!(n, 0, "{kind}: rebalance_live allocated");
+            assert_eq!(n, 0, "{kind}: rebalance over a live set allocated");
         }
     }
 }

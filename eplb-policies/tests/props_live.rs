@@ -1,4 +1,4 @@
-//! Properties of `rebalance_live` for every policy on random shapes, loads, placements and live
+//! Properties of `rebalance` over a live set for every policy on random shapes, loads, placements and live
 //! sets: the new placement is a valid placement of the live set, dead ranks hold only EMPTY, live ranks no
 //! EMPTY, every expert has a copy on a live rank, no co-located copies except DeepSeek's,
 //! `reloads` counts the copies of the lost experts, and the same input twice gives the same

@@ -192,7 +192,7 @@ impl<T: Transport> Controller<T> {
         &self.transport
     }
     /// Hands the transport endpoint back, dropping the controller (e.g. to build the controller
-    /// of a rank that comes back over the endpoint it kept, [`Controller::new_elastic`]). An
+    /// of a rank that comes back over the endpoint it kept, [`Controller::new`] from a placement with its live set). An
     /// exchange in flight is aborted first: its receive buffers are forgotten, live slots stay.
     pub fn into_transport(mut self) -> T {
         if let Some(f) = self.in_flight.take() {

@@ -17,7 +17,7 @@ use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
 use std::path::{Path, PathBuf};
 
 /// What every command writes through: the input size limit and the buffered standard output,
-/// written once at the end by [`run`] (so a closed pipe or a full disk is handled in one place).
+/// written once at the end by [`run`](super::run) (so a closed pipe or a full disk is handled in one place).
 pub(super) struct Io {
     pub(super) limit: u64,
     pub(super) out: String,

@@ -6,7 +6,7 @@ use eplb_core::Layout;
 use super::*;
 use crate::{AnyPolicy, PolicyKind, buffer_lens, rebalance, scratch_len};
 
-/// The new placement and everything `rebalance_live` reported.
+/// The new placement and everything `rebalance` over a live set reported.
 #[derive(Debug, Clone, PartialEq)]
 struct Run {
     placement: Vec<u16>,
