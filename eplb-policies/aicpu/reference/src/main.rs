@@ -328,13 +328,13 @@ fn expected_gated(case: &Case, number: u32) -> Result<(Vec<u8>, [usize; 3]), Str
         let plan = host
             .plan_and_take(call + 1, &input)
             .map_err(|e| format!("{name} gated, call {}: {e:?}", call + 1))?;
-        plan.placement
+        plan.placement()
             .iter()
             .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
         pad8(&mut out);
-        plan.changed.iter().for_each(|&c| out.push(u8::from(c)));
+        plan.changed().iter().for_each(|&c| out.push(u8::from(c)));
         pad8(&mut out);
-        for v in plan.par_before.iter().chain(&plan.par_after) {
+        for v in plan.par_before().iter().chain(plan.par_after()) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         host.state()
@@ -344,14 +344,14 @@ fn expected_gated(case: &Case, number: u32) -> Result<(Vec<u8>, [usize; 3]), Str
             .ok_or("the gate is set")?
             .iter()
             .for_each(|&a| out.extend_from_slice(&u64::from(a).to_le_bytes()));
-        let s = &plan.summary;
+        let s = &plan.summary();
         for v in [s.changed_layers, s.colocated_rows, s.moves] {
             out.extend_from_slice(&(v as u64).to_le_bytes());
         }
         for v in [s.before.mean, s.before.max, s.after.mean, s.after.max] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        let g = plan.gate.ok_or("the gate is set")?;
+        let g = plan.gate().ok_or("the gate is set")?;
         for v in [g.changed, g.moved, g.changed - g.moved] {
             out.extend_from_slice(&(v as u64).to_le_bytes());
         }
@@ -361,7 +361,7 @@ fn expected_gated(case: &Case, number: u32) -> Result<(Vec<u8>, [usize; 3]), Str
         totals[0] += g.changed;
         totals[1] += g.moved;
         totals[2] += g.changed - g.moved;
-        current = plan.placement;
+        current = plan.into_placement();
     }
     Ok((out, totals))
 }
