@@ -15,7 +15,11 @@
 //!   `2 * h_q * d * P^2`. The larger of compute and memory time is taken;
 //! - **the dense parts**: attention projections, shared experts, the dense layers' FFN and the
 //!   LM head, each a GEMM priced at the larger of `2 * params * m / (eta_c(m) * F)` and
-//!   `params * weight_bytes / (eta_m * B_hbm)`, plus the hardware's per-layer launch overhead;
+//!   `params * weight_bytes / (eta_m * B_hbm)`;
+//! - **the element-wise kernels** between them (norms, quantisation, rope, the KV-cache write,
+//!   SiLU-and-mul, the MoE permutation; [`Arch::elementwise_bytes`]), their bytes streamed at
+//!   [`ATTENTION_MEMORY_EFFICIENCY`] of HBM, or the hardware's per-layer launch overhead when
+//!   that is larger;
 //! - **host overhead**, once per step ([`Topology::host_ms`]);
 //! - **routed expert GEMM** per rank: each copy's expected rows `lambda` padded to whole tiles
 //!   of [`tile_rows`] (`ceil(lambda / BM)` tiles, a cold copy one tile with probability
@@ -30,11 +34,14 @@
 //!   low-latency kernels: one message per (token, expert) pair, the remote share over the
 //!   scale-out link and the rest over the scale-up link, in parallel. Prefill uses the normal
 //!   kernels: a token crosses to each *distinct destination node* once (node-limited routing,
-//!   at most [`Arch::node_limit`] nodes) and is forwarded inside the node. The latency `t0`
+//!   at most [`Arch::node_limit`] nodes) and is forwarded inside the node once per *distinct
+//!   destination GPU*; each copy is reached independently with probability
+//!   `lambda / tokens`, so a node's distinct tokens saturate under skew. The latency `t0`
 //!   is paid once per phase and per micro-batch and never scaled by the skew;
 //! - **overlap**: `none` adds compute and communication; `two-batch` runs two micro-batches so
 //!   that a layer costs the larger of its compute path and its communication path (each
-//!   micro-batch pays its own `t0` and reads the weights again);
+//!   micro-batch pays its own `t0` and reads the weights again); in prefill the compute runs
+//!   on the SMs the normal kernels leave ([`Topology::comm_sm_share`]);
 //! - **Ascend MC2** ([`Topology::fused_mc2`]): `MoeDistributeDispatch/Combine` fuse the
 //!   quantisation, the transfer and the grouped matmul, so the transfer of one tile overlaps
 //!   the GEMM of the previous one: the routed part of a layer costs `t0 + max(gemm, transfer)`
