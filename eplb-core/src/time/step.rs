@@ -15,7 +15,11 @@
 //!   `2 * h_q * d * P^2`. The larger of compute and memory time is taken;
 //! - **the dense parts**: attention projections, shared experts, the dense layers' FFN and the
 //!   LM head, each a GEMM priced at the larger of `2 * params * m / (eta_c(m) * F)` and
-//!   `params * weight_bytes / (eta_m * B_hbm)`, plus the hardware's per-layer launch overhead;
+//!   `params * weight_bytes / (eta_m * B_hbm)`;
+//! - **the element-wise kernels** between them (norms, quantisation, rope, the KV-cache write,
+//!   SiLU-and-mul, the MoE permutation; [`Arch::elementwise_bytes`]), their bytes streamed at
+//!   [`ATTENTION_MEMORY_EFFICIENCY`] of HBM, or the hardware's per-layer launch overhead when
+//!   that is larger;
 //! - **host overhead**, once per step ([`Topology::host_ms`]);
 //! - **routed expert GEMM** per rank: each copy's expected rows `lambda` padded to whole tiles
 //!   of [`tile_rows`] (`ceil(lambda / BM)` tiles, a cold copy one tile with probability
@@ -30,11 +34,14 @@
 //!   low-latency kernels: one message per (token, expert) pair, the remote share over the
 //!   scale-out link and the rest over the scale-up link, in parallel. Prefill uses the normal
 //!   kernels: a token crosses to each *distinct destination node* once (node-limited routing,
-//!   at most [`Arch::node_limit`] nodes) and is forwarded inside the node. The latency `t0`
+//!   at most [`Arch::node_limit`] nodes) and is forwarded inside the node once per *distinct
+//!   destination GPU*; each copy is reached independently with probability
+//!   `lambda / tokens`, so a node's distinct tokens saturate under skew. The latency `t0`
 //!   is paid once per phase and per micro-batch and never scaled by the skew;
 //! - **overlap**: `none` adds compute and communication; `two-batch` runs two micro-batches so
 //!   that a layer costs the larger of its compute path and its communication path (each
-//!   micro-batch pays its own `t0` and reads the weights again);
+//!   micro-batch pays its own `t0` and reads the weights again); in prefill the compute runs
+//!   on the SMs the normal kernels leave ([`Topology::comm_sm_share`]);
 //! - **Ascend MC2** ([`Topology::fused_mc2`]): `MoeDistributeDispatch/Combine` fuse the
 //!   quantisation, the transfer and the grouped matmul, so the transfer of one tile overlaps
 //!   the GEMM of the previous one: the routed part of a layer costs `t0 + max(gemm, transfer)`
@@ -273,6 +280,80 @@ impl Arch {
         }
     }
 
+    /// Bytes the memory-bound element-wise kernels of one layer move per token `(MoE layer,
+    /// dense layer)`: what runs between the GEMMs and the attention kernel and is priced by
+    /// neither. Counted from the operators (bf16 activations, `w` bytes per quantised element):
+    ///
+    /// - two fused residual-add RMSNorms over `H` (read input and residual, write both): `16 H`;
+    /// - quantising the attention's and the MLP's `H`-wide inputs (read `2`, write `w` per
+    ///   element; none in bf16): `2 (2 + w) H`; the router's input read: `2 H` (MoE layers);
+    /// - attention: rope on the query and key (read and write `(h_q + 1) d_rope` or
+    ///   `(h_q + h_kv) d`), the KV-cache write, the output projection's input quantisation
+    ///   and, in MLA prefill (not absorbed), the assembly of each head's key from its
+    ///   no-rope part and the shared rope part (read `h_q d_nope`, write `h_q (d_nope + d_rope)`);
+    /// - SiLU-and-mul (with the down projection's quantisation) per expert row, routed and
+    ///   shared: read `2 I` and write `I` elements: `(4 + w) I` bytes;
+    /// - prefill only (the normal kernels receive tokens in arrival order): the permutation
+    ///   into the grouped GEMM's per-expert layout (read and write the dispatched payload per
+    ///   pair) and the weighted un-permutation before the combine (read and write `2 H` per
+    ///   pair); decode's low-latency kernels write and read the per-expert layout directly;
+    /// - adding the shared expert's output: `6 H`.
+    ///
+    /// The dense layers' FFN runs its SiLU-and-mul on `dense_intermediate`.
+    pub fn elementwise_bytes(&self, m: &ModelSpec, role: Role) -> (f64, f64) {
+        let h = f64::from(m.hidden);
+        let w = dtype_weight_bytes(m.dtype);
+        let quant = |d: f64| {
+            if m.dtype == Dtype::Bf16 {
+                0.0
+            } else {
+                (2.0 + w) * d
+            }
+        };
+        let act = if m.dtype == Dtype::Bf16 { 2.0 } else { w };
+        let glu = |i: f64| (4.0 + act) * i;
+        let attention = match self.attention {
+            Attention::Mla {
+                q_heads,
+                kv_lora,
+                rope,
+                qk_nope,
+                v_head,
+                ..
+            } => {
+                let (hq, r, n) = (f64::from(q_heads), f64::from(rope), f64::from(qk_nope));
+                let assembly = match role {
+                    Role::Prefill => 2.0 * (hq * n + r) + 2.0 * hq * (n + r),
+                    Role::Decode => 0.0,
+                };
+                4.0 * (hq + 1.0) * r
+                    + 2.0 * (f64::from(kv_lora) + r)
+                    + assembly
+                    + quant(hq * f64::from(v_head))
+            }
+            Attention::Gqa {
+                q_heads,
+                kv_heads,
+                head_dim,
+            } => {
+                let (hq, hk, d) = (f64::from(q_heads), f64::from(kv_heads), f64::from(head_dim));
+                4.0 * (hq + hk) * d + 4.0 * hk * d + quant(hq * d)
+            }
+        };
+        let common = 16.0 * h + 2.0 * quant(h) + attention;
+        let k = f64::from(m.top_k);
+        let shared = f64::from(m.shared_experts);
+        let routing = match role {
+            Role::Prefill => k * (2.0 * dispatch_payload(m.hidden, m.dtype) + 4.0 * h),
+            Role::Decode => 0.0,
+        };
+        let shared_add = if shared > 0.0 { 6.0 * h } else { 0.0 };
+        let moe =
+            common + 2.0 * h + glu(f64::from(m.intermediate)) * (k + shared) + routing + shared_add;
+        let dense = common + glu(f64::from(self.dense_intermediate));
+        (moe, dense)
+    }
+
     /// FLOPs of one causal prefill attention over `requests` prompts of `prompt` tokens.
     pub fn prefill_attention_flops(&self, requests: f64, prompt: f64) -> f64 {
         let l2 = prompt * prompt;
@@ -320,6 +401,13 @@ pub struct Topology {
     pub host_ms: f64,
     /// Dispatch and combine are Ascend's fused MC2 operators.
     pub fused_mc2: bool,
+    /// Share of the streaming multiprocessors the prefill all-to-all kernels hold while they
+    /// run beside the compute of the other micro-batch ([`Overlap::TwoBatch`]): DeepEP's normal
+    /// kernels run on a fixed SM budget (24 of an H800's 132 SMs in SGLang's deployment,
+    /// `DEEPEP_NUM_SMS=24`; the DeepSeek-V3 report dedicates 20), so the overlapped compute
+    /// gets `1 - share` of the GPU. The low-latency (decode) kernels receive through a hook and
+    /// hold no SMs; fused MC2 runs in the same operator. 0: no contention.
+    pub comm_sm_share: f64,
 }
 
 impl Topology {
@@ -334,6 +422,7 @@ impl Topology {
             a2a_latency_inter_ms: 0.030,
             host_ms: 1.5,
             fused_mc2: false,
+            comm_sm_share: 24.0 / 132.0,
         };
         let ascend = Topology {
             link_efficiency: 0.6,
@@ -341,6 +430,7 @@ impl Topology {
             a2a_latency_inter_ms: 0.04,
             host_ms: 2.0,
             fused_mc2: true,
+            comm_sm_share: 0.0,
             ..hgx
         };
         match hw.name {
@@ -348,6 +438,8 @@ impl Topology {
                 domain_ranks: 72,
                 ranks_per_node: 72,
                 domain_bytes_per_s: hw.intra_node_bytes_per_s,
+                // Blackwell: 148 SMs.
+                comm_sm_share: 24.0 / 148.0,
                 ..hgx
             },
             "a3" => Topology {
@@ -357,6 +449,10 @@ impl Topology {
                 ..ascend
             },
             "a2" | "950pr" | "950dt" => ascend,
+            "b200" => Topology {
+                comm_sm_share: 24.0 / 148.0,
+                ..hgx
+            },
             _ => hgx,
         }
     }
@@ -387,6 +483,13 @@ impl Topology {
         )?;
         non_negative("all-to-all latency across nodes", self.a2a_latency_inter_ms)?;
         non_negative("host overhead", self.host_ms)?;
+        non_negative("communication SM share", self.comm_sm_share)?;
+        if self.comm_sm_share >= 1.0 {
+            return Err(Error::BadParameter {
+                what: "communication SM share",
+                requirement: "below 1",
+            });
+        }
         Ok(())
     }
 }
@@ -536,8 +639,11 @@ pub struct MoeTerms {
 pub struct BackboneTerms {
     /// Attention of one layer (every layer has one), ms.
     pub attention_ms: f64,
-    /// Projections, shared experts and launch overhead of one MoE layer, ms.
+    /// Projections, shared experts and the element-wise kernels (at least the launch
+    /// overhead) of one MoE layer, ms.
     pub moe_layer_other_ms: f64,
+    /// Of it, the element-wise kernels or their launch floor, whichever is larger, ms.
+    pub moe_layer_elementwise_ms: f64,
     /// Everything of one dense layer but its attention (projections, FFN, overhead), ms.
     pub dense_layer_other_ms: f64,
     /// LM head, once per step, ms.
@@ -592,6 +698,20 @@ struct LayerStep {
     latency: f64,
     attention: f64,
     other: f64,
+}
+
+/// What the busiest endpoints of one micro-batch's all-to-all receive.
+#[derive(Debug, Clone, Copy, Default)]
+struct A2aLoad {
+    /// (token, expert) pairs of the busiest rank (the low-latency kernels' messages).
+    pairs_max: f64,
+    /// Share of all tokens that reach the busiest rank (any of its copies): the normal
+    /// kernels' scale-up messages.
+    rank_reach_max: f64,
+    /// Share of all tokens that reach the busiest node.
+    node_reach_max: f64,
+    /// Distinct nodes one token reaches, on average.
+    nodes_per_token: f64,
 }
 
 /// The whole-step model: the MoE model of a [`TimeModel`] plus the architecture, the
@@ -785,10 +905,20 @@ impl StepModel {
             Role::Prefill => self.requests_per_rank,
         };
         let head = self.gemm_ms(h * f64::from(self.arch.vocab), head_rows);
+        // The element-wise kernels stream their bytes at the attention kernel's share of HBM,
+        // or cost the launch floor when they are too small to fill it.
+        let (moe_bytes, dense_bytes) = self.arch.elementwise_bytes(m, self.role);
+        let stream = |bytes: f64| {
+            (bytes * self.time.tokens_per_rank / (ATTENTION_MEMORY_EFFICIENCY * hw.hbm_bytes_per_s)
+                * 1e3)
+                .max(hw.layer_overhead_ms)
+        };
+        let moe_elementwise = stream(moe_bytes);
         Ok(BackboneTerms {
             attention_ms: attention,
-            moe_layer_other_ms: proj + shared + hw.layer_overhead_ms,
-            dense_layer_other_ms: proj + dense + hw.layer_overhead_ms,
+            moe_layer_other_ms: proj + shared + moe_elementwise,
+            moe_layer_elementwise_ms: moe_elementwise,
+            dense_layer_other_ms: proj + dense + stream(dense_bytes),
             head_ms: head,
             host_ms: self.topology.host_ms,
         })
@@ -823,10 +953,20 @@ impl StepModel {
         (compute.max(memory) * 1e3, active)
     }
 
-    /// All-to-all `(bandwidth ms, latency ms)` of one micro-batch of `t` tokens per rank when
-    /// the busiest receiver gets `recv_max` pairs and the busiest node `node_par` times the
-    /// mean node's pairs.
-    fn a2a(&self, ranks: usize, t: f64, recv_max: f64, node_par: f64) -> (f64, f64) {
+    /// All-to-all `(bandwidth ms, latency ms)` of one micro-batch of `t` tokens per rank whose
+    /// busiest endpoints receive `load`.
+    ///
+    /// Decode (DeepEP's low-latency kernels) sends one message per (token, expert) pair: the
+    /// busiest rank's pairs, the remote share over the scale-out link. Prefill (the normal
+    /// kernels) sends a token once per *distinct destination node* over the scale-out link, to
+    /// the GPU with the sender's local index there, and forwards it once per distinct
+    /// destination GPU over the scale-up link. So the scale-out leg of a rank carries the larger
+    /// of what it sends (its tokens times the distinct remote nodes each reaches) and its share
+    /// of what its node receives (the node's distinct tokens, spread over the node's `g`
+    /// NICs), and the scale-up leg the distinct tokens of the busiest GPU. Expert-level skew
+    /// thus reaches the scale-out leg only through the busiest node's distinct tokens, which
+    /// saturate: a token that already reaches a node adds nothing for a second hot expert there.
+    fn a2a(&self, ranks: usize, t: f64, load: &A2aLoad) -> (f64, f64) {
         let m = &self.time.model;
         let hw = &self.time.hardware;
         let topo = &self.topology;
@@ -836,28 +976,33 @@ impl StepModel {
         let payload = dispatch_payload(m.hidden, m.dtype) + combine_payload(m.hidden);
         let intra_bw = hw.intra_node_bytes_per_s * topo.link_efficiency;
         let inter_bw = self.inter_node_bytes_per_s(ranks);
-        let send = t * k;
         let multi_node = r > g;
         let (intra_bytes, inter_bytes) = match self.role {
             Role::Decode => {
                 // Low-latency kernels: one message per pair.
-                let busiest = send.max(recv_max);
+                let busiest = (t * k).max(load.pairs_max);
                 (
                     busiest * (g - 1.0) / r * payload,
                     busiest * (r - g) / r * payload,
                 )
             }
             Role::Prefill => {
-                // Normal kernels: once per distinct destination node, then forwarded.
+                // Normal kernels: once per distinct destination node, then forwarded once per
+                // distinct destination GPU.
                 let nodes = r / g;
-                let mut reach = nodes * (1.0 - libm::pow(1.0 - 1.0 / nodes, k));
+                let mut scale = 1.0;
                 let limit = f64::from(self.arch.node_limit);
-                if limit > 0.0 {
-                    reach = reach.min(limit);
+                if limit > 0.0 && load.nodes_per_token > limit {
+                    scale = limit / load.nodes_per_token;
                 }
-                let remote = reach * (nodes - 1.0) / nodes;
-                let out = t * remote * payload;
-                (recv_max * (g - 1.0) / g * payload, out.max(out * node_par))
+                let remote = (nodes - 1.0) / nodes;
+                let send = load.nodes_per_token * scale;
+                let recv = nodes * load.node_reach_max * scale;
+                let tokens = t * r;
+                (
+                    tokens * load.rank_reach_max * (g - 1.0) / g * payload,
+                    t * remote * send.max(recv) * payload,
+                )
             }
         };
         let bw = (intra_bytes / intra_bw).max(if multi_node {
@@ -909,18 +1054,29 @@ impl StepModel {
         let pairs = t * ranks as f64 * f64::from(m.top_k);
         let scale = if total > 0.0 { pairs / total } else { 0.0 };
         let g = self.node_ranks(ranks);
+        // A token reaches a copy with probability `lambda / tokens` (independent copies).
+        let tokens = t * ranks as f64;
+        let miss = |w: f64| {
+            if tokens > 0.0 {
+                (1.0 - w * scale / tokens).clamp(0.0, 1.0)
+            } else {
+                1.0
+            }
+        };
         let mut out = MoeTerms::default();
-        let mut recv_max = 0.0f64;
-        let mut node_max = 0.0f64;
-        let mut node_pairs = 0.0;
+        let mut load = A2aLoad::default();
+        let mut node_miss = 1.0;
         for (r, row) in slot_loads.chunks_exact(slots_per_rank).enumerate() {
             let (ms, active) = self.rank_gemm(row.iter().map(|&w| w * scale));
             let rp: f64 = row.iter().map(|&w| w * scale).sum();
-            recv_max = recv_max.max(rp);
-            node_pairs += rp;
+            let rank_miss: f64 = row.iter().map(|&w| miss(w)).product();
+            load.pairs_max = load.pairs_max.max(rp);
+            load.rank_reach_max = load.rank_reach_max.max(1.0 - rank_miss);
+            node_miss *= rank_miss;
             if (r + 1) % g == 0 || r + 1 == ranks {
-                node_max = node_max.max(node_pairs);
-                node_pairs = 0.0;
+                load.node_reach_max = load.node_reach_max.max(1.0 - node_miss);
+                load.nodes_per_token += 1.0 - node_miss;
+                node_miss = 1.0;
             }
             if r == 0 || ms > out.gemm_ms {
                 out.gemm_ms = ms;
@@ -928,13 +1084,7 @@ impl StepModel {
                 out.busiest_rank = clamp_u16(r);
             }
         }
-        let nodes = (ranks as f64 / g as f64).max(1.0);
-        let node_par = if pairs > 0.0 {
-            node_max / (pairs / nodes)
-        } else {
-            1.0
-        };
-        let (bw, lat) = self.a2a(ranks, t, recv_max, node_par);
+        let (bw, lat) = self.a2a(ranks, t, &load);
         out.gemm_ms *= mb;
         out.a2a_bw_ms = bw * mb;
         out.a2a_latency_ms = lat * mb;
@@ -968,9 +1118,22 @@ impl StepModel {
         let lambda = rank_pairs / per_rank as f64;
         let (ms, active) = self.rank_gemm(core::iter::repeat_n(lambda, per_rank));
         let g = self.node_ranks(ranks) as f64;
-        // The busiest node holds the busiest rank and `g - 1` average ones.
-        let node_par = (par + g - 1.0) / g;
-        let (bw, lat) = self.a2a(ranks, t, rank_pairs, node_par);
+        // The busiest node holds the busiest rank and `g - 1` average ones; every copy is
+        // reached independently with probability `lambda / tokens`.
+        let tokens = t * ranks as f64;
+        let n = per_rank as f64;
+        let reach = |lambda: f64| 1.0 - libm::pow((1.0 - lambda / tokens).clamp(0.0, 1.0), n);
+        let busy = reach(lambda);
+        let mean = reach(t * f64::from(m.top_k) / n);
+        let node_of = |first: f64| 1.0 - (1.0 - first) * libm::pow(1.0 - mean, g - 1.0);
+        let nodes = (ranks as f64 / g).max(1.0);
+        let load = A2aLoad {
+            pairs_max: rank_pairs,
+            rank_reach_max: busy,
+            node_reach_max: node_of(busy),
+            nodes_per_token: (nodes - 1.0) * node_of(mean) + node_of(busy),
+        };
+        let (bw, lat) = self.a2a(ranks, t, &load);
         Ok(MoeTerms {
             gemm_ms: ms * mb,
             a2a_bw_ms: bw * mb,
@@ -995,6 +1158,15 @@ impl StepModel {
         ))
     }
 
+    /// Share of the GPU the compute keeps while the all-to-all of the other micro-batch runs
+    /// beside it: `1 - comm_sm_share` for the prefill normal kernels, else 1.
+    pub fn overlapped_compute_share(&self) -> f64 {
+        match (self.role, self.overlap, self.topology.fused_mc2) {
+            (Role::Prefill, Overlap::TwoBatch, false) => 1.0 - self.topology.comm_sm_share,
+            _ => 1.0,
+        }
+    }
+
     fn compose_layer(&self, b: &BackboneTerms, moe: &MoeTerms, c: &Calibration) -> LayerStep {
         let attention = b.attention_ms * c.backbone;
         let other = b.moe_layer_other_ms * c.backbone;
@@ -1004,7 +1176,9 @@ impl StepModel {
         let a2a = bw + latency;
         let total = match (self.topology.fused_mc2, self.overlap) {
             (false, Overlap::None) => attention + other + gemm + a2a,
-            (false, Overlap::TwoBatch) => (attention + other + gemm).max(a2a),
+            (false, Overlap::TwoBatch) => {
+                ((attention + other + gemm) / self.overlapped_compute_share()).max(a2a)
+            }
             (true, Overlap::None) => attention + other + latency + gemm.max(bw),
             (true, Overlap::TwoBatch) => (attention + other).max(latency + gemm.max(bw)),
         };

@@ -169,3 +169,92 @@ fn every_model_preset_has_an_architecture() {
         );
     }
 }
+
+/// Prefill's normal kernels send a token once per distinct destination node and forward it once
+/// per distinct destination GPU: a second hot expert on a node a token already reaches adds
+/// no scale-out bytes, so expert-level skew reaches the scale-out leg only through the busiest
+/// node's distinct tokens, which saturate.
+#[test]
+fn prefill_skew_reaches_the_scale_out_link_through_distinct_tokens() {
+    let mut m = model(Hardware::H800, Role::Prefill, 4096.0);
+    // The scale-out leg alone (a scale-up link that never binds).
+    m.time.hardware.intra_node_bytes_per_s = 1e15;
+    // EP16 = 2 nodes of 8, one slot per rank; all loads as shares.
+    let balanced = [1.0; 16];
+    let mut hot_node = [1.0; 16];
+    for w in &mut hot_node[..8] {
+        *w = 3.0;
+    }
+    let a = m.moe_layer(0, 16, 1, &balanced).unwrap();
+    let b = m.moe_layer(0, 16, 1, &hot_node).unwrap();
+    // Node 0 carries 1.5x the mean node's pairs; its distinct tokens barely grow (a token
+    // reaches a node of 8 such copies almost surely either way).
+    let ratio = b.a2a_bw_ms / a.a2a_bw_ms;
+    assert!(ratio > 1.0 && ratio < 1.01, "{ratio}");
+    // The balanced figure: a token reaches each copy with probability k / 16 = 1/2, a node
+    // (8 copies) with 1 - (1/2)^8, the other node half the time for remote sends.
+    let payload = dispatch_payload(7168, Dtype::Fp8) + combine_payload(7168);
+    let node = 1.0 - 0.5f64.powi(8);
+    let want = 4096.0 * 0.5 * 2.0 * node * payload / 50e9 * 1e3;
+    assert!(
+        (a.a2a_bw_ms - want).abs() / want < 1e-9,
+        "{} {want}",
+        a.a2a_bw_ms
+    );
+    // The per-PAR form agrees with the per-slot form on a balanced layer.
+    let mut spec = ModelSpec::DEEPSEEK_V3;
+    spec.dtype = Dtype::Fp8;
+    let mut tm = TimeModel::new(Hardware::H800, spec, Role::Prefill, 44e6);
+    tm.tokens_per_rank = 4096.0;
+    let p = StepModel::new(tm, Role::Prefill);
+    // The scale-up leg follows the busiest GPU's distinct tokens: 1 - (31/32)^8 of all.
+    let gpu = 1.0 - (31.0f64 / 32.0).powi(8);
+    let intra = 4096.0 * 32.0 * gpu * 7.0 / 8.0 * payload / (200e9 * 0.75) * 1e3;
+    let mut nv = p;
+    nv.time.hardware.inter_node_bytes_per_s = 1e15;
+    let got = nv.moe_layer_par(32, 1.0).unwrap().a2a_bw_ms;
+    assert!((got - intra).abs() / intra < 1e-9, "{got} {intra}");
+    let by_par = p.moe_layer_par(32, 1.0).unwrap();
+    let by_slot = p.moe_layer(0, 32, 8, &[1.0; 256]).unwrap();
+    assert!((by_par.a2a_bw_ms - by_slot.a2a_bw_ms).abs() < 1e-9 * by_par.a2a_bw_ms);
+}
+
+/// The element-wise kernels stream their bytes at the attention kernel's share of HBM, or cost
+/// the launch floor when they are too small to fill it (decode at a few tokens).
+#[test]
+fn element_wise_kernels_stream_their_bytes_or_cost_the_launch_floor() {
+    let p = model(Hardware::H800, Role::Prefill, 16384.0);
+    let (moe, dense) = p.arch.elementwise_bytes(&p.time.model, Role::Prefill);
+    // DeepSeek-V3 fp8 prefill: about 0.8 MB per token per MoE layer.
+    assert!((700e3..900e3).contains(&moe), "{moe}");
+    assert!(dense > 0.0 && dense < moe);
+    let b = p.backbone().unwrap();
+    let want = moe * 16384.0 / (ATTENTION_MEMORY_EFFICIENCY * Hardware::H800.hbm_bytes_per_s) * 1e3;
+    assert!((b.moe_layer_elementwise_ms - want).abs() < 1e-9 * want);
+    let (decode_moe, _) = p.arch.elementwise_bytes(&p.time.model, Role::Decode);
+    assert!(decode_moe < moe, "no permutation in decode");
+    let d = model(Hardware::H800, Role::Decode, 8.0);
+    assert_eq!(
+        d.backbone().unwrap().moe_layer_elementwise_ms,
+        Hardware::H800.layer_overhead_ms
+    );
+}
+
+/// While the normal kernels run beside the other micro-batch they hold SMs: prefill compute
+/// under two-batch overlap runs on `1 - comm_sm_share` of the GPU; decode's low-latency
+/// kernels hold none.
+#[test]
+fn two_batch_prefill_compute_keeps_the_sms_the_normal_kernels_leave() {
+    let mut m = model(Hardware::H800, Role::Prefill, 16384.0);
+    m.overlap = Overlap::TwoBatch;
+    assert!((m.overlapped_compute_share() - 108.0 / 132.0).abs() < 1e-12);
+    let with = m.step_par(32, 1.0).unwrap();
+    m.topology.comm_sm_share = 0.0;
+    let without = m.step_par(32, 1.0).unwrap();
+    assert!(with.iteration_ms > without.iteration_ms);
+    let mut d = model(Hardware::H800, Role::Decode, 128.0);
+    d.overlap = Overlap::TwoBatch;
+    assert_eq!(d.overlapped_compute_share(), 1.0);
+    m.topology.comm_sm_share = 1.0;
+    assert!(m.check().is_err());
+}

@@ -106,16 +106,31 @@ fn prefill_ep32(tokens: f64) -> StepModel {
 }
 
 /// Row 10: DeepSeek-V3 prefill, EP32, 16,384 tokens per GPU, 4K prompts, two-batch overlap,
-/// balanced routing: 2.09 s per iteration (whole forward). The model respects it as an upper
-/// bound (its MoE part well under it) but comes out at 0.56 of it: **not within 1.5x** (the
-/// engine runs operators the model leaves out: norms, rope, KV writes, the MoE permutation and
-/// quantisation, imperfect overlap). Asserted: under the bound and within 2x.
+/// balanced routing: 2.09 s per iteration (whole forward): under it and within 1.5x. The
+/// terms that bring it there: the element-wise kernels between the GEMMs (norms, rope, the
+/// MoE permutation and its quantisation), the SMs DeepEP's normal kernels hold while they
+/// overlap the other micro-batch's compute, and distinct-destination bytes in the all-to-all.
 #[test]
 fn row_10_prefill_forward_balanced() {
     let m = prefill_ep32(16384.0);
     let st = m.step_par(32, 1.0).unwrap();
     assert!(st.moe_ms < 2090.0, "{st:?}");
-    bound("prefill EP32 forward ms", st.iteration_ms, 2090.0, 2.0);
+    bound("prefill EP32 forward ms", st.iteration_ms, 2090.0, 1.5);
+}
+
+/// Row 11b: LMSYS's "SGLang + Simulated Perfect EPLB" (random experts under group-limited
+/// routing), H100 EP32, 16,384 tokens per GPU, 4K prompts, two-batch overlap: 59,337 tokens/s
+/// per node, 2.21 s per iteration (whole forward): under it and within 1.5x.
+#[test]
+fn row_11b_sglang_simulated_perfect_eplb() {
+    let m = prefill_ep32(16384.0);
+    let st = m.step_par(32, 1.0).unwrap();
+    bound(
+        "SGLang simulated perfect EPLB forward ms",
+        st.iteration_ms,
+        131_072.0 / 59_337.0 * 1e3,
+        1.5,
+    );
 }
 
 /// V1: DeepSeek's bandwidth-only decode bound (ISCA'25): 32 tokens per device, H 7K, fp8
@@ -152,9 +167,13 @@ fn v2_deepep_low_latency_fit_gb200() {
 }
 
 /// V8: RTP-LLM prefill, H800 RoCE, EP32, two 4K requests per GPU, two-batch overlap: 1.5 s
-/// per iteration (whole forward). Respected as an upper bound, at 0.40 of it: **not within
-/// 1.5x** (RTP-LLM's iteration at half DeepSeek's tokens takes 72 % of DeepSeek's time, a
-/// fixed cost the model has no term for). Asserted: under the bound and within 3x.
+/// per iteration (whole forward). Respected as an upper bound, at 0.56 of it: **not within
+/// 1.5x**. The model is nearly linear in the tokens (it predicts half of row 10's step for
+/// half the tokens); RTP-LLM takes 72 % of DeepSeek's time for half the tokens, and its report
+/// names why: its prefill attention and quantisation kernels are slower than DeepSeek's, some
+/// GEMMs were moved to BF16, and its routing is its test data's (not balanced). Those are
+/// that engine's kernels, not a term of the model; a calibration measures them. Asserted:
+/// under the bound and within 2x.
 #[test]
 fn v8_rtp_llm_prefill_forward() {
     let m = prefill_ep32(8192.0);
@@ -163,7 +182,7 @@ fn v8_rtp_llm_prefill_forward() {
         "RTP-LLM prefill EP32 forward ms",
         st.iteration_ms,
         1500.0,
-        3.0,
+        2.0,
     );
 }
 

@@ -172,6 +172,7 @@ fn settings_resolve_and_bad_ones_name_the_valid_ones() {
         ("link_efficiency", 2.0),
         ("domain_ranks", 0.5),
         ("fused_mc2", 3.0),
+        ("comm_sm_share", 1.0),
         ("host_ms", -1.0),
     ] {
         let spec = TimeSpec {
