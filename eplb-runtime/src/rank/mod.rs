@@ -585,7 +585,6 @@ impl RankMachine {
             yes_here,
             self.cfg.atomic_collectives,
             &self.plan,
-            &self.placement,
             &self.live_hash,
         );
         self.book(dropped);
@@ -782,7 +781,7 @@ impl RankMachine {
                     dst.copy_from_slice(src);
                 }
                 self.live_hash
-                    .changed_from(&self.placement, usize::from(layer));
+                    .changed_layer(&self.placement, usize::from(layer));
                 self.stats.layers_committed += 1;
                 self.events.committed = Some(layer);
             }
@@ -828,7 +827,7 @@ impl RankMachine {
         let hash = match plan {
             Some((shape, p)) if shape == self.shape && p.len() == self.plan.len() => {
                 self.plan.copy_from_slice(p);
-                Some(placement_hash(&self.plan))
+                Some(placement_hash(&self.plan, self.shape.slots_per_layer()))
             }
             Some(_) => {
                 log::error!(
@@ -953,7 +952,7 @@ impl RankMachine {
                 if !self.agree.take_check() || self.health != Health::Running {
                     return None;
                 }
-                let open = self.walk.open_hash(&self.placement, &self.live_hash);
+                let open = self.walk.open_hash(&self.live_hash);
                 let live = self.live_hash.value();
                 Some(self.gather_words(Gather::Placement, open, 0, live))
             }

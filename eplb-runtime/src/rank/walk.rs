@@ -141,11 +141,11 @@ impl Walk {
         matches!(self.job, LayerJob::Exchanged(_, true))
     }
 
-    /// The hash of `placement` (whose hash is `hash`) with the open layer installed (0: none
+    /// The hash of the placement whose hash is `hash` with the open layer installed (0: none
     /// open).
-    pub(super) fn open_hash(&self, placement: &[u16], hash: &PlacementHash) -> u64 {
+    pub(super) fn open_hash(&self, hash: &PlacementHash) -> u64 {
         self.unsure
-            .map_or(0, |l| hash.with_layer(placement, l, &self.kept_rows))
+            .map_or(0, |l| hash.with_layer(l, &self.kept_rows))
     }
 
     /// Retires the ranks outside `live` from the open layer's rows (a membership change: they
@@ -279,7 +279,6 @@ impl Walk {
         yes_here: bool,
         atomic: bool,
         plan: &[u16],
-        placement: &[u16],
         live_hash: &PlacementHash,
     ) -> Dropped {
         let all = match heard {
@@ -304,7 +303,7 @@ impl Walk {
             }
         };
         if let Some(u) = self.unsure
-            && let Some(committed) = self.open_layer_verdict(all, placement, live_hash)
+            && let Some(committed) = self.open_layer_verdict(all, live_hash)
         {
             // The placement most ranks hold tells what they did with the open layer (their
             // words `b`, the outcome of their previous vote, may be about a vote this rank
@@ -329,13 +328,8 @@ impl Walk {
     /// What a vote's words (rank-major) say of the open layer: committed (`true`) if some rank
     /// holds the placement with it installed (then every rank voted yes on it), dropped
     /// (`false`) if most ranks hold this rank's placement without it, `None` if neither.
-    fn open_layer_verdict(
-        &self,
-        words: &[u64],
-        placement: &[u16],
-        live_hash: &PlacementHash,
-    ) -> Option<bool> {
-        let open = self.open_hash(placement, live_hash);
+    fn open_layer_verdict(&self, words: &[u64], live_hash: &PlacementHash) -> Option<bool> {
+        let open = self.open_hash(live_hash);
         if wire::ranks(words).any(|w| wire::live_word(w) == open) {
             Some(true)
         } else if wire::majority(words).0 == live_hash.value() {

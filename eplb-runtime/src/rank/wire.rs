@@ -24,8 +24,6 @@
 //! **Stability:** changing a constant, a bit position or the hash changes the protocol: ranks of
 //! two versions would read each other's words as out of step or corrupt.
 
-use eplb_core::Fnv1a;
-
 use super::action::Gather;
 
 /// The digest word of a failed plan (a real placement hash of 0 is mapped to 1).
@@ -93,66 +91,79 @@ pub(super) fn words(of: Gather, cycle: u64, a: u64, b: u64, live: u64) -> [u64; 
     [tag, a, b, live, seal([tag, a, b, live])]
 }
 
-/// FNV-1a 64 over a placement's ids (one step per id); never [`FAILED_PLAN`].
-pub fn placement_hash(placement: &[u16]) -> u64 {
-    not_failed(eplb_core::fnv1a(placement.iter().map(|&v| u64::from(v))))
+/// A placement's hash: FNV-1a 64 over the FNV-1a 64 of each layer's ids (`per` ids a layer,
+/// one step per id); never [`FAILED_PLAN`]. Hashing per layer lets a rank that installs one
+/// layer rehash that layer alone ([`PlacementHash`]).
+pub fn placement_hash(placement: &[u16], per: usize) -> u64 {
+    let per = per.max(1);
+    combine(placement.chunks_exact(per).map(layer_hash))
 }
 
-/// [`placement_hash`] of a live placement, kept as state: the hasher before each layer, so that
-/// a change of layer `l` rehashes layers `l..L` only, the hash is read without hashing, and the
-/// hash with one layer's rows replaced hashes from that layer on. Bit for bit
-/// [`placement_hash`].
+/// FNV-1a 64 of one layer's ids.
+fn layer_hash(rows: &[u16]) -> u64 {
+    eplb_core::fnv1a(rows.iter().map(|&v| u64::from(v)))
+}
+
+/// The placement hash of the layer hashes `layers`.
+fn combine(layers: impl IntoIterator<Item = u64>) -> u64 {
+    not_failed(eplb_core::fnv1a(layers))
+}
+
+/// [`placement_hash`] of a live placement, kept as state: each layer's hash, so that a change
+/// of layer `l` rehashes that layer only, the hash is read from `L` words, and the hash with
+/// one layer's rows replaced hashes that layer alone. Bit for bit [`placement_hash`].
 #[derive(Debug, Clone)]
 pub(super) struct PlacementHash {
     /// Slots per layer (`R * S`).
     per: usize,
-    /// `[L + 1]`: the hasher before layer `l`; the last one has hashed the whole placement.
-    prefix: Vec<Fnv1a>,
+    /// `[L]`: each layer's hash.
+    layers: Vec<u64>,
 }
 
 impl PlacementHash {
     /// The hash of `placement` (layers of `per` slots).
     pub(super) fn new(placement: &[u16], per: usize) -> Self {
         let per = per.max(1);
-        let mut hash = Self {
+        Self {
             per,
-            prefix: vec![Fnv1a::new(); placement.len() / per + 1],
-        };
-        hash.changed_from(placement, 0);
-        hash
+            layers: placement.chunks_exact(per).map(layer_hash).collect(),
+        }
     }
 
     /// The layers of `placement` from `layer` on changed.
     pub(super) fn changed_from(&mut self, placement: &[u16], layer: usize) {
-        let Some(mut h) = self.prefix.get(layer).copied() else {
-            return;
-        };
         let layers = placement.chunks_exact(self.per).skip(layer);
-        for (state, rows) in self.prefix.iter_mut().skip(layer + 1).zip(layers) {
-            h.words(rows.iter().map(|&v| u64::from(v)));
-            *state = h;
+        for (h, rows) in self.layers.iter_mut().skip(layer).zip(layers) {
+            *h = layer_hash(rows);
+        }
+    }
+
+    /// Layer `layer` of `placement` changed.
+    pub(super) fn changed_layer(&mut self, placement: &[u16], layer: usize) {
+        let rows = placement.chunks_exact(self.per).nth(layer);
+        if let (Some(h), Some(rows)) = (self.layers.get_mut(layer), rows) {
+            *h = layer_hash(rows);
         }
     }
 
     /// [`placement_hash`] of the placement.
     pub(super) fn value(&self) -> u64 {
-        not_failed(self.prefix.last().copied().unwrap_or_default().finish())
+        combine(self.layers.iter().copied())
     }
 
-    /// [`placement_hash`] of `placement` (the one hashed) with layer `layer`'s rows replaced by
-    /// `new`.
-    pub(super) fn with_layer(&self, placement: &[u16], layer: u16, new: &[u16]) -> u64 {
+    /// [`placement_hash`] of the placement hashed with layer `layer`'s rows replaced by `new`.
+    pub(super) fn with_layer(&self, layer: u16, new: &[u16]) -> u64 {
         let l = usize::from(layer);
-        let Some(mut h) = self.prefix.get(l).copied() else {
+        if l >= self.layers.len() {
             return self.value();
-        };
-        if l + 1 < self.prefix.len() {
-            h.words(new.iter().map(|&v| u64::from(v)));
         }
-        for rows in placement.chunks_exact(self.per).skip(l + 1) {
-            h.words(rows.iter().map(|&v| u64::from(v)));
-        }
-        not_failed(h.finish())
+        let replaced = layer_hash(new);
+        combine(
+            self.layers
+                .iter()
+                .enumerate()
+                .map(|(i, &h)| if i == l { replaced } else { h }),
+        )
     }
 }
 
@@ -261,20 +272,27 @@ mod tests {
         let per = 6;
         let mut p: Vec<u16> = (0..4 * per).map(|i| (i * 7 % 11) as u16).collect();
         let mut kept = PlacementHash::new(&p, per);
-        assert_eq!(kept.value(), placement_hash(&p));
+        assert_eq!(kept.value(), placement_hash(&p, per));
         for layer in [2, 0, 3] {
             let new: Vec<u16> = (0..per).map(|i| (i * 3 + layer) as u16).collect();
             let mut whole = p.clone();
             whole[layer * per..(layer + 1) * per].copy_from_slice(&new);
             assert_eq!(
-                kept.with_layer(&p, layer as u16, &new),
-                placement_hash(&whole)
+                kept.with_layer(layer as u16, &new),
+                placement_hash(&whole, per)
             );
             p = whole;
-            kept.changed_from(&p, layer);
-            assert_eq!(kept.value(), placement_hash(&p));
+            kept.changed_layer(&p, layer);
+            assert_eq!(kept.value(), placement_hash(&p, per));
+            kept.changed_from(&p, 0);
+            assert_eq!(kept.value(), placement_hash(&p, per));
         }
         // A layer beyond the placement replaces nothing.
-        assert_eq!(kept.with_layer(&p, 9, &[1; 6]), placement_hash(&p));
+        assert_eq!(kept.with_layer(9, &[1; 6]), placement_hash(&p, per));
+        // Every layer counts, and where it is.
+        let mut swapped = p.clone();
+        swapped[..per].copy_from_slice(&p[per..2 * per]);
+        swapped[per..2 * per].copy_from_slice(&p[..per]);
+        assert_ne!(placement_hash(&swapped, per), placement_hash(&p, per));
     }
 }
