@@ -447,20 +447,15 @@ impl TimeModel {
         slot_loads: &[f64],
         per_layer: &mut [LayerTime],
     ) -> Result<f64, Error> {
-        let len = slots_len(ranks, slots_per_rank)?;
-        if slot_loads.is_empty() || !slot_loads.len().is_multiple_of(len) {
-            return Err(Error::Length {
-                what: "slot loads [L][R][S]",
-                expected: len * (slot_loads.len() / len).max(1),
-                got: slot_loads.len(),
-            });
-        }
-        let layers = slot_loads.len() / len;
+        let layers = slot_layers(ranks, slots_per_rank, slot_loads)?;
         if !per_layer.is_empty() {
             check_len("per-layer times [L]", layers, per_layer.len())?;
         }
         let mut sum = 0.0;
-        for (l, w) in slot_loads.chunks_exact(len).enumerate() {
+        for (l, w) in slot_loads
+            .chunks_exact(slot_loads.len() / layers)
+            .enumerate()
+        {
             let t = self.layer_time(clamp_u16(l), ranks, slots_per_rank, w)?;
             if let Some(o) = per_layer.get_mut(l) {
                 *o = t;
@@ -514,6 +509,23 @@ pub fn cycle_overhead_ms(hw: &Hardware) -> f64 {
 pub fn layer_pays(saving_ms_per_iter: f64, iterations: u64, stall_ms: f64) -> bool {
     let gain = saving_ms_per_iter * iterations as f64;
     gain.is_finite() && stall_ms.is_finite() && gain > stall_ms
+}
+
+/// The number of MoE layers in slot loads `[L][R][S]` (at least one whole layer of `R * S`).
+pub(crate) fn slot_layers(
+    ranks: usize,
+    slots_per_rank: usize,
+    slot_loads: &[f64],
+) -> Result<usize, Error> {
+    let len = slots_len(ranks, slots_per_rank)?;
+    if slot_loads.is_empty() || !slot_loads.len().is_multiple_of(len) {
+        return Err(Error::Length {
+            what: "slot loads [L][R][S]",
+            expected: len * (slot_loads.len() / len).max(1),
+            got: slot_loads.len(),
+        });
+    }
+    Ok(slot_loads.len() / len)
 }
 
 fn slots_len(ranks: usize, slots_per_rank: usize) -> Result<usize, Error> {

@@ -1236,29 +1236,24 @@ impl StepModel {
         slot_loads: &[f64],
         scratch: &mut [MoeTerms],
     ) -> Result<StepTime, Error> {
-        let len = slots_len(ranks, slots_per_rank)?;
-        if slot_loads.is_empty() || !slot_loads.len().is_multiple_of(len) {
-            return Err(Error::Length {
-                what: "slot loads [L][R][S]",
-                expected: len * (slot_loads.len() / len).max(1),
-                got: slot_loads.len(),
-            });
-        }
-        let layers = slot_loads.len() / len;
+        let layers = super::slot_layers(ranks, slots_per_rank, slot_loads)?;
         if !scratch.is_empty() {
             check_len("per-layer terms [L]", layers, scratch.len())?;
         }
         let b = self.backbone()?;
         let mut err = None;
-        let terms = slot_loads.chunks_exact(len).enumerate().map(|(l, w)| {
-            match self.moe_layer(clamp_u16(l), ranks, slots_per_rank, w) {
-                Ok(t) => t,
-                Err(e) => {
-                    err.get_or_insert(e);
-                    MoeTerms::default()
-                }
-            }
-        });
+        let terms = slot_loads
+            .chunks_exact(slot_loads.len() / layers)
+            .enumerate()
+            .map(
+                |(l, w)| match self.moe_layer(clamp_u16(l), ranks, slots_per_rank, w) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        err.get_or_insert(e);
+                        MoeTerms::default()
+                    }
+                },
+            );
         // Scale the trace's layers to the model's MoE layers (a trace may keep fewer).
         let mut st = StepTime::default();
         let mut n = 0usize;
