@@ -197,3 +197,93 @@ fn calibrate_recovers_hidden_constants_and_its_file_is_accepted() {
         stderr(&out)
     );
 }
+
+/// `--measured` also takes a heat recording whose windows carry `iteration_ms` (what the
+/// runtime's `eplb_heat_record_path` and the adapters' `EPLB_TRACE_DIR` write when the engine
+/// reports its step times); `--role` says its role.
+#[test]
+fn calibrate_takes_a_heat_recording_with_iteration_times() {
+    let dir = tmp("calibrate-recording");
+    let hidden = dir.join("hidden.json");
+    let m: serde_json::Map<String, Value> = HIDDEN
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    std::fs::write(
+        &hidden,
+        json!({"format": "eplb-calibration/v1", "multipliers": m}).to_string(),
+    )
+    .unwrap();
+    // 16 ranks, 64 experts of DeepSeek-V3's top-8 in 2 layers, one iteration per window,
+    // every expert alike (PAR 1).
+    let mut text = String::from(
+        r#"{"format":"eplb-trace/v1","layout":"lines","model":{"num_moe_layers":2,"num_experts":64},"topology":{"ranks":16},"intervals":{"iterations_per_window":1}}"#,
+    );
+    text.push('\n');
+    let mut times = Vec::new();
+    for t in [16u64, 64, 256, 1024] {
+        let v = estimate(&[
+            "--ranks",
+            "16",
+            "--role",
+            "decode",
+            "--tokens-per-rank",
+            &t.to_string(),
+            "--calibration",
+            hidden.to_str().unwrap(),
+        ]);
+        let ms = v["iteration_ms"].as_f64().unwrap();
+        times.push(ms);
+        let layer = json!(vec![t * 8 * 16 / 64; 64]);
+        text.push_str(&format!(
+            "{}\n",
+            json!({"cycle": 1, "iteration_ms": ms, "counts": [layer, layer]})
+        ));
+    }
+    let rec = dir.join("heat.jsonl");
+    std::fs::write(&rec, &text).unwrap();
+    let out_path = dir.join("calib.json");
+    let _ = std::fs::remove_file(&out_path);
+    let mut args = vec![
+        "calibrate",
+        "--measured",
+        rec.to_str().unwrap(),
+        "--out",
+        out_path.to_str().unwrap(),
+        "--model",
+        "deepseek-v3",
+        "--hardware",
+        "h800",
+        "--ranks",
+        "1",
+        "--ranks-per-node",
+        "8",
+        "--json",
+    ];
+    // Without its role: an error that says how to give it.
+    let out = eplb(&args);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).starts_with("error: ") && stderr(&out).contains("--role"),
+        "{}",
+        stderr(&out)
+    );
+    args.extend(["--role", "decode"]);
+    let out = eplb(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["fitted_on"]["points"], 4);
+    let res = v["residuals"].as_array().unwrap();
+    for (r, ms) in res.iter().zip(&times) {
+        assert_eq!(r["ranks"], 16);
+        assert_eq!(r["par"], 1.0);
+        assert_eq!(r["measured_ms"].as_f64().unwrap(), *ms);
+    }
+    let tokens: Vec<f64> = res
+        .iter()
+        .map(|r| r["tokens_per_rank"].as_f64().unwrap())
+        .collect();
+    assert_eq!(tokens, [16.0, 64.0, 256.0, 1024.0]);
+    assert!(v["max_relative_error"].as_f64().unwrap() < 0.01, "{v}");
+    assert!(out_path.exists());
+}

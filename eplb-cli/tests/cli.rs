@@ -469,3 +469,52 @@ fn the_payoff_gate_lowers_every_policys_estimated_time_on_the_esft_series() {
         );
     }
 }
+
+/// `eplb check-config` prints the pay-off gate with its calibration file, and a calibration
+/// file it cannot use is an `error:` naming the key, exit 1.
+#[test]
+fn check_config_prints_the_gates_calibration_and_names_a_bad_one() {
+    let dir = tmp("cfg-gate-calibration");
+    let calib = dir.join("calib.json");
+    std::fs::write(
+        &calib,
+        r#"{"format": "eplb-calibration/v1", "multipliers":
+            {"host": 1.5, "backbone": 1, "gemm": 1, "link": 1, "latency": 1}}"#,
+    )
+    .unwrap();
+    let cfg = |calibration: &std::path::Path| {
+        let p = dir.join("cfg.json");
+        std::fs::write(
+            &p,
+            serde_json::json!({
+                "dynamic_eplb": true,
+                "eplb_payoff_gate": {"calibration": calibration.to_str().unwrap()},
+            })
+            .to_string(),
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_eplb"))
+            .args(["check-config", p.to_str().unwrap()])
+            .env("DYNAMIC_EPLB", "1")
+            .output()
+            .unwrap()
+    };
+    let o = cfg(&calib);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("eplb_payoff_gate: on (")
+            && stdout(&o).contains(&format!("calibration {})", calib.display())),
+        "{}",
+        stdout(&o)
+    );
+    let o = cfg(&dir.join("missing.json"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("error: ")
+            && stderr(&o).contains("eplb_config.eplb_payoff_gate.calibration: ")
+            && stderr(&o).contains("missing.json"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -22,7 +22,7 @@
 //! | `eplb_metrics` | `true` | boolean, or an object with any of `enabled` (boolean), `prefix` (a metric name prefix, default `"eplb"`) and `per_layer` (boolean, default `false`: `3 L` more series): the Prometheus metrics exported into the engine's registry (extension; [`crate::metrics`]) |
 //! | `eplb_heat_record_path` | `null` | path of a file in an existing directory: rank 0 appends each cycle's heat there as an `eplb-trace/v1` line recording (extension; [`crate::heat_record`]) |
 //! | `eplb_heat_record_max_bytes` | 1073741824 | integer `>= 1`: the recording stops growing at this size, with one log line (extension) |
-//! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`) and `tokens_per_rank` (a number > 0): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
+//! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`), `tokens_per_rank` (a number > 0) and `calibration` (the path of an `eplb-calibration/v1` file, as `eplb calibrate --out` writes it; read with the config): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
 //! [`crate::config::deployment`] (hardware, quant type, role, ...). It is kept raw
@@ -95,13 +95,19 @@ pub use observe::{METRICS_KEYS, Observe};
 pub use vocab::{KEYS, Mode};
 
 /// The keys of an `eplb_payoff_gate` object.
-pub const PAYOFF_GATE_KEYS: [&str; 4] = ["model", "hardware", "role", "tokens_per_rank"];
+pub const PAYOFF_GATE_KEYS: [&str; 5] = [
+    "model",
+    "hardware",
+    "role",
+    "tokens_per_rank",
+    "calibration",
+];
 
 /// `eplb_payoff_gate`: the pay-off gate is on, with these time-model settings. Unset fields
 /// come from the deployment facts (`hardware`, `role`, `tokens_per_die`) where those name
 /// them, else the defaults: DeepSeek-V3 on A3, decode, the role's tokens per rank
 /// (`docs/time-model.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PayoffGate {
     /// The model preset.
     pub model: Option<eplb_core::time::ModelSpec>,
@@ -111,6 +117,18 @@ pub struct PayoffGate {
     pub role: Option<eplb_core::time::Role>,
     /// Tokens per iteration per rank.
     pub tokens_per_rank: Option<f64>,
+    /// The calibration file (`eplb calibrate --out`) and its multipliers, read when the config
+    /// was: the gate prices the step with them (`None`: the presets).
+    pub calibration: Option<PayoffGateCalibration>,
+}
+
+/// `eplb_payoff_gate`'s `calibration`: the file named and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PayoffGateCalibration {
+    /// The `eplb-calibration/v1` file, as given.
+    pub path: PathBuf,
+    /// Its multipliers.
+    pub multipliers: eplb_core::time::step::Calibration,
 }
 
 /// The keys accepted at the top level of the wrapped form.
@@ -517,6 +535,22 @@ impl EplbConfig {
                 self.observe.heat_record_max_bytes
             );
         }
+        if let Some(g) = &self.payoff_gate {
+            let or =
+                |v: Option<String>| v.unwrap_or_else(|| "from the deployment or default".into());
+            let _ = writeln!(
+                s,
+                "eplb_payoff_gate: on (model {}, hardware {}, role {}, tokens_per_rank {}, calibration {})",
+                or(g.model.map(|m| m.name.to_owned())),
+                or(g.hardware.map(|h| h.name.to_owned())),
+                or(g.role.map(|r| r.name().to_owned())),
+                or(g.tokens_per_rank.map(|t| t.to_string())),
+                g.calibration.as_ref().map_or_else(
+                    || "none (the presets)".to_owned(),
+                    |c| c.path.display().to_string()
+                ),
+            );
+        }
         let _ = write!(
             s,
             "deployment: {}",
@@ -553,6 +587,28 @@ impl EplbConfig {
         w.extend(self.advice().iter().map(ToString::to_string));
         w
     }
+}
+
+/// Reads an `eplb-calibration/v1` file for `eplb_payoff_gate`'s `calibration`: a regular,
+/// readable file (not a FIFO or a device) of at most 1 MiB whose content
+/// [`crate::calibration::parse`] accepts. `Err` says what is wrong.
+fn read_calibration(path: &Path) -> Result<eplb_core::time::step::Calibration, String> {
+    use std::io::Read;
+    const MAX: u64 = 1 << 20;
+    match std::fs::metadata(path) {
+        Err(e) => return Err(e.to_string()),
+        Ok(m) if m.is_dir() => return Err("is a directory".to_owned()),
+        Ok(m) if !m.is_file() => {
+            return Err("not a regular file (a FIFO, a device or a socket)".to_owned());
+        }
+        Ok(m) if m.len() > MAX => return Err(format!("larger than {MAX} bytes")),
+        Ok(_) => {}
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX + 1).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    crate::calibration::parse(&bytes)
 }
 
 fn path_or_none(p: Option<&Path>) -> String {
@@ -995,6 +1051,24 @@ impl Parser {
                     Some(t) => gate.tokens_per_rank = Some(t),
                     None => errs.push(bad(format!(
                         "tokens_per_rank: expected a number > 0, got {}",
+                        render(x)
+                    ))),
+                },
+                "calibration" => match name {
+                    Some(p) if !p.is_empty() => match read_calibration(Path::new(p)) {
+                        Ok(multipliers) => {
+                            gate.calibration = Some(PayoffGateCalibration {
+                                path: PathBuf::from(p),
+                                multipliers,
+                            });
+                        }
+                        Err(message) => errs.push(ConfigError::PayoffGateCalibration {
+                            path: PathBuf::from(p),
+                            message,
+                        }),
+                    },
+                    _ => errs.push(bad(format!(
+                        "calibration: expected the path of a calibration file (eplb calibrate --out), got {}",
                         render(x)
                     ))),
                 },

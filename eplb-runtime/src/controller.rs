@@ -75,6 +75,8 @@ pub struct Controller<T: Transport> {
     metrics: Option<crate::metrics::RankObserver>,
     /// Rank 0's heat recording (issue 29).
     heat_record: Option<crate::heat_record::HeatRecorder>,
+    /// The engine's iteration times since the last recorded cycle: `(sum ms, count)`.
+    iteration_ms: (f64, u64),
 }
 
 impl<T: Transport> fmt::Debug for Controller<T> {
@@ -137,6 +139,7 @@ impl<T: Transport> Controller<T> {
             in_flight: None,
             metrics: None,
             heat_record: None,
+            iteration_ms: (0.0, 0),
         };
         for l in 0..shape.layers() {
             c.refresh_maps(l)?;
@@ -161,6 +164,24 @@ impl<T: Transport> Controller<T> {
     /// Appends each cycle's folded heat to `recorder` (set it on rank 0).
     pub fn set_heat_recorder(&mut self, recorder: crate::heat_record::HeatRecorder) {
         self.heat_record = Some(recorder);
+    }
+
+    /// The engine's measured time of the iteration (the whole step: TPOT in decode, one
+    /// prefill iteration) that just ran, ms. With a heat recording on, each recorded window
+    /// carries the mean of the times reported since the previous recorded cycle as its
+    /// `iteration_ms` (`eplb calibrate --measured` takes such a recording). Optional: an
+    /// engine that never calls it records windows without the field. A time that is not finite
+    /// and `> 0` is ignored (with a debug log line); never fails the serving path.
+    pub fn record_iteration_ms(&mut self, ms: f64) {
+        if self.heat_record.is_none() {
+            return;
+        }
+        if ms.is_finite() && ms > 0.0 {
+            self.iteration_ms.0 += ms;
+            self.iteration_ms.1 += 1;
+        } else {
+            log::debug!("eplb: iteration time {ms} ms ignored (not finite and > 0)");
+        }
     }
 
     /// This rank.
@@ -456,7 +477,9 @@ impl<T: Transport> Controller<T> {
                 }
                 Action::Planner(PlannerAction::Submit(input)) => {
                     if let Some(rec) = self.heat_record.as_mut() {
-                        rec.record(input.cycle, input.windows, input.samples);
+                        let (sum, n) = core::mem::take(&mut self.iteration_ms);
+                        let mean = (n > 0).then(|| sum / n as f64);
+                        rec.record_timed(input.cycle, input.windows, input.samples, mean);
                     }
                     self.planner.submit(request(&input));
                     self.waiting_for = Some(input.cycle);

@@ -9,8 +9,12 @@
 //! "lines"`: the model's shape (`model.num_moe_layers`, `model.num_experts`), the topology
 //! (`topology`: ranks, slots per rank, redundant experts, ranks per node, groups), the intervals
 //! (`intervals`: `H`, `A`, iterations per window) and what a count is. Every further line is one
-//! window, `{"cycle": k, "counts": [L][N]}`, oldest first. A reader (`eplb_map::heat`) takes the
-//! windows of every complete line and ignores a last line without its newline.
+//! window, `{"cycle": k, "counts": [L][N]}`, oldest first, with `"iteration_ms": x` after
+//! `cycle` when the engine reported its iteration times (`Controller::record_iteration_ms`: the
+//! mean step of the iterations since the previous recorded cycle, ms; the optional
+//! `iteration_ms` of `eplb-trace/v1`, which makes the recording an `eplb calibrate --measured`
+//! input). A reader (`eplb_map::heat`) takes the windows of every complete line and ignores a
+//! last line without its newline.
 //!
 //! # Safety of the file
 //!
@@ -98,6 +102,8 @@ impl RecordMeta {
 struct CycleHeat {
     cycle: u64,
     windows: usize,
+    /// The engine's mean iteration time over the cycle, ms (finite, `> 0`).
+    iteration_ms: Option<f64>,
     /// `[T][L][N]`.
     samples: Vec<f64>,
 }
@@ -152,12 +158,26 @@ impl HeatRecorder {
 
     /// Hands cycle `cycle`'s heat (`windows` windows, `[T][L][N]`) to the writer; never blocks.
     pub fn record(&mut self, cycle: u64, windows: usize, samples: &[f64]) {
+        self.record_timed(cycle, windows, samples, None);
+    }
+
+    /// [`HeatRecorder::record`], with the engine's mean iteration time over the cycle (ms),
+    /// written as each of its windows' `iteration_ms` when finite and `> 0` (dropped
+    /// otherwise).
+    pub fn record_timed(
+        &mut self,
+        cycle: u64,
+        windows: usize,
+        samples: &[f64],
+        iteration_ms: Option<f64>,
+    ) {
         let Some(tx) = &self.tx else {
             return;
         };
         let heat = CycleHeat {
             cycle,
             windows,
+            iteration_ms: iteration_ms.filter(|x| x.is_finite() && *x > 0.0),
             samples: samples.to_vec(),
         };
         match tx.try_send(heat) {
@@ -280,7 +300,12 @@ impl Writer {
                     break;
                 };
                 line.clear();
-                let _ = write!(line, "{{\"cycle\":{},\"counts\":[", heat.cycle);
+                let _ = write!(line, "{{\"cycle\":{},", heat.cycle);
+                if let Some(ms) = heat.iteration_ms {
+                    // Rust's shortest round-trip form: a JSON number.
+                    let _ = write!(line, "\"iteration_ms\":{ms},");
+                }
+                line.push_str("\"counts\":[");
                 for (l, layer) in window.chunks(n).enumerate() {
                     if l > 0 {
                         line.push(',');
@@ -386,6 +411,37 @@ mod tests {
         assert!(again.ends_with("{\"cycle\":2,\"counts\":[[1,2,3],[4,5,6]]}\n"));
         let heat = eplb_map::heat::load_heat(again.as_bytes(), None).unwrap();
         assert_eq!(heat.windows(), 3);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn windows_carry_the_engines_iteration_time_when_given() {
+        let d = dir("timed");
+        let path = d.join("t.jsonl");
+        let mut r = HeatRecorder::open(&path, DEFAULT_MAX_BYTES, meta()).unwrap();
+        // Two cycles at a time: the channel holds two.
+        r.record_timed(1, 2, &SAMPLES, Some(12.5));
+        r.record_timed(2, 1, &SAMPLES[..6], Some(f64::NAN));
+        r.finish();
+        let mut r = HeatRecorder::open(&path, DEFAULT_MAX_BYTES, meta()).unwrap();
+        r.record_timed(3, 1, &SAMPLES[..6], Some(40.0));
+        r.record(4, 1, &SAMPLES[..6]);
+        r.finish();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1..],
+            [
+                r#"{"cycle":1,"iteration_ms":12.5,"counts":[[1,2,3],[4,5,6]]}"#,
+                r#"{"cycle":1,"iteration_ms":12.5,"counts":[[7,8,9],[0,0,12]]}"#,
+                r#"{"cycle":2,"counts":[[1,2,3],[4,5,6]]}"#,
+                r#"{"cycle":3,"iteration_ms":40,"counts":[[1,2,3],[4,5,6]]}"#,
+                r#"{"cycle":4,"counts":[[1,2,3],[4,5,6]]}"#,
+            ]
+        );
+        // Still a trace every reader takes.
+        let heat = eplb_map::heat::load_heat(text.as_bytes(), None).unwrap();
+        assert_eq!(heat.windows(), 5);
         std::fs::remove_dir_all(d).unwrap();
     }
 

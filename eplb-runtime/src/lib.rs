@@ -28,6 +28,7 @@
     )
 )]
 
+pub mod calibration;
 pub mod config;
 pub mod controller;
 pub mod fsio;

@@ -25,8 +25,10 @@
 //! | `eplb_layers_aborted_total` | counter | | layer exchanges that failed somewhere (the layer kept its placement) |
 //! | `eplb_walk_duration_seconds` | histogram | | from the taken plan to the end of its layer walk |
 //! | `eplb_planner_duration_seconds` | histogram | | the policy call alone |
+//! | `eplb_gate_saving_step_share` | gauge | | with the pay-off gate on (`eplb_payoff_gate`): the predicted saving per iteration of the layers the last taken plan moved, as a share of the step (`GateSummary::saving_share`); 0 without the gate |
+//! | `eplb_gate_forgone_step_share` | gauge | | the predicted saving the gate gave up on that plan (layers held on their placement), as a share of the step; 0 without the gate |
 //!
-//! 25 series and two histograms of 16 buckets (`+Inf` included) with `_sum` and `_count`: 61
+//! 27 series and two histograms of 16 buckets (`+Inf` included) with `_sum` and `_count`: 63
 //! samples per rank, whatever the model. Opt-in
 //! ([`MetricsSettings::per_layer`]): `eplb_layer_balancedness{layer, when}` and
 //! `eplb_layer_expert_copies_moved_total{layer}`, `3 L` more series (174 on DeepSeek-V3's 58
@@ -201,6 +203,8 @@ struct Families {
     layers_aborted: Counter,
     walk: Histogram,
     planner: Histogram,
+    gate_saving_share: GaugeF,
+    gate_forgone_share: GaugeF,
     /// `[L][before, after]` when per-layer series are on.
     layer_bal: Option<Series<GaugeF>>,
     /// `[L]` when per-layer series are on.
@@ -223,6 +227,8 @@ pub struct PlanSample<'a> {
     pub par_after: &'a [f64],
     /// The policy's wall time.
     pub planner_time: Duration,
+    /// What the pay-off gate decided for the plan (`None`: the gate is off).
+    pub gate: Option<eplb_core::time::gate::GateSummary>,
 }
 
 impl Metrics {
@@ -277,6 +283,10 @@ impl Metrics {
             }
         }
         f.planner.observe(p.planner_time.as_secs_f64());
+        if let Some(g) = &p.gate {
+            f.gate_saving_share.set(g.saving_share());
+            f.gate_forgone_share.set(g.forgone_share());
+        }
     }
 
     /// A layer committed, having fetched `copies` expert copies over every rank, `bytes` in all.
@@ -554,6 +564,7 @@ impl RankObserver {
                     par_before: p.par_before(),
                     par_after: p.par_after(),
                     planner_time: p.elapsed(),
+                    gate: p.gate().copied(),
                 });
             m.record_plan(sample.as_ref());
             if changed > 0 {
@@ -614,6 +625,8 @@ impl Families {
             layers_aborted: Counter::default(),
             walk: Histogram::new(walk_buckets()),
             planner: Histogram::new(planner_buckets()),
+            gate_saving_share: GaugeF::default(),
+            gate_forgone_share: GaugeF::default(),
             layer_bal: settings.per_layer.then(|| {
                 Series::new((0..layers).flat_map(|l| {
                     ["before", "after"].map(|w| vec![("layer", l.to_string()), ("when", w.into())])
@@ -728,6 +741,18 @@ impl Families {
             "Seconds of the policy call that computed a plan",
             f.planner.clone(),
         );
+        reg.register(
+            "gate_saving_step_share",
+            "Pay-off gate: predicted saving per iteration of the layers the last taken plan \
+             moved, as a share of the step (0 without the gate)",
+            f.gate_saving_share.clone(),
+        );
+        reg.register(
+            "gate_forgone_step_share",
+            "Pay-off gate: predicted saving per iteration the gate gave up on the last taken \
+             plan (layers held on their placement), as a share of the step (0 without the gate)",
+            f.gate_forgone_share.clone(),
+        );
         if let Some(s) = &f.layer_bal {
             reg.register(
                 "layer_balancedness",
@@ -779,6 +804,14 @@ mod tests {
             par_before: &[2.0, 1.0],
             par_after: &[1.25, 1.0],
             planner_time: Duration::from_millis(3),
+            gate: Some(eplb_core::time::gate::GateSummary {
+                changed: 2,
+                moved: 1,
+                saving_ms_per_iter: 2.0,
+                stall_ms: 0.1,
+                forgone_ms_per_iter: 1.0,
+                step_ms: 40.0,
+            }),
         }));
         m.record_layer_moved(1, 3, 300);
         m.record_walk(Some(Duration::from_millis(40)), true);
@@ -808,6 +841,8 @@ mod tests {
             "eplb_moved_bytes_total 300",
             "eplb_walk_duration_seconds_count 1",
             "eplb_planner_duration_seconds_count 1",
+            "eplb_gate_saving_step_share 0.05",
+            "eplb_gate_forgone_step_share 0.025",
             "eplb_layer_balancedness{layer=\"1\",when=\"after\"} 1.0",
             "eplb_layer_expert_copies_moved_total{layer=\"1\"} 3",
         ] {

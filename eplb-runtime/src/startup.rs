@@ -48,6 +48,8 @@ pub enum StartError {
     },
     /// The pay-off gate's model has no payload for the deployment's quant type.
     Payload(crate::payload::PayloadError),
+    /// The pay-off gate's time model rejected its settings (a number out of range).
+    Gate(eplb_core::Error),
     /// The controller refused its start (a transport that does not match the shape).
     Controller(MachineError),
 }
@@ -61,6 +63,7 @@ impl fmt::Display for StartError {
             StartError::Read { path, error } => write!(f, "{}: {error}", path.display()),
             StartError::Map { path, error } => write!(f, "{}: {error}", path.display()),
             StartError::Payload(e) => write!(f, "eplb_payoff_gate: {e}"),
+            StartError::Gate(e) => write!(f, "eplb_payoff_gate: {e}"),
             StartError::Controller(e) => e.fmt(f),
         }
     }
@@ -75,6 +78,7 @@ impl std::error::Error for StartError {
             StartError::Read { error, .. } => Some(error),
             StartError::Map { error, .. } => Some(error),
             StartError::Payload(e) => Some(e),
+            StartError::Gate(e) => Some(e),
             StartError::Controller(e) => Some(e),
         }
     }
@@ -191,8 +195,11 @@ pub struct ModelInfo {
 /// role (decode; a colocated node counts as decode), the tokens per rank (the deployment's
 /// `tokens_per_die`, else the role's default), the model (DeepSeek-V3), whose dtype follows
 /// the deployment's quant type (W8A8 by default) and whose expert bytes are that quant type's
-/// payload ([`crate::payload::ExpertPayload::for_quant`]). Every rank builds the same gate
-/// from the same config, so their decisions agree.
+/// payload ([`crate::payload::ExpertPayload::for_quant`]). The rest of the step (attention,
+/// dense layers, host), which an exchange hides behind, is priced once here by the whole-step
+/// model with the role's defaults on `model.ranks` ranks, under the `calibration` file's
+/// multipliers when one is given ([`eplb_core::time::gate::Gate::for_step`]). Every rank builds the same gate from the same
+/// config, so their decisions agree.
 pub fn payoff_gate(
     cfg: &EplbConfig,
     model: &ModelInfo,
@@ -231,11 +238,18 @@ pub fn payoff_gate(
     }
     time.ranks_per_node = (model.ranks_per_node > 0 && model.ranks_per_node < model.ranks)
         .then_some(model.ranks_per_node);
-    Ok(Some(eplb_core::time::gate::Gate {
-        model: time,
-        iterations: u64::from(cfg.heat_interval()) + u64::from(cfg.algo_interval()),
-        routing: eplb_core::metrics::Routing::Log2Phy,
-    }))
+    let mut step = eplb_core::time::step::StepModel::new(time, role);
+    if let Some(c) = &spec.calibration {
+        step.calibration = c.multipliers;
+    }
+    eplb_core::time::gate::Gate::for_step(
+        &step,
+        usize::from(model.ranks),
+        u64::from(cfg.heat_interval()) + u64::from(cfg.algo_interval()),
+        eplb_core::metrics::Routing::Log2Phy,
+    )
+    .map(Some)
+    .map_err(StartError::Gate)
 }
 
 /// The shape and placement a rank starts from.

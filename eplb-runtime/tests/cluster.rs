@@ -765,3 +765,53 @@ fn a_vote_failing_on_one_side_only_never_makes_ranks_diverge() {
     assert_eq!(out[3].1.collective_failures, 1, "{:?}", out[3].1);
     assert!(out.iter().all(|o| o.1.digest_mismatches == 0));
 }
+
+#[test]
+fn the_engines_iteration_times_reach_the_heat_recording() {
+    use eplb_runtime::heat_record::{DEFAULT_MAX_BYTES, HeatRecorder, RecordMeta};
+    let one = Shape::new(4, 16, 1, 16).unwrap();
+    let initial = common::default_layout(&one);
+    let world = HostWorld::new(1, Duration::from_millis(100));
+    let rows = common::rank_rows(&one, &initial, 0);
+    let t = HostTransport::new(world, 0, &rows, BYTES);
+    let mut c = Controller::new(
+        eplb_core::Placement::new(one, &initial).unwrap(),
+        cfg(RunMode::Dynamic, HeatStage::All),
+        t,
+        default_planner(one),
+    )
+    .unwrap();
+    // Reported before a recorder is set: ignored.
+    c.record_iteration_ms(1_000.0);
+    let dir = std::env::temp_dir().join(format!("eplb-iter-ms-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("timed.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let meta = RecordMeta {
+        shape: one,
+        heat_interval: 4,
+        algo_interval: 2,
+    };
+    c.set_heat_recorder(HeatRecorder::open(&path, DEFAULT_MAX_BYTES, meta).unwrap());
+    for it in 0..40u64 {
+        c.before_forward();
+        // 20 ms and 30 ms alternately (a mean of 25 over every cycle of 6 iterations), and
+        // values that must be ignored.
+        c.record_iteration_ms(if it % 2 == 0 { 20.0 } else { 30.0 });
+        c.record_iteration_ms(f64::NAN);
+        c.record_iteration_ms(-1.0);
+        c.after_forward(&vec![3; 64], 64).unwrap();
+    }
+    drop(c);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let windows: Vec<serde_json::Value> = text
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(windows.len() >= 2, "{text}");
+    for w in &windows {
+        assert_eq!(w["iteration_ms"], 25.0, "{w}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -963,3 +963,111 @@ fn payoff_gate_is_off_by_default_and_on_with_true_or_its_settings() {
         "{m:?}"
     );
 }
+
+#[test]
+fn payoff_gate_calibration_prices_the_gates_step_and_bad_files_are_errors_naming_the_key() {
+    use eplb_runtime::startup::{ModelInfo, payoff_gate};
+    let model = ModelInfo {
+        layers: 58,
+        experts: 256,
+        ranks: 32,
+        ranks_per_node: 16,
+        groups: 1,
+        max_num_seqs: 64,
+        speculative_tokens: 0,
+        tp_size: 1,
+    };
+    let tmp = TempDir::new("calib");
+    // What `eplb calibrate --out` writes: the multipliers and the fit's report.
+    std::fs::write(
+        tmp.path().join("calib.json"),
+        r#"{"format": "eplb-calibration/v1", "points": 3, "residuals_pct": [0.1],
+            "multipliers": {"host": 2.0, "backbone": 2.0, "gemm": 1.0, "link": 1.0, "latency": 1.0}}"#,
+    )
+    .unwrap();
+    let plain = parse(r#"{"dynamic_eplb": true, "eplb_payoff_gate": {}}"#, &GUARD).unwrap();
+    let calibrated = parse(
+        &tmp.json(
+            r#"{"dynamic_eplb": true, "eplb_payoff_gate": {"calibration": "{TMP}/calib.json"}}"#,
+        ),
+        &GUARD,
+    )
+    .unwrap();
+    let c = calibrated
+        .payoff_gate()
+        .and_then(|g| g.calibration.as_ref())
+        .unwrap();
+    assert_eq!(c.path, tmp.path().join("calib.json"));
+    assert_eq!(c.multipliers.as_array(), [2.0, 2.0, 1.0, 1.0, 1.0]);
+    // `eplb check-config` prints it.
+    assert!(
+        calibrated.summary().contains(&format!(
+            "calibration {})",
+            tmp.path().join("calib.json").display()
+        )),
+        "{}",
+        calibrated.summary()
+    );
+    assert!(
+        plain.summary().contains("calibration none (the presets))"),
+        "{}",
+        plain.summary()
+    );
+    // The gate weighs moves against the step the calibration prices: the backbone and host
+    // doubled, so is the step besides the MoE layers; the MoE model is the same.
+    let g0 = payoff_gate(&plain, &model).unwrap().unwrap();
+    let g1 = payoff_gate(&calibrated, &model).unwrap().unwrap();
+    assert!(g0.step_other_ms > 0.0, "{g0:?}");
+    assert!(
+        (g1.step_other_ms - 2.0 * g0.step_other_ms).abs() < 1e-9 * g0.step_other_ms,
+        "{g0:?} {g1:?}"
+    );
+    assert_eq!((g0.model, g0.iterations), (g1.model, g1.iterations));
+    // A missing file, a directory, a file of another format, a bad multiplier and a path
+    // that is not a string: typed errors naming the key.
+    std::fs::write(
+        tmp.path().join("other.json"),
+        r#"{"format": "eplb-trace/v1"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("neg.json"),
+        r#"{"format": "eplb-calibration/v1", "multipliers":
+            {"host": 1, "backbone": -1, "gemm": 1, "link": 1, "latency": 1}}"#,
+    )
+    .unwrap();
+    for (file, why) in [
+        ("missing.json", "No such file"),
+        ("", "is a directory"),
+        ("other.json", "\"format\" must be \"eplb-calibration/v1\""),
+        (
+            "neg.json",
+            "multipliers.backbone must be a finite number >= 0, not -1",
+        ),
+    ] {
+        let text = tmp.json(&format!(
+            r#"{{"eplb_payoff_gate": {{"calibration": "{{TMP}}/{file}"}}}}"#
+        ));
+        let e = parse(&text, &GUARD).unwrap_err();
+        let p = e.problems();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            matches!(&p[0], ConfigError::PayoffGateCalibration { path, .. }
+                if *path == tmp.path().join(file)),
+            "{p:?}"
+        );
+        let m = p[0].to_string();
+        assert!(
+            m.starts_with(&tmp.msg("eplb_config.eplb_payoff_gate.calibration: \"{TMP}/"))
+                && m.contains(why),
+            "{m}"
+        );
+    }
+    assert_eq!(
+        messages(r#"{"eplb_payoff_gate": {"calibration": 3}}"#, &GUARD),
+        vec![
+            "eplb_config.eplb_payoff_gate: calibration: expected the path of a calibration file (eplb calibrate --out), got 3"
+                .to_owned()
+        ]
+    );
+}

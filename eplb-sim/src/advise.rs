@@ -622,10 +622,7 @@ fn run_setting(
         algo_interval: s.algo_interval,
         ..base.clone()
     };
-    let cfg = SimConfig {
-        payoff_gate: s.payoff_gate.then(|| time.gate(&cfg)),
-        ..cfg
-    };
+    let gate = s.payoff_gate.then(|| time.gate(&cfg)).transpose();
     let failed = |e: String| Row {
         setting: s,
         index,
@@ -641,6 +638,10 @@ fn run_setting(
         cycles: 0,
         changes: 0,
         mean_par: f64::NAN,
+    };
+    let cfg = match gate {
+        Ok(payoff_gate) => SimConfig { payoff_gate, ..cfg },
+        Err(e) => return failed(e.to_string()),
     };
     let run = match replay.run(&cfg, &[], &mut |_, _| {}) {
         Ok(r) => r,

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::SimError;
 
 /// The format tag of a calibration file.
-pub const FORMAT: &str = "eplb-calibration/v1";
+pub const FORMAT: &str = eplb_runtime::calibration::FORMAT;
 
 fn bad(source: &str, why: impl Into<String>) -> SimError {
     SimError::Setting {
@@ -21,32 +21,10 @@ fn bad(source: &str, why: impl Into<String>) -> SimError {
 /// Reads an `eplb-calibration/v1` file: `{"format": "eplb-calibration/v1", "multipliers":
 /// {"host": x, "backbone": x, "gemm": x, "link": x, "latency": x}, ...}`; every multiplier
 /// must be present, finite and `>= 0`. Other keys (residuals, the fit's inputs) are kept for
-/// people and ignored here.
+/// people and ignored here. The runtime's reader ([`eplb_runtime::calibration::parse`]), so
+/// that the pay-off gate's `calibration` and `--calibration` read one format alike.
 pub fn read_calibration(bytes: &[u8], source: &str) -> Result<Calibration, SimError> {
-    let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| bad(source, format!("not a JSON calibration file: {e}")))?;
-    if v.get("format").and_then(Value::as_str) != Some(FORMAT) {
-        return Err(bad(source, format!("\"format\" must be \"{FORMAT}\"")));
-    }
-    let m = v
-        .get("multipliers")
-        .and_then(Value::as_object)
-        .ok_or_else(|| bad(source, "\"multipliers\" must be an object"))?;
-    let mut a = [0.0; 5];
-    for (slot, name) in a.iter_mut().zip(Calibration::NAMES) {
-        let x = m
-            .get(name)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| bad(source, format!("multipliers.{name} must be a number")))?;
-        if !(x.is_finite() && x >= 0.0) {
-            return Err(bad(
-                source,
-                format!("multipliers.{name} must be a finite number >= 0, not {x}"),
-            ));
-        }
-        *slot = x;
-    }
-    Ok(Calibration::from_array(a))
+    eplb_runtime::calibration::parse(bytes).map_err(|why| bad(source, why))
 }
 
 /// The JSON of a calibration file with its multipliers and `extra` keys (the fit's report).
@@ -240,6 +218,181 @@ pub fn read_measured(
             Ok(m)
         })
         .collect()
+}
+
+/// What a heat recording does not say about its windows, for [`read_recording`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecordingDefaults {
+    /// The role the recording ran in (`eplb calibrate --role`); a recording names none.
+    pub role: Option<eplb_core::time::Role>,
+    /// EP ranks when the header has no `topology.ranks`.
+    pub ranks: u16,
+    /// Experts per token when the header has no `top_k` (the model preset's).
+    pub top_k: u16,
+}
+
+/// Reads the measured points of an `eplb-trace/v1` recording in the line layout (the runtime's
+/// `eplb_heat_record_path`, the adapters' `EPLB_TRACE_DIR`): every complete window line with an
+/// `iteration_ms` (finite, `> 0`) is one point, the others are skipped. `Ok(None)` when `bytes`
+/// are not an `eplb-trace/v1` document (read them with [`read_measured`]).
+///
+/// Per point: `step_ms` = `iteration_ms`; `ranks` = the header's `topology.ranks` (else
+/// `defaults.ranks`); `tokens_per_rank` = the window's (token, expert) assignments per layer,
+/// averaged over layers, over `top_k * ranks * iterations` (`top_k` from the header, else
+/// `defaults.top_k`; `iterations` the line's `iterations`, else the header's
+/// `intervals.iterations_per_window`, else 1); `par` = the line's `par` when given, else the
+/// window's busiest-rank load over the mean on the contiguous layout (`N / R` experts per rank:
+/// the deployment without EPLB, averaged over layers; record with EPLB off, or write `par`, when
+/// the run balanced its experts); no context or prompt length (the model's defaults).
+pub fn read_recording(
+    bytes: &[u8],
+    source: &str,
+    defaults: RecordingDefaults,
+) -> Result<Option<Vec<Measured>>, SimError> {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let first = bytes.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let header: Option<Value> = serde_json::from_slice(first).ok();
+    let is_trace = |v: &Value| v.get("format").and_then(Value::as_str) == Some("eplb-trace/v1");
+    let header = match header {
+        Some(h) if is_trace(&h) => h,
+        _ => {
+            // A one-object trace on several lines.
+            let whole: Option<Value> = serde_json::from_slice(bytes).ok();
+            if whole.as_ref().is_some_and(is_trace) {
+                return Err(bad(
+                    source,
+                    "an eplb-trace/v1 trace in the one-object layout carries no per-window \
+                     iteration_ms; give a recording in the line layout (eplb_heat_record_path, \
+                     EPLB_TRACE_DIR) or measured points",
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    if header.get("layout").and_then(Value::as_str) != Some("lines")
+        || header.get("counts").is_some()
+    {
+        return Err(bad(
+            source,
+            "an eplb-trace/v1 trace in the one-object layout carries no per-window \
+             iteration_ms; give a recording in the line layout (eplb_heat_record_path, \
+             EPLB_TRACE_DIR) or measured points",
+        ));
+    }
+    let role = defaults.role.ok_or_else(|| {
+        bad(
+            source,
+            "a heat recording does not say its role: pass --role decode or --role prefill",
+        )
+    })?;
+    let whole = |v: Option<&Value>, what: &str| -> Result<Option<u64>, SimError> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .filter(|&n| n >= 1)
+                .map(Some)
+                .ok_or_else(|| bad(source, format!("{what} must be a whole number >= 1"))),
+        }
+    };
+    let ranks = match whole(header.pointer("/topology/ranks"), "topology.ranks")? {
+        None => defaults.ranks,
+        Some(r) => u16::try_from(r).map_err(|_| bad(source, "topology.ranks is too large"))?,
+    };
+    let top_k = whole(header.get("top_k"), "top_k")?.unwrap_or(u64::from(defaults.top_k));
+    let per = whole(
+        header.pointer("/intervals/iterations_per_window"),
+        "intervals.iterations_per_window",
+    )?
+    .unwrap_or(1);
+    let mut points = Vec::new();
+    // Complete lines only: a last line without its newline is a recorder cut off mid-write.
+    let body = bytes.get(first.len() + 1..).unwrap_or(&[]);
+    let complete = body.len() - body.iter().rev().take_while(|&&b| b != b'\n').count();
+    for (i, line) in body[..complete].split(|&b| b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let at = |why: String| bad(source, format!("line {}: {why}", i + 2));
+        let v: Value = serde_json::from_slice(line).map_err(|e| at(format!("not JSON: {e}")))?;
+        let ms = match v.get("iteration_ms") {
+            None | Some(Value::Null) => continue,
+            Some(x) => x
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| at("iteration_ms must be a finite number > 0".into()))?,
+        };
+        let iterations = whole(v.get("iterations"), &format!("line {}: iterations", i + 2))?;
+        let counts = v
+            .get("counts")
+            .and_then(Value::as_array)
+            .ok_or_else(|| at("counts must be an array [L][N]".into()))?;
+        let mut layers: Vec<Vec<f64>> = Vec::with_capacity(counts.len());
+        for layer in counts {
+            let row = layer
+                .as_array()
+                .ok_or_else(|| at("counts must be an array [L][N]".into()))?;
+            let row: Option<Vec<f64>> = row
+                .iter()
+                .map(|x| x.as_f64().filter(|x| x.is_finite() && *x >= 0.0))
+                .collect();
+            layers.push(row.ok_or_else(|| at("counts must be numbers >= 0".into()))?);
+        }
+        if layers.is_empty() {
+            return Err(at("counts has no layer".into()));
+        }
+        let pairs = layers.iter().map(|l| l.iter().sum::<f64>()).sum::<f64>() / layers.len() as f64;
+        let denom = (top_k * u64::from(ranks) * iterations.unwrap_or(per)) as f64;
+        let tokens_per_rank = pairs / denom;
+        if tokens_per_rank.is_nan() || tokens_per_rank <= 0.0 {
+            return Err(at("the window routed no token".into()));
+        }
+        let par = match v.get("par") {
+            None | Some(Value::Null) => contiguous_par(&layers, usize::from(ranks)),
+            Some(x) => x
+                .as_f64()
+                .filter(|p| *p >= 1.0 && *p <= f64::from(ranks))
+                .ok_or_else(|| at("par must be a number between 1 and the ranks".into()))?,
+        };
+        points.push(Measured {
+            role,
+            ranks,
+            tokens_per_rank,
+            context_tokens: None,
+            prompt_tokens: None,
+            par,
+            step_ms: ms,
+        });
+    }
+    if points.is_empty() {
+        return Err(bad(
+            source,
+            "no window of the recording carries iteration_ms (the engine reports it with \
+             Controller::record_iteration_ms or eplb.integrations.record_iteration_ms)",
+        ));
+    }
+    Ok(Some(points))
+}
+
+/// Mean over layers of the busiest rank's load over the mean when the `N` experts of a layer
+/// sit contiguously on `ranks` ranks (`ceil(N / R)` per rank), clamped to `[1, ranks]`.
+fn contiguous_par(layers: &[Vec<f64>], ranks: usize) -> f64 {
+    let r = ranks.max(1);
+    let mut sum = 0.0;
+    for l in layers {
+        let per = l.len().div_ceil(r).max(1);
+        let total: f64 = l.iter().sum();
+        let busiest = l
+            .chunks(per)
+            .map(|c| c.iter().sum::<f64>())
+            .fold(0.0, f64::max);
+        sum += if total > 0.0 {
+            busiest / (total / r as f64)
+        } else {
+            1.0
+        };
+    }
+    (sum / layers.len().max(1) as f64).clamp(1.0, r as f64)
 }
 
 /// The step the model predicts for `m` under `c`, from `spec` (model, hardware, topology,

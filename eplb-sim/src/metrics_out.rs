@@ -74,6 +74,8 @@ pub fn replay_metrics(
             par_before: &before,
             par_after: &after,
             planner_time: Duration::from_secs_f64(new.policy_time_s.unwrap_or(0.0).max(0.0)),
+            // The placements log keeps no gate summary.
+            gate: None,
         }));
         let mut moved = false;
         for layer in 0..l {

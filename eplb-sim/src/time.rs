@@ -427,13 +427,23 @@ fn set_model(m: &mut ModelSpec, key: &str, v: f64) -> Result<(), SimError> {
 impl TimeBasis {
     /// The pay-off gate of this model for a run of `cfg`: a changed layer must pay back its
     /// stall within the next cycle (`H + A` iterations, one window each) under `cfg`'s
-    /// routing.
-    pub fn gate(&self, cfg: &SimConfig) -> eplb_core::time::gate::Gate {
-        eplb_core::time::gate::Gate {
-            model: self.model,
-            iterations: u64::from(cfg.heat_interval) + u64::from(cfg.algo_interval),
-            routing: cfg.routing,
-        }
+    /// routing, and an exchange hides behind the whole step: the step model's time besides
+    /// the MoE layers on `cfg.ranks` ranks, under this basis's calibration
+    /// ([`eplb_core::time::gate::Gate::for_step`]).
+    pub fn gate(&self, cfg: &SimConfig) -> Result<eplb_core::time::gate::Gate, SimError> {
+        let mut step = self.step;
+        step.time = self.model;
+        eplb_core::time::gate::Gate::for_step(
+            &step,
+            usize::from(cfg.ranks),
+            u64::from(cfg.heat_interval) + u64::from(cfg.algo_interval),
+            cfg.routing,
+        )
+        .map_err(|error| SimError::TimeModel {
+            window: None,
+            layer: None,
+            error,
+        })
     }
 
     /// Ranks per node the step model assumes for `ranks` ranks (the `--ranks-per-node` given,

@@ -126,3 +126,106 @@ fn measured_points_read_from_json_and_csv_and_bad_ones_are_named() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// A heat recording whose windows carry `iteration_ms` is a calibration input: its points are
+/// the windows' shapes and times, and the fit on it is the fit on the same points given as
+/// measured points.
+#[test]
+fn a_heat_recording_with_iteration_times_is_a_calibration_input() {
+    use eplb_sim::calibrate::{RecordingDefaults, read_recording};
+    let cost = CostSpec::default().resolve().unwrap();
+    let spec = TimeSpec {
+        hardware: Some("h800".to_owned()),
+        ..TimeSpec::default()
+    };
+    let hidden = Calibration {
+        host: 1.7,
+        backbone: 1.2,
+        gemm: 1.4,
+        link: 0.8,
+        latency: 2.0,
+    };
+    let (ranks, k, n) = (8u16, 8u64, 256usize);
+    let header = r#"{"format":"eplb-trace/v1","layout":"lines","model":{"num_moe_layers":2,"num_experts":256},"topology":{"ranks":8,"slots_per_rank":32},"intervals":{"iterations_per_window":2}}"#;
+    let mut text = format!("{header}\n");
+    let mut want = Vec::new();
+    for (i, t) in [16u64, 64, 256, 1024].into_iter().enumerate() {
+        // Two iterations per window, every expert alike (contiguous PAR 1); the last window
+        // says its PAR itself.
+        let per_expert = 2 * t * k * u64::from(ranks) / n as u64;
+        let layer = format!("[{}]", vec![per_expert.to_string(); n].join(","));
+        let par = if i == 3 { 1.5 } else { 1.0 };
+        let mut m = Measured {
+            role: Role::Decode,
+            ranks,
+            tokens_per_rank: t as f64,
+            context_tokens: None,
+            prompt_tokens: None,
+            par,
+            step_ms: 0.0,
+        };
+        m.step_ms = predict(&spec, &cost, Some(8), &m, &hidden).unwrap();
+        let par_field = if i == 3 { r#""par":1.5,"# } else { "" };
+        text.push_str(&format!(
+            "{{\"cycle\":{i},\"iteration_ms\":{},{par_field}\"counts\":[{layer},{layer}]}}\n",
+            m.step_ms
+        ));
+        // A window without a time is skipped.
+        text.push_str(&format!("{{\"cycle\":{i},\"counts\":[{layer},{layer}]}}\n"));
+        want.push(m);
+    }
+    // A recorder cut off mid-line.
+    text.push_str(r#"{"cycle":9,"iteration_ms":5,"counts":[[1,"#);
+    let defaults = RecordingDefaults {
+        role: Some(Role::Decode),
+        ranks: 1,
+        top_k: 8,
+    };
+    let got = read_recording(text.as_bytes(), "rec.jsonl", defaults)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, want);
+    let from_recording = fit(&spec, &cost, Some(8), &got).unwrap();
+    assert_eq!(from_recording, fit(&spec, &cost, Some(8), &want).unwrap());
+    assert!(from_recording.max_rel < 0.01, "{from_recording:?}");
+
+    // Measured points and CSVs are not recordings.
+    let json = br#"[{"role": "decode", "tokens_per_rank": 64, "step_ms": 20}]"#;
+    assert_eq!(read_recording(json, "m.json", defaults).unwrap(), None);
+    assert_eq!(
+        read_recording(
+            b"role,tokens_per_rank,step_ms\ndecode,64,20\n",
+            "m.csv",
+            defaults
+        )
+        .unwrap(),
+        None
+    );
+    // What is wrong is named.
+    let err = |bytes: &[u8], d: RecordingDefaults| {
+        read_recording(bytes, "rec.jsonl", d)
+            .unwrap_err()
+            .to_string()
+    };
+    let no_role = RecordingDefaults {
+        role: None,
+        ..defaults
+    };
+    assert!(
+        err(text.as_bytes(), no_role).contains("--role"),
+        "{}",
+        err(text.as_bytes(), no_role)
+    );
+    let untimed = format!("{header}\n{{\"counts\":[[1,2],[3,4]]}}\n");
+    assert!(
+        err(untimed.as_bytes(), defaults)
+            .contains("no window of the recording carries iteration_ms")
+    );
+    let one_object = br#"{"format": "eplb-trace/v1", "counts": [[[1, 2]]]}"#;
+    assert!(err(one_object, defaults).contains("one-object layout"));
+    let bad_time = format!("{header}\n{{\"iteration_ms\":-1,\"counts\":[[1,2]]}}\n");
+    assert!(
+        err(bad_time.as_bytes(), defaults)
+            .contains("line 2: iteration_ms must be a finite number > 0")
+    );
+}

@@ -236,7 +236,11 @@ fn run(
         .resolve(&replay.basis, a.ranks_per_node)
         .map_err(|e| e.to_string())?;
     let cfg = SimConfig {
-        payoff_gate: a.payoff_gate.then(|| basis.gate(&cfg)),
+        payoff_gate: a
+            .payoff_gate
+            .then(|| basis.gate(&cfg))
+            .transpose()
+            .map_err(|e| e.to_string())?,
         ..cfg
     };
     let mut last = Instant::now();

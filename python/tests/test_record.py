@@ -124,3 +124,32 @@ def test_recording_never_raises(tmp_path, monkeypatch, caplog):
 def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv("EPLB_TRACE_DIR", raising=False)
     assert _record.record("vllm", np.ones((2, 4))) is None
+
+
+def test_windows_carry_the_reported_iteration_times(trace_dir):
+    from eplb.integrations import record_iteration_ms
+
+    counts = np.arange(24).reshape(3, 8)
+    # No report: no field.
+    path = Path(_record.record("vllm", counts))
+    # Two reports, and values that are ignored: the next call's windows carry their mean.
+    record_iteration_ms(20.0)
+    record_iteration_ms(float("nan"))
+    record_iteration_ms(-3)
+    record_iteration_ms("x")
+    record_iteration_ms(30)
+    _record.record("vllm", np.stack([counts, counts]))
+    # Taken once: the next call has none again; an explicit value wins over reports.
+    _record.record("vllm", counts)
+    record_iteration_ms(99.0)
+    _record.record("vllm", counts, iteration_ms=12.5)
+    lines = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    assert [w.get("iteration_ms") for w in lines] == [None, 25.0, 25.0, None, 12.5]
+    assert all(w["counts"] == counts.tolist() for w in lines)
+
+
+def test_without_the_variable_iteration_times_are_not_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("EPLB_TRACE_DIR", raising=False)
+    _record._forget_for_tests()
+    _record.record_iteration_ms(10.0)
+    assert _record._pending == [0.0, 0]

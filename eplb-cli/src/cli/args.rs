@@ -357,7 +357,7 @@ impl ReplayArgs {
                     .spec()
                     .resolve(&replay.basis, cfg.ranks_per_node)
                     .map_err(|e| e.to_string())?;
-                Some(basis.gate(&cfg))
+                Some(basis.gate(&cfg).map_err(|e| crate::words::sim_error(&e))?)
             } else {
                 None
             },

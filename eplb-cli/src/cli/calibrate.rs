@@ -6,20 +6,26 @@ use std::process::ExitCode;
 
 use clap::Args;
 use eplb_core::time::step::{Calibration, Overlap};
-use eplb_sim::calibrate::{calibration_json, fit, read_measured};
+use eplb_sim::calibrate::{
+    RecordingDefaults, calibration_json, fit, read_measured, read_recording,
+};
 use eplb_sim::cost::{CostSpec, ModelPreset};
 use eplb_sim::time::TimeSpec;
 use serde_json::json;
 
-use super::args::{Io, parse_from_str, parse_hardware, parse_overlap};
+use super::args::{Io, parse_from_str, parse_hardware, parse_overlap, parse_role};
 
 #[derive(Debug, Args)]
 pub(super) struct CalibrateArgs {
     /// Measured step times: a JSON array (or `{"points": [...]}`) or a CSV with columns
     /// role, tokens_per_rank, step_ms and optionally ranks, context_tokens, prompt_tokens, par
-    /// (`docs/time-model.md`, "Calibration").
+    /// (`docs/time-model.md`, "Calibration"); or a heat recording (`eplb-trace/v1`, line
+    /// layout) whose windows carry `iteration_ms` (then `--role` says its role).
     #[arg(long)]
     measured: PathBuf,
+    /// The role a heat recording given to `--measured` ran in: decode or prefill.
+    #[arg(long, value_parser = parse_role)]
+    role: Option<eplb_core::time::Role>,
     /// Write the calibration here (atomically).
     #[arg(long)]
     out: PathBuf,
@@ -47,7 +53,16 @@ pub(super) fn run(a: &CalibrateArgs, io: &mut Io) -> Result<ExitCode, String> {
     eplb_runtime::fsio::refuse_overwrite_input(&a.out, &[a.measured.as_path()])
         .map_err(|e| e.to_string())?;
     let src = a.measured.display().to_string();
-    let points = read_measured(&io.read(&a.measured)?, &src, a.ranks).map_err(|e| e.to_string())?;
+    let bytes = io.read(&a.measured)?;
+    let defaults = RecordingDefaults {
+        role: a.role,
+        ranks: a.ranks,
+        top_k: a.model.model_spec().top_k,
+    };
+    let points = match read_recording(&bytes, &src, defaults).map_err(|e| e.to_string())? {
+        Some(points) => points,
+        None => read_measured(&bytes, &src, a.ranks).map_err(|e| e.to_string())?,
+    };
     let cost = CostSpec {
         model: Some(a.model),
         ..CostSpec::default()

@@ -11,10 +11,12 @@
 //!   prefers holders that drop the expert and holders on the receiver's node); the busiest
 //!   rank's bytes over its link give the exchange time, on the inter-node link when some copy
 //!   comes from another node ([`exchange_ms`]);
-//! - `stall = layer_stall_ms(exchange, iteration)`, where the iteration is the current
-//!   placement's MoE time summed over layers: a forward also runs attention, so this
-//!   iteration is shorter than the real one and the stall is over-stated (the gate errs on
-//!   the side of not moving);
+//! - `stall = layer_stall_ms(exchange, step)`, where the step is the current placement's MoE
+//!   time summed over layers plus the rest of the step ([`Gate::step_other_ms`]: attention,
+//!   dense layers, shared experts, LM head and host overhead, priced once by the whole-step
+//!   model, [`Gate::for_step`]): an exchange that hides behind one step costs only the vote.
+//!   With `step_other_ms = 0` the step is the MoE time alone, shorter than the real one, and
+//!   the stall is over-stated (the gate errs on the side of not moving);
 //! - the layer moves iff `layer_pays(saving, iterations * age, stall)`, where `age` is the
 //!   number of cycles the layer's current placement has lived ([`Scratch::ages`]; 1 right
 //!   after it moved): a placement that has stayed long is likely to stay as long again, so a
@@ -31,6 +33,7 @@ use crate::metrics::{self, Routing};
 use crate::placement::check_len;
 use crate::{Error, LayerPlacement, Placement, Shape};
 
+use super::step::{Overlap, StepModel};
 use super::{TimeModel, exchange_ms, layer_pays, layer_stall_ms};
 
 /// The pay-off gate's settings: the time model and the cycle a move must pay back over.
@@ -43,6 +46,11 @@ pub struct Gate {
     pub iterations: u64,
     /// How tokens are routed to an expert's copies.
     pub routing: Routing,
+    /// The step's time besides its MoE layers, ms per iteration (attention, dense layers,
+    /// shared experts, LM head, host overhead): what an exchange can hide behind beside the
+    /// MoE time. A constant of the configuration (every rank computes the same), `>= 0`;
+    /// 0 weighs a move against the MoE time alone. [`Gate::for_step`] prices it.
+    pub step_other_ms: f64,
 }
 
 /// What the gate decided for one plan.
@@ -58,6 +66,30 @@ pub struct GateSummary {
     pub stall_ms: f64,
     /// Predicted saving per iteration the gate gave up (layers kept on their placement).
     pub forgone_ms_per_iter: f64,
+    /// The step the stalls were weighed against, ms: the current placement's MoE time plus
+    /// [`Gate::step_other_ms`].
+    pub step_ms: f64,
+}
+
+impl GateSummary {
+    /// The moved layers' saving as a share of the step (`saving_ms_per_iter / step_ms`; 0
+    /// when the step is 0).
+    pub fn saving_share(&self) -> f64 {
+        share(self.saving_ms_per_iter, self.step_ms)
+    }
+
+    /// The forgone saving as a share of the step.
+    pub fn forgone_share(&self) -> f64 {
+        share(self.forgone_ms_per_iter, self.step_ms)
+    }
+}
+
+fn share(ms: f64, step_ms: f64) -> f64 {
+    if step_ms > 0.0 && step_ms.is_finite() {
+        ms / step_ms
+    } else {
+        0.0
+    }
 }
 
 /// The caller's buffers of one [`Gate::apply`], sized by [`scratch_len`].
@@ -80,6 +112,29 @@ pub const fn scratch_len(shape: &Shape) -> (usize, usize) {
 }
 
 impl Gate {
+    /// The gate of `step`'s MoE model on `ranks` ranks: [`Gate::step_other_ms`] is the step's
+    /// time besides its MoE layers at balanced load ([`StepModel::step_par`] at PAR 1, under
+    /// `step`'s calibration): `attention + other` without overlap; with an overlap mode
+    /// `max(0, iteration - moe)`, so that it never over-states what an exchange hides behind.
+    pub fn for_step(
+        step: &StepModel,
+        ranks: usize,
+        iterations: u64,
+        routing: Routing,
+    ) -> Result<Gate, Error> {
+        let st = step.step_par(ranks, 1.0)?;
+        let other = match step.overlap {
+            Overlap::None => st.attention_ms + st.other_ms,
+            Overlap::TwoBatch => (st.iteration_ms - st.moe_ms).max(0.0),
+        };
+        Ok(Gate {
+            model: step.time,
+            iterations,
+            routing,
+            step_other_ms: other,
+        })
+    }
+
     /// Applies the gate to `plan` (`[L][R][S]`, changed in place: layers that do not pay get
     /// their `current` rows back) under the gathered logical `loads` (`[L][N]`); `moved[l]`
     /// says whether layer `l` changes after the gate. Scratch sizes: [`scratch_len`].
@@ -98,6 +153,12 @@ impl Gate {
             ages,
         } = scratch;
         self.model.check()?;
+        if !(self.step_other_ms.is_finite() && self.step_other_ms >= 0.0) {
+            return Err(Error::BadParameter {
+                what: "gate step time besides the MoE layers",
+                requirement: "a finite number >= 0",
+            });
+        }
         let (l, r, s) = (shape.layers(), shape.ranks(), shape.slots_per_rank());
         let per = shape.slots_per_layer();
         check_len(
@@ -129,7 +190,12 @@ impl Gate {
             *t = self.model.layer_time(clamp(layer), r, s, slot_w)?.moe_ms;
             iteration_ms += *t;
         }
-        let mut sum = GateSummary::default();
+        // The step an exchange can hide behind.
+        iteration_ms += self.step_other_ms;
+        let mut sum = GateSummary {
+            step_ms: iteration_ms,
+            ..GateSummary::default()
+        };
         for (layer, (old_row, new_row)) in current
             .chunks_exact(per)
             .zip(plan.chunks_exact_mut(per))
@@ -248,6 +314,7 @@ mod tests {
             model,
             iterations,
             routing: Routing::Log2Phy,
+            step_other_ms: 0.0,
         }
     }
 
@@ -321,6 +388,101 @@ mod tests {
             run(&gate(1_000, 44e6, Hardware::A3)),
             run(&gate(1_000, 44e6, Hardware::A3))
         );
+    }
+
+    #[test]
+    fn a_stall_below_the_step_passes_and_one_above_does_not() {
+        // Layer 0's move, paid back over one iteration, with an expert so large that its
+        // exchange far exceeds the MoE time: weighed against the MoE time alone it never pays.
+        let bytes = 44e10;
+        let mut g = gate(1, bytes, Hardware::A3);
+        let (shape, current, plan, _) = case();
+        let per = shape.slots_per_layer();
+        let (mut recv, mut sent) = (vec![0u32; 4], vec![0u32; 4]);
+        let (copies, crosses) = busiest_copies(
+            &shape,
+            &current[..per],
+            &plan[..per],
+            &mut recv,
+            &mut sent,
+            &g.model,
+        );
+        let exchange = exchange_ms(copies as f64 * bytes, crosses, &g.model.hardware).unwrap();
+        let (_, moved, moe_only) = run(&g);
+        assert_eq!(moved, [false, false], "{moe_only:?}");
+        let (moe, saving) = (moe_only.step_ms, moe_only.forgone_ms_per_iter);
+        assert!(
+            saving > 0.0 && exchange > moe + saving,
+            "{exchange} {moe_only:?}"
+        );
+        // The move pays iff `saving > max(0, exchange - step) + collective`: the threshold on
+        // the rest of the step is `exchange - moe + collective - saving`.
+        let threshold = exchange - moe + g.model.hardware.collective_ms - saving;
+        assert!(threshold > 1.0, "{threshold}");
+        g.step_other_ms = threshold + 0.5;
+        let (out, moved, sum) = run(&g);
+        assert_eq!(moved, [true, false], "{sum:?}");
+        assert_eq!(out, plan);
+        assert!(
+            (sum.step_ms - (moe + threshold + 0.5)).abs() < 1e-9,
+            "{sum:?}"
+        );
+        assert!((sum.saving_share() - saving / sum.step_ms).abs() < 1e-12);
+        g.step_other_ms = threshold - 0.5;
+        let (out, moved, sum) = run(&g);
+        assert_eq!(moved, [false, false], "{sum:?}");
+        assert_eq!(out, current);
+        assert!(sum.forgone_share() > 0.0 && sum.saving_share() == 0.0);
+        // A bad step time is an error, not a decision.
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            g.step_other_ms = bad;
+            let (shape, current, mut plan, loads) = case();
+            let (f, u) = scratch_len(&shape);
+            let (mut fs, mut us, mut m) = (vec![0.0; f], vec![0u32; u], vec![false; 2]);
+            let e = g.apply(
+                &shape,
+                &current,
+                &mut plan,
+                &loads,
+                sc(&mut fs, &mut us),
+                &mut m,
+            );
+            assert!(matches!(e, Err(Error::BadParameter { .. })), "{bad}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn for_step_prices_the_rest_of_the_step() {
+        use crate::time::step::Calibration;
+        let mut time = TimeModel::new(Hardware::A3, ModelSpec::DEEPSEEK_V3, Role::Decode, 44e6);
+        time.tokens_per_rank = 64.0;
+        let step = StepModel::new(time, Role::Decode);
+        let g = Gate::for_step(&step, 32, 650, Routing::Log2Phy).unwrap();
+        let st = step.step_par(32, 1.0).unwrap();
+        assert_eq!(
+            (g.model, g.iterations, g.routing),
+            (time, 650, Routing::Log2Phy)
+        );
+        assert!(g.step_other_ms > 0.0);
+        assert!((g.step_other_ms - (st.attention_ms + st.other_ms)).abs() < 1e-9);
+        // A calibration that doubles the backbone and the host lengthens it.
+        let mut cal = step;
+        cal.calibration = Calibration {
+            host: 2.0,
+            backbone: 2.0,
+            ..Calibration::PRESET
+        };
+        let g2 = Gate::for_step(&cal, 32, 650, Routing::Log2Phy).unwrap();
+        assert!((g2.step_other_ms - 2.0 * g.step_other_ms).abs() < 1e-9 * g.step_other_ms);
+        // An overlap never makes it longer.
+        let mut ov = step;
+        ov.overlap = Overlap::TwoBatch;
+        let g3 = Gate::for_step(&ov, 32, 650, Routing::Log2Phy).unwrap();
+        assert!(g3.step_other_ms <= g.step_other_ms + 1e-9, "{g3:?}");
+        // Bad step inputs are errors.
+        let mut bad = step;
+        bad.requests_per_rank = f64::NAN;
+        assert!(Gate::for_step(&bad, 32, 650, Routing::Log2Phy).is_err());
     }
 
     #[test]

@@ -4,10 +4,13 @@
 //! Line 1 is the header: an `eplb-trace/v1` object without `counts` (a first line with
 //! `counts` is a one-object trace), with `"layout": "lines"`
 //! and any informative fields. Each further line is one window, an object with `counts`
-//! (`[L][N]`) and any other fields (the runtime writes `cycle`). The windows of every complete
-//! line, in file order, are the trace's `counts` `[W][L][N]`; empty lines are skipped, and a
-//! last line without its newline (a recorder cut off mid-write) is ignored. Everything else is
-//! read as from the one-object layout.
+//! (`[L][N]`) and any other fields (the runtime writes `cycle`; the runtime and the adapters
+//! write the optional `iteration_ms`, the engine's measured step in ms over the window's
+//! iterations, which `eplb calibrate --measured` reads and heat readers ignore; `eplb
+//! calibrate` also honours an optional `par` and `iterations` per window). The windows of
+//! every complete line, in file order, are the trace's `counts` `[W][L][N]`; empty lines are
+//! skipped, and a last line without its newline (a recorder cut off mid-write) is ignored.
+//! Everything else is read as from the one-object layout.
 
 use std::vec::Vec;
 

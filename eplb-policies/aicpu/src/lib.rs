@@ -1149,10 +1149,13 @@ fn gate_of(g: &EplbAicpuGate, shape: &Shape) -> Result<Gate, Fail> {
     model
         .check()
         .map_err(|_| fail(EPLB_AICPU_E_GATE, EPLB_AICPU_FIELD_NONE, 0))?;
+    // The block carries no step time besides the MoE layers: the gate weighs a move against
+    // the MoE time alone (conservative: it errs toward not moving).
     Ok(Gate {
         model,
         iterations,
         routing,
+        step_other_ms: 0.0,
     })
 }
 

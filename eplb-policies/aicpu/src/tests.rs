@@ -333,6 +333,7 @@ fn gated_equals_the_runtime(policy: u32, model: TimeModel, h: u32, a: u32, cycle
         model,
         iterations: u64::from(h) + u64::from(a),
         routing: Routing::Log2Phy,
+        step_other_ms: 0.0,
     };
     let mut host: PolicyHost<AnyPolicy> = PolicyHost::new(
         Box::new(AnyPolicy::new(policy_kind(policy).unwrap())),
@@ -366,11 +367,11 @@ fn gated_equals_the_runtime(policy: u32, model: TimeModel, h: u32, a: u32, cycle
         let input = Input::new(cur, &b.loads, None, 3 + cycle).unwrap();
         let plan = host.plan_and_take(cycle, &input).unwrap();
         let what = format!("policy {policy} cycle {cycle}");
-        assert_eq!(b.out, plan.placement, "{what}");
-        let flags: Vec<u8> = plan.changed.iter().map(|&c| u8::from(c)).collect();
+        assert_eq!(b.out, plan.placement(), "{what}");
+        let flags: Vec<u8> = plan.changed().iter().map(|&c| u8::from(c)).collect();
         assert_eq!(b.changed, flags, "{what}");
-        assert_eq!(b.before, plan.par_before, "{what}");
-        assert_eq!(b.after, plan.par_after, "{what}");
+        assert_eq!(b.before, plan.par_before(), "{what}");
+        assert_eq!(b.after, plan.par_after(), "{what}");
         assert_eq!(&b.state[..policy_words], host.state(), "{what}");
         let ages: Vec<u64> = host
             .gate_ages()
@@ -379,7 +380,7 @@ fn gated_equals_the_runtime(policy: u32, model: TimeModel, h: u32, a: u32, cycle
             .map(|&x| u64::from(x))
             .collect();
         assert_eq!(&b.state[policy_words..], ages, "{what}: ages");
-        let s = &plan.summary;
+        let s = plan.summary();
         assert_eq!(
             args.result.changed_layers as usize, s.changed_layers,
             "{what}"
@@ -394,7 +395,7 @@ fn gated_equals_the_runtime(policy: u32, model: TimeModel, h: u32, a: u32, cycle
             (s.after.mean, s.after.max),
             "{what}"
         );
-        let g = plan.gate.unwrap();
+        let g = *plan.gate().unwrap();
         let r = args.gate_result;
         assert_eq!(
             (r.changed_layers as usize, r.moved_layers as usize),
@@ -432,6 +433,7 @@ fn the_gated_call_equals_the_core_gate_on_the_policys_plan() {
         model,
         iterations: 1,
         routing: Routing::Log2Phy,
+        step_other_ms: 0.0,
     };
     for policy in 0..=5 {
         // The policy alone (gate off), then the core gate on its plan.

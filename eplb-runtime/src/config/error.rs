@@ -113,6 +113,14 @@ pub enum ConfigError {
         /// What is wrong, naming the key.
         message: String,
     },
+    /// `eplb_payoff_gate`'s `calibration` file cannot be read or is not an
+    /// `eplb-calibration/v1` file.
+    PayoffGateCalibration {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// `eplb_heat_collection_stage` names no stage.
     UnknownStage {
         /// The value given (the string itself).
@@ -286,6 +294,11 @@ impl fmt::Display for ConfigError {
             ConfigError::PayoffGate { message } => {
                 write!(f, "eplb_config.eplb_payoff_gate: {message}")
             }
+            ConfigError::PayoffGateCalibration { path, message } => write!(
+                f,
+                "eplb_config.eplb_payoff_gate.calibration: {}: {message}",
+                quoted(path)
+            ),
             ConfigError::UnknownStage { got, suggestion: s } => {
                 write!(
                     f,

@@ -423,6 +423,7 @@ mod tests {
             model: TimeModel::new(Hardware::A3, ModelSpec::DEEPSEEK_V3, Role::Decode, 44e6),
             iterations: 10,
             routing: Routing::Log2Phy,
+            step_other_ms: 0.0,
         };
         h.set_gate(Some(gate));
         assert_eq!(h.gate_ages(), Some(&[1u32][..]));

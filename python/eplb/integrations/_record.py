@@ -9,12 +9,19 @@ most a partial last line, which the reader ignores. ``EPLB_TRACE_MAX_BYTES`` (de
 caps each file: the window that would cross it is not written, and one log line says so.
 Recording never raises into the engine: a failure is logged once and recording stops for that
 file.
+
+The engine may also report its measured step times: :func:`record_iteration_ms` after each
+iteration (TPOT in decode, one prefill iteration), or ``iteration_ms=`` to :func:`record`. The
+windows the next :func:`record` call appends then carry the mean of the times reported since the
+previous call as their optional ``iteration_ms`` (ms), which makes the recording an input of
+``eplb calibrate --measured``. Without reports, windows are written as before.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 from typing import Optional
@@ -41,6 +48,8 @@ DISTRIBUTIONS = {"vllm": "vllm", "vllm-ascend": "vllm-ascend", "sglang": "sglang
 
 _lock = threading.Lock()
 _files: dict = {}
+#: The iteration times reported since the last recorded call: ``[sum ms, count]``.
+_pending = [0.0, 0]
 
 
 def _engine_version(engine: str) -> Optional[str]:
@@ -74,11 +83,12 @@ class _Trace:
             view = view[n:]
         self.size += len(data)
 
-    def append(self, windows: np.ndarray) -> None:
+    def append(self, windows: np.ndarray, iteration_ms: Optional[float] = None) -> None:
         if self.stopped:
             return
+        extra = {} if iteration_ms is None else {"iteration_ms": iteration_ms}
         lines = b"".join(
-            (json.dumps({"counts": w.tolist()}, separators=(",", ":")) + "\n").encode()
+            (json.dumps(dict(extra, counts=w.tolist()), separators=(",", ":")) + "\n").encode()
             for w in windows
         )
         if self.size + len(lines) > self.max_bytes:
@@ -115,10 +125,46 @@ def _as_counts(loads) -> Optional[np.ndarray]:
     return np.rint(a).astype(np.int64)
 
 
-def record(engine: str, loads, *, model: Optional[dict] = None) -> Optional[str]:
+def _positive_ms(ms) -> Optional[float]:
+    """``ms`` as a finite float > 0, or None."""
+    try:
+        x = float(ms)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0.0 else None
+
+
+def record_iteration_ms(ms) -> None:
+    """Reports the engine's measured time of the iteration that just ran (the whole step, ms),
+    when ``EPLB_TRACE_DIR`` is set: the windows the next :func:`record` call appends carry the
+    mean of the times reported since the previous call as ``iteration_ms``. A time that is not
+    a finite number > 0 is ignored. Never raises."""
+    if not os.environ.get(ENV_DIR, "").strip():
+        return
+    x = _positive_ms(ms)
+    if x is None:
+        logger.debug("eplb: iteration time %r ignored (not a finite number > 0)", ms)
+        return
+    with _lock:
+        _pending[0] += x
+        _pending[1] += 1
+
+
+def _take_pending() -> Optional[float]:
+    """The mean of the reported iteration times, and forgets them (call with ``_lock`` held)."""
+    total, n = _pending
+    _pending[0], _pending[1] = 0.0, 0
+    return total / n if n else None
+
+
+def record(
+    engine: str, loads, *, model: Optional[dict] = None, iteration_ms=None
+) -> Optional[str]:
     """Appends ``loads`` (``[L, N]`` or ``[W, L, N]``, the engine's per-expert counts) to this
-    process's trace for ``engine`` and the loads' shape, when ``EPLB_TRACE_DIR`` is set. Returns
-    the file's path (None when not recording). Never raises."""
+    process's trace for ``engine`` and the loads' shape, when ``EPLB_TRACE_DIR`` is set. Each
+    window carries ``iteration_ms`` when given (a finite number > 0, ms), else the mean of the
+    times :func:`record_iteration_ms` reported since the previous call, if any. Returns the
+    file's path (None when not recording). Never raises."""
     directory = os.environ.get(ENV_DIR, "").strip()
     if not directory:
         return None
@@ -155,9 +201,11 @@ def record(engine: str, loads, *, model: Optional[dict] = None) -> Optional[str]
                                  trace.path, e)
                     return None
                 logger.info("eplb: recording %s's heat to %s", engine, trace.path)
+            pending = _take_pending()
             if trace.stopped:
                 return None
-            trace.append(counts)
+            given = None if iteration_ms is None else _positive_ms(iteration_ms)
+            trace.append(counts, given if given is not None else pending)
             return trace.path
     except Exception as e:  # noqa: BLE001 - recording must never break the engine
         logger.error("eplb: recording %s's heat failed (%s: %s)", engine, type(e).__name__, e)
@@ -171,6 +219,7 @@ def _forget_for_tests() -> None:
             if t.fd is not None:
                 os.close(t.fd)
         _files.clear()
+        _pending[0], _pending[1] = 0.0, 0
 
 
 if hasattr(os, "register_at_fork"):
@@ -185,5 +234,6 @@ if hasattr(os, "register_at_fork"):
                 except OSError:
                     pass
         _files.clear()
+        _pending[0], _pending[1] = 0.0, 0
 
     os.register_at_fork(after_in_child=_reinit_in_child)

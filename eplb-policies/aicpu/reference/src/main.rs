@@ -249,6 +249,7 @@ fn golden_gate(shape: &Shape) -> Result<(Gate, [u32; 2]), String> {
         model,
         iterations: u64::from(intervals[0]) + u64::from(intervals[1]),
         routing: Routing::Log2Phy,
+        step_other_ms: 0.0,
     };
     Ok((gate, intervals))
 }
