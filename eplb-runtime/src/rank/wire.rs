@@ -93,7 +93,7 @@ pub(super) fn words(of: Gather, cycle: u64, a: u64, b: u64, live: u64) -> [u64; 
 
 /// A placement's hash: FNV-1a 64 over the FNV-1a 64 of each layer's ids (`per` ids a layer,
 /// one step per id); never [`FAILED_PLAN`]. Hashing per layer lets a rank that installs one
-/// layer rehash that layer alone ([`PlacementHash`]).
+/// layer rehash that layer alone (the machine keeps each layer's hash).
 pub fn placement_hash(placement: &[u16], per: usize) -> u64 {
     let per = per.max(1);
     combine(placement.chunks_exact(per).map(layer_hash))
