@@ -6,6 +6,11 @@ mod common;
 use common::{eplb, shared};
 
 fn sim(extra: &[&str]) -> std::process::Output {
+    sim_with("16", extra)
+}
+
+/// `sim` with `redundant` redundant experts.
+fn sim_with(redundant: &str, extra: &[&str]) -> std::process::Output {
     let trace = shared("data/series/esft_chain.json");
     let mut args = vec![
         "simulate",
@@ -14,7 +19,7 @@ fn sim(extra: &[&str]) -> std::process::Output {
         "--ranks",
         "8",
         "--redundant",
-        "16",
+        redundant,
         "--heat-interval",
         "10",
         "--algo-interval",
@@ -119,4 +124,40 @@ fn report_marks_each_membership_event_on_its_time_charts() {
     assert_eq!(html.matches("rank 3 fails").count(), 2);
     assert_eq!(html.matches("rank 3 joins").count(), 2);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A failure and a join of one rank at one window is refused before the run, worded with the
+/// join's flag (it used to end in an internal error halfway through); several events at one
+/// window each report their own lost experts.
+#[test]
+fn events_at_one_window_are_checked_and_reported_one_by_one() {
+    let out = sim(&["--fail-rank", "3@20", "--join-rank", "3@20"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("error: --join-rank 3@20: rank 3 already has an event at window 20"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+    // 8 ranks with 24 redundant experts (11 slots): two may fail.
+    let lost = |extra: &[&str]| -> Vec<u64> {
+        let out = sim_with("24", extra);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["membership_events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["lost_experts"].as_u64().unwrap())
+            .collect()
+    };
+    let alone = lost(&["--fail-rank", "3@20"]);
+    let both = lost(&["--fail-rank", "3@20", "--fail-rank", "4@20"]);
+    assert_eq!(both.len(), 2);
+    assert_eq!(both[0], alone[0]);
+    assert!(both[1] > both[0], "{both:?}");
 }

@@ -13,7 +13,7 @@
 //! bounded: more than 16 collectives in one iteration, or a layer walk longer than `2L + 2`
 //! iterations, fails the run as a livelock.
 
-use eplb_core::live::{lost_experts, retire};
+use eplb_core::live::{count_lost, lost_experts, retire};
 use eplb_core::metrics::{self, Routing};
 use eplb_core::{
     EMPTY, HeatStage, LayerPlacement, Layout, LiveSet, Placement, Shape, StageClassifier,
@@ -89,6 +89,8 @@ pub fn validate_events(
     let mut live = vec![true; ranks];
     let need = experts.div_ceil(slots_per_rank.max(1));
     let mut last = 0;
+    // The ranks with an event at window `last`.
+    let mut seen_at_window: Vec<u16> = Vec::new();
     for e in events {
         let bad = |why: String| SimError::Event { event: *e, why };
         let r = usize::from(e.rank);
@@ -106,6 +108,17 @@ pub fn validate_events(
                 "events must be in window order (an earlier one is at window {last})"
             )));
         }
+        if e.window == last && seen_at_window.contains(&e.rank) {
+            return Err(bad(format!(
+                "rank {r} already has an event at window {}: a restart fails at one window and \
+                 joins at a later one",
+                e.window
+            )));
+        }
+        if e.window != last {
+            seen_at_window.clear();
+        }
+        seen_at_window.push(e.rank);
         last = e.window;
         match e.kind {
             MemberKind::Fail if !live[r] => {
@@ -645,10 +658,16 @@ impl<'a> SimRun<'a> {
             book_reloads(prev, &mut self.planner.reloads);
         }
         self.planner.reloads.fill(0);
+        // Experts with no copy on a live rank right after this event (several events at one
+        // window each report their own).
+        let mut lost_now = 0;
+        for rows in self.live.chunks_exact(self.shape.slots_per_layer()) {
+            lost_now += count_lost(&self.shape, rows, &self.live_set).map_err(SimError::Shape)?;
+        }
         self.outcomes.push(MemberOutcome {
             event: ev,
             live_ranks: self.live_set.count(),
-            lost_experts: 0,
+            lost_experts: lost_now,
             unserved_tokens: 0,
             reload_copies: 0,
             reload_copies_max_rank: 0,
@@ -1005,7 +1024,6 @@ impl Score {
             };
             o.par_before_event = mean(&layer_mean[lo..at]);
             o.par_window_after = layer_mean[at];
-            o.lost_experts = self.lost[at];
             o.unserved_tokens = self.unserved[at..end].iter().sum();
             let limit = o.par_before_event * 1.05;
             o.recovered_at_window = (at..end)

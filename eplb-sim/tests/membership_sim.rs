@@ -237,3 +237,96 @@ fn the_planner_is_fed_when_rank_0_fails() {
         );
     }
 }
+
+/// Several events at one window each report their own effect: two ranks fail at window 60, and
+/// the first event's `lost_experts` is what that failure alone loses (as a run with it alone
+/// reports), the second's what both lose together (more: the experts both held, too).
+#[test]
+fn events_at_one_window_each_report_their_own_lost_experts() {
+    let t = trace("data/series/dsv3_drift_perm.json");
+    let cfg = anchor_cfg(32, 32, SimPolicy::Policy(PolicyKind::Default));
+    let fail = |ranks: &[u16]| SimConfig {
+        events: ranks
+            .iter()
+            .map(|&rank| MemberEvent {
+                window: FAIL_AT,
+                rank,
+                kind: MemberKind::Fail,
+            })
+            .collect(),
+        ..cfg.clone()
+    };
+    let lost =
+        |r: &SimResult| -> Vec<usize> { r.membership.iter().map(|m| m.lost_experts).collect() };
+    let five = simulate(&t, &fail(&[5]), &mut |_, _| {}).unwrap();
+    let six = simulate(&t, &fail(&[6]), &mut |_, _| {}).unwrap();
+    let both = simulate(&t, &fail(&[5, 6]), &mut |_, _| {}).unwrap();
+    let (l5, l6, lb) = (lost(&five), lost(&six), lost(&both));
+    assert_eq!(lb.len(), 2);
+    assert!(l5[0] > 0 && l6[0] > 0, "{l5:?} {l6:?}");
+    assert_eq!(lb[0], l5[0], "the first event reports its own loss");
+    assert!(lb[1] >= l5[0] + l6[0], "both: {lb:?}, alone: {l5:?} {l6:?}");
+}
+
+/// A rank cannot fail and join at one window: refused when the events are checked (a restart
+/// fails at one window and joins at a later one), never an error halfway through the run.
+#[test]
+fn a_failure_and_a_join_of_one_rank_at_one_window_is_refused_up_front() {
+    let ev = |kind, window| MemberEvent {
+        window,
+        rank: 1,
+        kind,
+    };
+    let events = [ev(MemberKind::Fail, 3), ev(MemberKind::Join, 3)];
+    match validate_events(&events, 4, 10, 8, 3).unwrap_err() {
+        SimError::Event { event, why } => {
+            assert_eq!(event, ev(MemberKind::Join, 3));
+            assert!(why.contains("later"), "{why}");
+        }
+        other => panic!("not an event error: {other:?}"),
+    }
+    // The same run through the simulator fails before replaying anything, with the same error.
+    let t = trace("data/series/dsv3_drift_perm.json");
+    let cfg = SimConfig {
+        events: vec![
+            MemberEvent {
+                window: FAIL_AT,
+                rank: VICTIM,
+                kind: MemberKind::Fail,
+            },
+            MemberEvent {
+                window: FAIL_AT,
+                rank: VICTIM,
+                kind: MemberKind::Join,
+            },
+        ],
+        ..anchor_cfg(32, 32, SimPolicy::Policy(PolicyKind::Default))
+    };
+    assert!(matches!(
+        simulate(&t, &cfg, &mut |_, _| {}).unwrap_err(),
+        SimError::Event { .. }
+    ));
+    // A restart at a later window runs.
+    let later = SimConfig {
+        events: vec![
+            MemberEvent {
+                window: FAIL_AT,
+                rank: VICTIM,
+                kind: MemberKind::Fail,
+            },
+            MemberEvent {
+                window: FAIL_AT + 1,
+                rank: VICTIM,
+                kind: MemberKind::Join,
+            },
+        ],
+        ..cfg
+    };
+    assert_eq!(
+        simulate(&t, &later, &mut |_, _| {})
+            .unwrap()
+            .membership
+            .len(),
+        2
+    );
+}
