@@ -11,7 +11,7 @@ import numpy as np
 from . import _native
 from ._check import MAX_SEED, PreconditionError, integer, optional_integer
 from ._native import EplbError
-from ._tensor import like, to_numpy
+from ._tensor import from_nested, like, native_order, to_numpy
 
 #: Canonical policy names (numbers 0..4 select random, default, swift, flashlb, incremental).
 POLICIES = ("random", "default", "swift", "flashlb", "incremental", "deepseek")
@@ -26,7 +26,7 @@ def _array(x, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if isinstance(x, (list, tuple)):
-        return np.asarray(x)
+        return from_nested(x, what)
     raise EplbError(f"{what}: expected a numpy array, got {type(x).__name__}")
 
 
@@ -38,7 +38,8 @@ _NATIVE_LOAD_DTYPES = (np.int32, np.int64, np.float32, np.float64)
 def _deepseek_weight(weight) -> np.ndarray:
     """``weight`` as a numpy array the native layer reads: a torch tensor of any dtype and device
     goes through ``.float()`` (bfloat16 has no numpy dtype), a numpy array of another numeric
-    dtype (float16, int16, uint8, bool, ...) becomes float32."""
+    dtype (float16, int16, uint8, bool, ...) becomes float32, one in the other byte order is
+    swapped to the machine's, and a ragged nested list is an :class:`EplbError`."""
     if hasattr(weight, "dim") and not isinstance(weight, np.ndarray):
         if hasattr(weight, "detach"):
             weight = weight.detach()
@@ -46,7 +47,8 @@ def _deepseek_weight(weight) -> np.ndarray:
             weight = weight.float()
         w = to_numpy(weight)
     else:
-        w = np.asarray(weight)
+        w = from_nested(weight, "weight")
+    w = native_order(w)
     if w.dtype.type in _NATIVE_LOAD_DTYPES:
         return w
     if w.dtype.kind not in "biuf":

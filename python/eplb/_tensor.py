@@ -12,7 +12,8 @@ def is_numpy(x) -> bool:
 
 def to_numpy(x) -> np.ndarray:
     """A CPU numpy view (or copy) of `x`: a numpy array, a torch tensor on any device, or a
-    nested list. Zero-copy for contiguous CPU tensors."""
+    nested list. Zero-copy for contiguous CPU tensors. A ragged nested list is an
+    :class:`EplbError`."""
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "numpy") and hasattr(x, "dim"):
@@ -21,7 +22,23 @@ def to_numpy(x) -> np.ndarray:
         if hasattr(x, "cpu"):
             x = x.cpu()
         return np.asarray(x.numpy())
-    return np.asarray(x)
+    return from_nested(x, "input")
+
+
+def from_nested(x, what: str) -> np.ndarray:
+    """`np.asarray(x)`, with a ragged nested list (rows of different lengths) an
+    :class:`EplbError` naming `what` instead of numpy's ``ValueError``."""
+    from ._native import EplbError
+
+    try:
+        return np.asarray(x)
+    except ValueError as e:
+        raise EplbError(f"{what}: not a rectangular array ({e})") from None
+
+
+def native_order(a: np.ndarray) -> np.ndarray:
+    """`a` in the machine's byte order (a copy only when it is not already)."""
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
 def to_torch(arr: np.ndarray):

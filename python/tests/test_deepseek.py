@@ -62,6 +62,20 @@ def test_every_dtype_deepseek_takes_after_float(dtype, fake_torch):
     np.testing.assert_array_equal(t[0].numpy(), c.reference["readme_phy2log"])
 
 
+@pytest.mark.parametrize("dtype", [">f8", ">f4", ">i4", ">i8", "<f8", ">f2", ">u2"])
+def test_any_byte_order_is_read_as_its_values(dtype):
+    c = golden("deepseek_readme")
+    want = eplb.rebalance_experts(c.loads.astype(np.float64), 16, 4, 2, 8)
+    got = eplb.rebalance_experts(c.loads.astype(dtype), 16, 4, 2, 8)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_ragged_list_is_an_eplb_error():
+    with pytest.raises(eplb.EplbError, match="weight: not a rectangular array"):
+        eplb.rebalance_experts([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0]], 4, 1, 1, 4)
+
+
 @pytest.mark.parametrize(
     "args, match",
     [
