@@ -50,7 +50,7 @@ pub use heat::HeatRing;
 pub use layout::Layout;
 pub use live::{EMPTY, LiveSet, NO_COPY};
 pub use metrics::{Hotness, Routing};
-pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placed, Placement, ReplicaChoice};
+pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placement, ReplicaChoice};
 pub use shape::Shape;
 pub use stage::{HeatStage, IterationStage, StageClassifier};
 pub use time::{Dtype, Hardware, LayerTime, ModelSpec, Role, TimeModel};

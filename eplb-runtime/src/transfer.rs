@@ -191,18 +191,7 @@ pub fn plan_transfers(
     new: &[u16],
 ) -> Result<(Vec<Transfer>, Vec<Load>), PlanError> {
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
-    for (what, got) in [
-        ("old layer [R][S]", old.len()),
-        ("new layer [R][S]", new.len()),
-    ] {
-        if got != r * s {
-            return Err(PlanError::Shape {
-                what,
-                expected: r * s,
-                got,
-            });
-        }
-    }
+    check_layers(r * s, old, new)?;
     let rpn = shape.ranks_per_node().max(1);
     let old_rows: Vec<&[u16]> = old.chunks_exact(s).collect();
     let new_rows: Vec<&[u16]> = new.chunks_exact(s).collect();
@@ -405,18 +394,7 @@ pub fn plan_layer(
 /// storage (the simulator). `O(R * S)` with one table of the experts the old layer holds.
 pub fn plan_loads(shape: &Shape, old: &[u16], new: &[u16]) -> Result<Vec<Load>, PlanError> {
     let (r, s) = (shape.ranks(), shape.slots_per_rank());
-    for (what, got) in [
-        ("old layer [R][S]", old.len()),
-        ("new layer [R][S]", new.len()),
-    ] {
-        if got != r * s {
-            return Err(PlanError::Shape {
-                what,
-                expected: r * s,
-                got,
-            });
-        }
-    }
+    check_layers(r * s, old, new)?;
     let top = old
         .iter()
         .chain(new)
@@ -445,6 +423,23 @@ pub fn plan_loads(shape: &Shape, old: &[u16], new: &[u16]) -> Result<Vec<Load>, 
     }
     loads.sort_unstable();
     Ok(loads)
+}
+
+/// Both layers hold `slots` (`R * S`) ids.
+fn check_layers(slots: usize, old: &[u16], new: &[u16]) -> Result<(), PlanError> {
+    for (what, got) in [
+        ("old layer [R][S]", old.len()),
+        ("new layer [R][S]", new.len()),
+    ] {
+        if got != slots {
+            return Err(PlanError::Shape {
+                what,
+                expected: slots,
+                got,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -885,63 +885,11 @@ impl Score {
         }
     }
 
-    /// Scores window `w` (`counts` `[L][N]`) under `live`, the placement live during it.
+    /// Scores window `w` (`counts` `[L][N]`) under `live`, the placement live during it, over
+    /// the live ranks only: an EMPTY slot holds nothing, a lost expert's tokens are unserved,
+    /// PAR is max / mean of the live ranks' loads (with every rank live and every slot full,
+    /// nothing is lost and PAR is over every rank).
     fn window(
-        &mut self,
-        shape: &Shape,
-        w: usize,
-        counts: &[u64],
-        live: &[u16],
-        live_set: &LiveSet,
-    ) -> Result<(), SimError> {
-        if live_set.is_all() && !live.contains(&EMPTY) {
-            self.all_live(shape, w, counts, live)
-        } else {
-            self.over_live(shape, w, counts, live, live_set)
-        }
-    }
-
-    /// Every rank live and every slot full.
-    fn all_live(
-        &mut self,
-        shape: &Shape,
-        w: usize,
-        counts: &[u64],
-        live: &[u16],
-    ) -> Result<(), SimError> {
-        let (l, n) = (shape.layers(), shape.experts());
-        let p = Placement::new(*shape, live).map_err(SimError::Shape)?;
-        for (layer, lp) in p.layers().enumerate() {
-            for (x, &c) in self
-                .loads
-                .iter_mut()
-                .zip(&counts[layer * n..(layer + 1) * n])
-            {
-                *x = c as f64;
-            }
-            let at = w * l + layer;
-            for (routing, out) in [
-                (self.routing, &mut self.par),
-                (self.other_routing, &mut self.other),
-            ] {
-                out[at] = metrics::layer_par(
-                    &lp,
-                    &self.loads,
-                    routing,
-                    &mut self.scratch,
-                    &mut self.rank_buf,
-                )
-                .map_err(SimError::Shape)?;
-            }
-            self.lb[at] = lower_bound_par(shape, &self.loads, &mut self.copies, &mut self.heap)
-                .map_err(SimError::Shape)?;
-        }
-        Ok(())
-    }
-
-    /// Over the live ranks only: an EMPTY slot holds nothing, a lost expert's tokens are
-    /// unserved, PAR is max / mean of the live ranks' loads.
-    fn over_live(
         &mut self,
         shape: &Shape,
         w: usize,
@@ -955,6 +903,7 @@ impl Score {
             shape.slots_per_rank(),
             shape.slots_per_layer(),
         );
+        let whole = live_set.is_all() && !live.contains(&EMPTY);
         for layer in 0..l {
             let lc = &counts[layer * n..(layer + 1) * n];
             for (x, &c) in self.loads.iter_mut().zip(lc) {
@@ -976,13 +925,20 @@ impl Score {
                     &mut self.rank_buf,
                 )
                 .map_err(SimError::Shape)?;
-                self.live_loads.clear();
-                self.live_loads
-                    .extend(live_set.iter().map(|q| self.rank_buf[q]));
-                out[at] = metrics::par(&self.live_loads);
+                out[at] = if live_set.is_all() {
+                    metrics::par(&self.rank_buf)
+                } else {
+                    self.live_loads.clear();
+                    self.live_loads
+                        .extend(live_set.iter().map(|q| self.rank_buf[q]));
+                    metrics::par(&self.live_loads)
+                };
             }
             self.lb[at] = lower_bound_par(shape, &self.loads, &mut self.copies, &mut self.heap)
                 .map_err(SimError::Shape)?;
+            if whole {
+                continue;
+            }
             self.lost[w] +=
                 lost_experts(shape, rows, live_set, &mut self.lost_buf).map_err(SimError::Shape)?;
             self.unserved[w] += self
