@@ -29,12 +29,21 @@
 //! the cycle's heat into a bounded channel (once per cycle; a cycle is dropped, with a log line,
 //! if the writer is still busy with two earlier ones).
 //!
+//! # A full disk
+//!
+//! A write that fails (no space left, an I/O error) stops the recording for good, with one log
+//! line: the file is cut back to its last whole line (a write cut short by the error leaves no
+//! partial line behind), so what stays is a recording every trace reader replays. A file this
+//! recorder created that holds no window yet (only its header) is removed instead, since it
+//! is no recording. The serving thread never sees the error: its next cycle's heat is dropped
+//! without a copy.
+//!
 //! **Invariant:** never panics and never fails the serving path: an I/O error stops the
-//! recording with a log line.
+//! recording with one log line, and leaves the file as whole lines only.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
@@ -130,17 +139,9 @@ impl HeatRecorder {
     /// writer thread.
     pub fn open(path: &Path, max_bytes: u64, meta: RecordMeta) -> io::Result<Self> {
         let header = meta.header(path);
-        let (file, written) = open_recording(path, &header)?;
+        let (file, written, created) = open_recording(path, &header)?;
         let (tx, rx) = sync_channel::<CycleHeat>(2);
-        let shape = meta.shape;
-        let writer = Writer {
-            file,
-            written,
-            cap: max_bytes,
-            path: path.to_path_buf(),
-            shape,
-            stopped: false,
-        };
+        let writer = Writer::new(file, written, created, max_bytes, path, meta.shape);
         let handle = std::thread::Builder::new()
             .name("eplb-heat-record".into())
             .spawn(move || writer.run(rx))?;
@@ -209,9 +210,44 @@ impl Drop for HeatRecorder {
     }
 }
 
+/// Where a recording's bytes go: its file, or in tests a writer that fails on purpose.
+trait Sink: io::Write {
+    /// Cuts the recording to its first `len` bytes.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Removes the recording (it holds no window).
+    fn remove(&mut self, path: &Path) -> io::Result<()>;
+}
+
+impl Sink for File {
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+}
+
+/// Writes the header line of a new (empty) recording; on an error the header's part that was
+/// written is removed with the file, and the error returned. Returns the header line's length.
+fn write_header<S: Sink>(sink: &mut S, path: &Path, header: &str) -> io::Result<u64> {
+    let mut line = String::with_capacity(header.len() + 1);
+    line.push_str(header);
+    line.push('\n');
+    match sink.write_all(line.as_bytes()).and_then(|()| sink.flush()) {
+        Ok(()) => Ok(line.len() as u64),
+        Err(e) => {
+            let _ = sink.set_len(0);
+            let _ = sink.remove(path);
+            Err(e)
+        }
+    }
+}
+
 /// Opens `path` for appending: a new file gets `header`; an existing one must start with it
-/// (its partial last line, if any, is cut off). Returns the file and its length.
-fn open_recording(path: &Path, header: &str) -> io::Result<(File, u64)> {
+/// (its partial last line, if any, is cut off). Returns the file, its length and whether this
+/// call created the recording (wrote its header).
+fn open_recording(path: &Path, header: &str) -> io::Result<(File, u64, bool)> {
     let mut file = OpenOptions::new()
         .read(true)
         .append(true)
@@ -219,12 +255,8 @@ fn open_recording(path: &Path, header: &str) -> io::Result<(File, u64)> {
         .open(path)?;
     let len = file.metadata()?.len();
     if len == 0 {
-        let mut line = String::with_capacity(header.len() + 1);
-        line.push_str(header);
-        line.push('\n');
-        file.write_all(line.as_bytes())?;
-        file.flush()?;
-        return Ok((file, line.len() as u64));
+        let written = write_header(&mut file, path, header)?;
+        return Ok((file, written, true));
     }
     // Compare the first line with ours.
     let mut first = vec![0u8; header.len() + 1];
@@ -259,7 +291,7 @@ fn open_recording(path: &Path, header: &str) -> io::Result<(File, u64)> {
         );
         file.set_len(end)?;
     }
-    Ok((file, end))
+    Ok((file, end, false))
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
@@ -277,60 +309,91 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// The writer thread's state.
-struct Writer {
-    file: File,
+struct Writer<S> {
+    sink: S,
+    /// The recording's length in whole lines: what a failed write is cut back to.
     written: u64,
+    /// Window lines this writer appended.
+    windows: u64,
+    /// Whether this writer's recorder created the file (wrote its header).
+    created: bool,
     cap: u64,
     path: PathBuf,
     shape: Shape,
     stopped: bool,
+    /// Log lines about a failed write (at most one).
+    errors_logged: u32,
 }
 
-impl Writer {
+impl<S: Sink> Writer<S> {
+    fn new(sink: S, written: u64, created: bool, cap: u64, path: &Path, shape: Shape) -> Self {
+        Self {
+            sink,
+            written,
+            windows: 0,
+            created,
+            cap,
+            path: path.to_path_buf(),
+            shape,
+            stopped: false,
+            errors_logged: 0,
+        }
+    }
+
+    /// Writes cycles until the serving side hangs up or recording stops (then the receiver is
+    /// dropped, so the serving side stops handing heat over).
     fn run(mut self, rx: Receiver<CycleHeat>) {
         let mut line = String::new();
         while let Ok(heat) = rx.recv() {
-            if self.stopped {
-                continue;
-            }
-            let ln = self.shape.loads_len();
-            let n = self.shape.experts().max(1);
-            for w in 0..heat.windows {
-                let Some(window) = heat.samples.get(w * ln..(w + 1) * ln) else {
-                    break;
-                };
-                line.clear();
-                let _ = write!(line, "{{\"cycle\":{},", heat.cycle);
-                if let Some(ms) = heat.iteration_ms {
-                    // Rust's shortest round-trip form: a JSON number.
-                    let _ = write!(line, "\"iteration_ms\":{ms},");
-                }
-                line.push_str("\"counts\":[");
-                for (l, layer) in window.chunks(n).enumerate() {
-                    if l > 0 {
-                        line.push(',');
-                    }
-                    line.push('[');
-                    for (e, &x) in layer.iter().enumerate() {
-                        if e > 0 {
-                            line.push(',');
-                        }
-                        // Whole token counts, exact in f64 (sums of u64 counts below 2^53).
-                        let v = if x.is_finite() && x > 0.0 {
-                            x as u64
-                        } else {
-                            0
-                        };
-                        let _ = write!(line, "{v}");
-                    }
-                    line.push(']');
-                }
-                line.push_str("]}\n");
-                if !self.append(&line) {
-                    break;
-                }
+            if !self.write_cycle(&heat, &mut line) {
+                return;
             }
         }
+    }
+
+    /// Appends one cycle's windows, a line each; `false` once recording stopped.
+    fn write_cycle(&mut self, heat: &CycleHeat, line: &mut String) -> bool {
+        if self.stopped {
+            return false;
+        }
+        let ln = self.shape.loads_len();
+        let n = self.shape.experts().max(1);
+        for w in 0..heat.windows {
+            let Some(window) = heat.samples.get(w * ln..(w + 1) * ln) else {
+                break;
+            };
+            line.clear();
+            let _ = write!(line, "{{\"cycle\":{},", heat.cycle);
+            if let Some(ms) = heat.iteration_ms {
+                // Rust's shortest round-trip form: a JSON number.
+                let _ = write!(line, "\"iteration_ms\":{ms},");
+            }
+            line.push_str("\"counts\":[");
+            for (l, layer) in window.chunks(n).enumerate() {
+                if l > 0 {
+                    line.push(',');
+                }
+                line.push('[');
+                for (e, &x) in layer.iter().enumerate() {
+                    if e > 0 {
+                        line.push(',');
+                    }
+                    // Whole token counts, exact in f64 (sums of u64 counts below 2^53).
+                    let v = if x.is_finite() && x > 0.0 {
+                        x as u64
+                    } else {
+                        0
+                    };
+                    let _ = write!(line, "{v}");
+                }
+                line.push(']');
+            }
+            line.push_str("]}\n");
+            if !self.append(line) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Appends one whole line; `false` once recording stopped.
@@ -347,26 +410,58 @@ impl Writer {
             return false;
         }
         let res = self
-            .file
+            .sink
             .write_all(line.as_bytes())
-            .and_then(|()| self.file.flush());
+            .and_then(|()| self.sink.flush());
         match res {
             Ok(()) => {
                 self.written += len;
+                self.windows += 1;
                 true
             }
             Err(e) => {
-                log::error!("eplb: heat recording {} stopped: {e}", self.path.display());
-                self.stopped = true;
+                self.fail(&e);
                 false
             }
         }
+    }
+
+    /// Stops recording after the write error `e`: cuts the file back to its last whole line
+    /// (or removes a file this recorder created that holds no window), and logs once.
+    fn fail(&mut self, e: &io::Error) {
+        self.stopped = true;
+        let path = self.path.display();
+        let kept = if self.created && self.windows == 0 {
+            match self
+                .sink
+                .set_len(0)
+                .and_then(|()| self.sink.remove(&self.path))
+            {
+                Ok(()) => "it held no window yet and is removed".to_string(),
+                Err(c) => format!("it held no window yet and could not be removed ({c})"),
+            }
+        } else {
+            match self.sink.set_len(self.written) {
+                Ok(()) => format!(
+                    "it keeps its whole lines ({} bytes) and replays as a trace",
+                    self.written
+                ),
+                Err(c) => format!(
+                    "its partial last line could not be cut away ({c}); trace readers ignore it"
+                ),
+            }
+        };
+        self.errors_logged += 1;
+        log::error!(
+            "eplb: heat recording {path} stopped: {e}; {kept}; serving and balancing continue"
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
 
     fn meta() -> RecordMeta {
         RecordMeta {
@@ -443,6 +538,154 @@ mod tests {
         let heat = eplb_map::heat::load_heat(text.as_bytes(), None).unwrap();
         assert_eq!(heat.windows(), 5);
         std::fs::remove_dir_all(d).unwrap();
+    }
+
+    /// A disk that holds `room` more bytes: a write takes what fits and then fails (as a full
+    /// file system does: a short write, then `ENOSPC`).
+    struct FullDisk {
+        bytes: Vec<u8>,
+        room: usize,
+        writes_after_failure: usize,
+        failed: bool,
+        removed: bool,
+        /// `set_len` fails too.
+        stuck: bool,
+    }
+
+    impl FullDisk {
+        fn new(bytes: &[u8], room: usize) -> Self {
+            Self {
+                bytes: bytes.to_vec(),
+                room,
+                writes_after_failure: 0,
+                failed: false,
+                removed: false,
+                stuck: false,
+            }
+        }
+    }
+
+    impl io::Write for FullDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.failed {
+                self.writes_after_failure += 1;
+            }
+            if self.room == 0 {
+                self.failed = true;
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            let n = buf.len().min(self.room);
+            self.bytes.extend_from_slice(&buf[..n]);
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Sink for FullDisk {
+        fn set_len(&mut self, len: u64) -> io::Result<()> {
+            if self.stuck {
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            self.bytes.truncate(len as usize);
+            Ok(())
+        }
+
+        fn remove(&mut self, _: &Path) -> io::Result<()> {
+            self.removed = true;
+            Ok(())
+        }
+    }
+
+    fn cycle(cycle: u64, windows: usize) -> CycleHeat {
+        CycleHeat {
+            cycle,
+            windows,
+            iteration_ms: None,
+            samples: SAMPLES[..windows * 6].to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_full_disk_leaves_whole_lines_logs_once_and_writes_no_more() {
+        let path = Path::new("full.jsonl");
+        let header = meta().header(path);
+        let mut disk = FullDisk::new(b"", usize::MAX);
+        let head = write_header(&mut disk, path, &header).unwrap();
+        let line = r#"{"cycle":1,"counts":[[1,2,3],[4,5,6]]}"#.len() + 1;
+        // Room for one window line and half of the next.
+        disk.room = line + line / 2;
+        let mut w = Writer::new(disk, head, true, DEFAULT_MAX_BYTES, path, meta().shape);
+        let mut buf = String::new();
+        assert!(!w.write_cycle(&cycle(1, 2), &mut buf));
+        assert!(!w.write_cycle(&cycle(2, 2), &mut buf));
+        assert!(!w.write_cycle(&cycle(3, 1), &mut buf));
+        assert!(w.stopped);
+        assert_eq!(w.errors_logged, 1);
+        assert_eq!(w.sink.writes_after_failure, 0);
+        assert!(!w.sink.removed);
+        let text = String::from_utf8(w.sink.bytes.clone()).unwrap();
+        assert_eq!(
+            text,
+            format!("{header}\n{{\"cycle\":1,\"counts\":[[1,2,3],[4,5,6]]}}\n")
+        );
+        // What `eplb simulate` reads: one window.
+        let heat = eplb_map::heat::load_heat(text.as_bytes(), None).unwrap();
+        assert_eq!(heat.windows(), 1);
+    }
+
+    #[test]
+    fn a_continued_recording_is_cut_back_to_its_last_whole_line() {
+        let path = Path::new("cont.jsonl");
+        let header = meta().header(path);
+        let before = format!("{header}\n{{\"cycle\":1,\"counts\":[[1,2,3],[4,5,6]]}}\n");
+        // A disk with 10 bytes left: the first window line is cut short.
+        let disk = FullDisk::new(before.as_bytes(), 10);
+        let mut w = Writer::new(
+            disk,
+            before.len() as u64,
+            false,
+            u64::MAX,
+            path,
+            meta().shape,
+        );
+        assert!(!w.write_cycle(&cycle(2, 2), &mut String::new()));
+        assert_eq!(w.errors_logged, 1);
+        assert!(!w.sink.removed);
+        assert_eq!(String::from_utf8(w.sink.bytes.clone()).unwrap(), before);
+    }
+
+    #[test]
+    fn a_new_recording_with_no_window_is_removed_and_a_stuck_file_still_never_panics() {
+        let path = Path::new("new.jsonl");
+        let header = meta().header(path);
+        // The first window does not fit.
+        let mut disk = FullDisk::new(b"", header.len() + 1 + 5);
+        let head = write_header(&mut disk, path, &header).unwrap();
+        let mut w = Writer::new(disk, head, true, u64::MAX, path, meta().shape);
+        assert!(!w.write_cycle(&cycle(1, 1), &mut String::new()));
+        assert!(w.sink.removed);
+        assert!(w.sink.bytes.is_empty());
+        assert_eq!(w.errors_logged, 1);
+        // Not even the header fits: the error goes back to the opener (which logs it), and the
+        // part written is removed.
+        let mut disk = FullDisk::new(b"", header.len() / 2);
+        let e = write_header(&mut disk, path, &header).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(28));
+        assert!(disk.removed && disk.bytes.is_empty());
+        // The file cannot even be cut: still one log line, no panic, no more writes.
+        let mut disk = FullDisk::new(b"", usize::MAX);
+        let head = write_header(&mut disk, path, &header).unwrap();
+        disk.room = 3;
+        disk.stuck = true;
+        let mut w = Writer::new(disk, head, false, u64::MAX, path, meta().shape);
+        assert!(!w.write_cycle(&cycle(1, 2), &mut String::new()));
+        assert!(!w.write_cycle(&cycle(2, 2), &mut String::new()));
+        assert_eq!(w.errors_logged, 1);
+        assert_eq!(w.sink.writes_after_failure, 0);
     }
 
     #[test]
