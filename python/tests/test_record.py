@@ -153,3 +153,139 @@ def test_without_the_variable_iteration_times_are_not_kept(tmp_path, monkeypatch
     _record._forget_for_tests()
     _record.record_iteration_ms(10.0)
     assert _record._pending == [0.0, 0]
+
+
+class _FillingDisk:
+    """``os.write`` on a disk with ``room`` bytes left: a write takes what fits, then fails with
+    ENOSPC (as a full file system does)."""
+
+    def __init__(self, room: int):
+        self.room = room
+        self.calls_after_full = 0
+        self.full = False
+        self.real = os.write
+
+    def __call__(self, fd, data):
+        if self.full:
+            self.calls_after_full += 1
+        if self.room <= 0:
+            self.full = True
+            raise OSError(28, "No space left on device")
+        n = self.real(fd, bytes(data)[: self.room])
+        self.room -= n
+        return n
+
+
+def test_a_failed_write_leaves_whole_lines_logs_once_and_never_raises(trace_dir, monkeypatch, caplog):
+    window = np.arange(32, dtype=np.int64).reshape(1, 2, 16)
+    path = Path(_record.record("sglang", window))
+    whole = path.read_bytes()
+    line = len(whole) - whole.index(b"\n") - 1
+    disk = _FillingDisk(line + line // 2)  # one more window and half of the next
+    monkeypatch.setattr(os, "write", disk)
+    with caplog.at_level(logging.WARNING, logger="eplb.record"):
+        for _ in range(5):
+            _record.record("sglang", window)  # never raises
+    monkeypatch.undo()
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and data.startswith(whole)
+    header, windows = read_lines(path)
+    assert windows.shape == (2, 2, 16)
+    assert disk.calls_after_full == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, caplog.text
+    assert "No space left on device" in errors[0].getMessage()
+    assert "keeps its whole lines" in errors[0].getMessage()
+
+
+def test_a_file_with_no_window_is_removed_when_the_disk_is_full(trace_dir, monkeypatch, caplog):
+    # The header fits, the first window does not.
+    monkeypatch.setattr(os, "write", _FillingDisk(400))
+    with caplog.at_level(logging.WARNING, logger="eplb.record"):
+        assert _record.record("vllm", np.ones((4, 64))) is None
+        assert _record.record("vllm", np.ones((4, 64))) is None
+    # Not even the header fits.
+    monkeypatch.setattr(os, "write", _FillingDisk(10))
+    with caplog.at_level(logging.WARNING, logger="eplb.record"):
+        assert _record.record("sglang", np.ones((4, 64))) is None
+    monkeypatch.undo()
+    assert list(trace_dir.iterdir()) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2, caplog.text
+    assert "held no window yet and is removed" in errors[0]
+    assert "cannot record heat" in errors[1]
+
+
+# In a private mount namespace over a 64 KiB tmpfs: record until the disk is full, then copy the
+# files and the log lines out (the tmpfs goes with the namespace).
+_FILL_SCRIPT = r"""
+import json, logging, os, shutil, sys
+import numpy as np
+from eplb.integrations import _record
+
+fs, out = sys.argv[1], sys.argv[2]
+os.environ["EPLB_TRACE_DIR"] = fs
+lines = []
+class Keep(logging.Handler):
+    def emit(self, r):
+        lines.append(f"{r.levelname} {r.getMessage()}")
+logging.getLogger("eplb.record").addHandler(Keep())
+logging.getLogger("eplb.record").setLevel(logging.INFO)
+rng = np.random.default_rng(7)
+for _ in range(60):
+    _record.record("sglang", rng.integers(0, 100000, size=(1, 4, 64)))
+for name in os.listdir(fs):
+    shutil.copy(os.path.join(fs, name), os.path.join(out, name))
+with open(os.path.join(out, "log.txt"), "w") as f:
+    f.write("\n".join(lines))
+"""
+
+
+def _can_mount(d: Path):
+    try:
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$1"', "sh", str(d)],
+            capture_output=True, text=True,
+        )
+    except OSError as e:
+        return f"cannot run unshare: {e}"
+    return None if probe.returncode == 0 else probe.stderr.strip()
+
+
+def test_a_recording_on_a_full_tmpfs_keeps_whole_lines_and_replays(tmp_path):
+    import sys
+
+    fs, out = tmp_path / "fs", tmp_path / "out"
+    fs.mkdir()
+    out.mkdir()
+    why = _can_mount(fs)
+    if why is not None:
+        pytest.skip(f"needs a tmpfs in a private mount namespace (`unshare -m`, as root): {why}")
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$1" && shift && exec "$@"',
+         "sh", str(fs), sys.executable, "-c", _FILL_SCRIPT, str(fs), str(out)],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert list(fs.iterdir()) == []  # the tmpfs stayed in the namespace
+    (trace,) = out.glob("*.jsonl")
+    data = trace.read_bytes()
+    assert 32 * 1024 < len(data) < 64 * 1024, len(data)
+    assert data.endswith(b"\n"), "a partial last line is left"
+    header, windows = read_lines(trace)
+    assert windows.shape[1:] == (4, 64) and 10 <= len(windows) < 60
+    log = (out / "log.txt").read_text().splitlines()
+    errors = [x for x in log if x.startswith("ERROR")]
+    assert len(errors) == 1, log
+    assert "No space left on device" in errors[0] and "keeps its whole lines" in errors[0]
+
+    eplb_bin = os.environ.get("EPLB_BIN")
+    if not eplb_bin or not Path(eplb_bin).exists():
+        pytest.skip("EPLB_BIN (the eplb CLI) is not set; cargo xtask python sets it")
+    sim = subprocess.run(
+        [eplb_bin, "simulate", "--trace", str(trace), "--ranks", "8", "--redundant", "8",
+         "--policy", "flashlb", "--heat-interval", "2", "--algo-interval", "1", "--json"],
+        capture_output=True, text=True,
+    )
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["cycles"] >= 1

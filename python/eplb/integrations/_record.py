@@ -8,7 +8,9 @@ append is one ``write`` of whole lines to a file opened with ``O_APPEND``, so a 
 most a partial last line, which the reader ignores. ``EPLB_TRACE_MAX_BYTES`` (default 1 GiB)
 caps each file: the window that would cross it is not written, and one log line says so.
 Recording never raises into the engine: a failure is logged once and recording stops for that
-file.
+file. A write that fails (a full disk, an I/O error) leaves the file as whole lines only: it is
+cut back to the end of its last whole line, or removed when it holds no window yet, so every
+file left behind replays with ``eplb simulate``.
 
 The engine may also report its measured step times: :func:`record_iteration_ms` after each
 iteration (TPOT in decode, one prefill iteration), or ``iteration_ms=`` to :func:`record`. The
@@ -68,12 +70,20 @@ class _Trace:
         self.path = path
         self.max_bytes = max_bytes
         self.fd: Optional[int] = None
+        #: The file's length in whole lines: what a failed write is cut back to.
         self.size = 0
+        #: Windows written.
+        self.windows = 0
         self.stopped = False
 
     def open(self, header: dict) -> None:
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
-        self._write((json.dumps(header, separators=(",", ":")) + "\n").encode())
+        try:
+            self._write((json.dumps(header, separators=(",", ":")) + "\n").encode())
+        except OSError:
+            # Not even the header fits: no file is left (this call created it).
+            self._close(remove=True)
+            raise
 
     def _write(self, data: bytes) -> None:
         assert self.fd is not None
@@ -82,6 +92,41 @@ class _Trace:
             n = os.write(self.fd, view)
             view = view[n:]
         self.size += len(data)
+
+    def _close(self, remove: bool) -> Optional[OSError]:
+        """Closes the file (and removes it); returns the first error, if any."""
+        err: Optional[OSError] = None
+        if self.fd is not None:
+            try:
+                if remove:
+                    os.unlink(self.path)
+            except OSError as e:
+                err = e
+            try:
+                os.close(self.fd)
+            except OSError as e:
+                err = err or e
+            self.fd = None
+        return err
+
+    def _fail(self, error: OSError) -> None:
+        """Stops recording after a failed write: the file is cut back to its last whole line
+        (or removed when it holds no window), and one error line says so."""
+        self.stopped = True
+        if self.windows == 0:
+            err = self._close(remove=True)
+            kept = (f"it held no window yet and could not be removed ({err})" if err
+                    else "it held no window yet and is removed")
+        else:
+            try:
+                assert self.fd is not None
+                os.ftruncate(self.fd, self.size)
+                kept = f"it keeps its whole lines ({self.size} bytes) and replays as a trace"
+            except OSError as e:
+                kept = f"its partial last line could not be cut away ({e}); trace readers ignore it"
+            self._close(remove=False)
+        logger.error("eplb: recording to %s stopped: %s; %s; the engine is not affected",
+                     self.path, error, kept)
 
     def append(self, windows: np.ndarray, iteration_ms: Optional[float] = None) -> None:
         if self.stopped:
@@ -98,7 +143,12 @@ class _Trace:
                 self.path, self.max_bytes, ENV_MAX_BYTES,
             )
             return
-        self._write(lines)
+        try:
+            self._write(lines)
+        except OSError as e:
+            self._fail(e)
+            return
+        self.windows += len(windows)
 
 
 def _max_bytes() -> int:
@@ -164,7 +214,7 @@ def record(
     process's trace for ``engine`` and the loads' shape, when ``EPLB_TRACE_DIR`` is set. Each
     window carries ``iteration_ms`` when given (a finite number > 0, ms), else the mean of the
     times :func:`record_iteration_ms` reported since the previous call, if any. Returns the
-    file's path (None when not recording). Never raises."""
+    file's path (None when not recording, or when this call stopped it). Never raises."""
     directory = os.environ.get(ENV_DIR, "").strip()
     if not directory:
         return None
@@ -206,7 +256,7 @@ def record(
                 return None
             given = None if iteration_ms is None else _positive_ms(iteration_ms)
             trace.append(counts, given if given is not None else pending)
-            return trace.path
+            return None if trace.stopped else trace.path
     except Exception as e:  # noqa: BLE001 - recording must never break the engine
         logger.error("eplb: recording %s's heat failed (%s: %s)", engine, type(e).__name__, e)
         return None
