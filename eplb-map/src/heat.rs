@@ -2,7 +2,7 @@
 //!
 //! | format | shape | numbers |
 //! | --- | --- | --- |
-//! | [`eplb-trace/v1`](HeatFormat::Trace) (`data/traces/README.md`) | `counts` `[W][L][N]` | integers `>= 0` |
+//! | [`eplb-trace/v1`](HeatFormat::Trace) (`docs/trace-format.md`) | `counts` `[W][L][N]` | integers `>= 0` |
 //! | [SGLang](HeatFormat::Sglang) `{"logical_count": ..}` | `[L][N]` (or `[W][L][N]`) | `>= 0`; all-zero (dense) layers dropped and reported |
 //! | [plain array](HeatFormat::Plain) | `[L][N]` | `>= 0`, may be fractional |
 //! | [vLLM-Ascend slot loads](HeatFormat::SlotLoads) | `[L][R][S]` (or `[W][L][R][S]`) | `>= 0`; folded through a placement |

@@ -5,6 +5,8 @@
 //! - `cargo xtask test`: the whole gate (fmt, clippy, tests, docs, the no_std proof, the Python
 //!   package's wheel and tests, cross builds when their targets are installed).
 //! - `cargo xtask python`: only the Python package's step of the gate.
+//! - `cargo xtask docs`: only the docs step of the gate (every fenced block of the docs runs;
+//!   the figures README.md and BENCHMARKS.md quote are current); after `cargo xtask python`.
 //! - `cargo xtask metrics`: only the metrics exposition step of the gate (promtool and the
 //!   reference parser; issue 29).
 //! - `cargo xtask cross`: builds the no_std crates for `aarch64-unknown-none` and
@@ -19,6 +21,7 @@ mod aicpu;
 mod circles;
 mod cmd;
 mod demo;
+mod docs;
 mod exposition;
 mod fuzz;
 mod python;
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         "fuzz" => fuzz::run(rest),
         "aicpu" => aicpu::run(rest),
         "python" => python::test(),
+        "docs" => docs::check(),
         "metrics" => exposition::check(),
         "bench" => bench(rest),
         "-h" | "--help" | "help" => {
@@ -79,6 +83,8 @@ tasks:
   aicpu   build the AICPU C-ABI staticlib, run its C test on the golden cases, aarch64 builds,
           the C test for aarch64 under qemu-aarch64 (when installed) against the x86_64 bytes
   python  the Python package: fmt, clippy, maturin wheel, pytest in a fresh venv (numpy, pytest)
+  docs    every fenced block of README.md, python/README.md and docs/*.md runs as written, the
+          files --help names exist, the quoted figures are current (after `cargo xtask python`)
   metrics the metrics exposition: serve_metrics scraped on loopback and simulate --metrics-out,
           linted by promtool and parsed by prometheus_client (each skips with a warning if absent)";
 
@@ -119,6 +125,7 @@ fn test(args: &[String]) -> Result<(), String> {
     let golden = aicpu::host_check()?;
     aicpu::aarch64_check(&golden)?;
     python::test()?;
+    docs::check()?;
     cross(false)
 }
 

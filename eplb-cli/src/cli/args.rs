@@ -293,7 +293,7 @@ pub(super) struct ReplayArgs {
     #[arg(long)]
     pub(super) payoff_gate: bool,
     /// Rank R fails at the start of window W, `R@W` (repeatable): the survivors reroute, reload
-    /// what only it held and re-plan over the live ranks (SIMULATION.md, "Elastic membership").
+    /// what only it held and re-plan over the live ranks (docs/simulation.md, "Elastic membership").
     #[arg(long = "fail-rank", value_name = "R@W")]
     pub(super) fail_ranks: Vec<String>,
     /// Rank R, which failed earlier, joins again at the start of window W, `R@W` (repeatable).

@@ -1,4 +1,4 @@
-//! The `eplb` command-line tool (`DESIGN.md`, "The command-line tool"): one module per
+//! The `eplb` command-line tool (`README.md`, "The `eplb` tool"): one module per
 //! subcommand, and here what they share (the parser, the output buffer, the replay options).
 //!
 //! Errors go to stderr as `error: ...` with exit status 1 (2 for usage errors); `--json` prints
@@ -69,7 +69,7 @@ enum Command {
     CheckConfig(check_config::CheckConfigArgs),
     /// The hotness numbers (PAR over layers) of a placement under recorded heat.
     Hotness(hotness::HotnessArgs),
-    /// Replay a trace through the dynamic cycle and score the placements (SIMULATION.md).
+    /// Replay a trace through the dynamic cycle and score the placements (docs/simulation.md).
     Simulate(simulate::SimulateArgs),
     /// Simulate several policies on one trace and write one self-contained HTML page of charts.
     Report(report::ReportArgs),

@@ -34,7 +34,7 @@ pub(super) struct PlanArgs {
     /// Policy: 0..4 or random, default, swift, flashlb, incremental, deepseek.
     #[arg(long)]
     policy: String,
-    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters"). From
+    /// A policy parameter, `KEY=VALUE` (repeatable; `README.md`, "Policy parameters"). From
     /// the default layout the incremental policy's `cold_start` defaults to 1 (every layer is
     /// rebuilt).
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]

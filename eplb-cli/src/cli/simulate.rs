@@ -22,7 +22,7 @@ pub(super) struct SimulateArgs {
     /// Policy: static, 0..4, random, default, swift, flashlb, incremental, deepseek.
     #[arg(long)]
     policy: String,
-    /// A policy parameter, `KEY=VALUE` (repeatable; `DESIGN.md`, "Policy parameters").
+    /// A policy parameter, `KEY=VALUE` (repeatable; `README.md`, "Policy parameters").
     #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
     params: Vec<Param>,
     /// Write the eplb-placements/v1 log here.

@@ -165,7 +165,7 @@ impl Run {
             .collect()
     }
 
-    /// Weight fetches (`SIMULATION.md` §5 moves) at each cycle.
+    /// Weight fetches (`docs/simulation.md` §5 moves) at each cycle.
     pub fn fetches_per_cycle(&self) -> Vec<usize> {
         let s = self.result.shape.slots_per_rank();
         self.result

@@ -391,7 +391,7 @@ pub fn render(rep: &Report) -> Result<String, String> {
         h,
         "<p>{}</p>",
         esc(&format!(
-            "Expert copies some rank must fetch at each cycle (SIMULATION.md moves), with the bytes and the transfer time of the cost model ({} per expert; per layer the busiest rank's link, layers one after another). static never fetches.",
+            "Expert copies some rank must fetch at each cycle (docs/simulation.md, moves), with the bytes and the transfer time of the cost model ({} per expert; per layer the busiest rank's link, layers one after another). static never fetches.",
             human_bytes(rep.basis.payload.total_bytes() as u64)
         ))
     );

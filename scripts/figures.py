@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""The figures README.md and BENCHMARKS.md quote, regenerated from one place.
+
+    python3 scripts/figures.py --eplb target/release/eplb --write   # rewrite the marked parts
+    python3 scripts/figures.py --eplb target/debug/eplb --check     # the gate: equal, or exit 1
+
+Each figure lives between two markers in a Markdown file,
+``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->``; ``--write`` replaces what is between
+them with what this script computes, ``--check`` (a step of `cargo xtask docs`, in the gate)
+fails with a diff when they differ. Only deterministic figures are generated (placement
+quality: PAR, fetches; the `eplb advise` transcript of the vendored trace, whose numbers come
+from the time model, not a clock); timings are measured by hand and written outside the markers
+(`BENCHMARKS.md` says how).
+
+Inputs: Zipf heat made here (the generator of `BENCHMARKS.md`, "The incremental policy at wide
+EP"), the golden DeepSeek-V3 cases of `../shared/data/golden` (their loads, the default layout;
+upstream FlashLB's PAR is the golden file's own `vllm_ascend_flashlb` metric) and the vendored
+ESFT trace `data/esft_chain.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT.parent / "shared" / "data" / "golden"
+
+#: Zipf shapes: (name, layers, experts, ranks); X = R.
+ZIPF = [
+    ("DeepSeek-V3 58x256, EP32", "dsv3", 58, 256, 32),
+    ("DeepSeek-V3 58x256, EP64", "dsv3", 58, 256, 64),
+    ("DeepSeek-V3 58x256, EP128", "dsv3", 58, 256, 128),
+    ("DeepSeek-V3 58x256, EP256", "dsv3", 58, 256, 256),
+    ("Kimi-K2 61x384, EP384", "kimi", 61, 384, 384),
+]
+GOLDEN_CASES = ["dsv3_prefill_ep32", "dsv3_decode_ep32", "dsv3_prefill_ep64", "dsv3_decode_ep64",
+                "dsv3_drift_ep32"]
+ADVISE = ["advise", "--trace", "data/esft_chain.json", "--ranks", "8", "--policies",
+          "flashlb,incremental", "--heat-intervals", "10,20", "--algo-intervals", "1",
+          "--config-out", "eplb_config.json"]
+
+
+def zipf(layers: int, experts: int, path: Path) -> None:
+    """`BENCHMARKS.md`'s Zipf heat (exponent 1, a seeded permutation per layer)."""
+    rng = random.Random(19)
+    rows = []
+    for _ in range(layers):
+        perm = list(range(experts))
+        rng.shuffle(perm)
+        row = [0] * experts
+        for k, e in enumerate(perm):
+            row[e] = int(1e6 / (k + 1) ** 1.0)
+        rows.append(row)
+    path.write_text(json.dumps(rows))
+
+
+def plan(eplb: str, loads: Path, ranks: int, policy: str) -> tuple:
+    """Mean PAR after (even split, as `eplb plan --json` reports) and fetches of one call."""
+    out = subprocess.run(
+        [eplb, "plan", "--loads", str(loads), "--ranks", str(ranks), "--redundant", str(ranks),
+         "--policy", policy, "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    r = json.loads(out.stdout)
+    pa = r["par_after"]
+    return sum(pa) / len(pa), r["moves"]
+
+
+def compute(eplb: str) -> dict:
+    """Every generated part, by marker name."""
+    tmp = Path(tempfile.mkdtemp(prefix="eplb-figures-"))
+    for name, layers, experts in (("dsv3", 58, 256), ("kimi", 61, 384)):
+        zipf(layers, experts, tmp / f"{name}.json")
+    zipf_rows = {}
+    for label, heat, _, _, ranks in ZIPF:
+        zipf_rows[label] = {p: plan(eplb, tmp / f"{heat}.json", ranks, p)
+                            for p in ("flashlb", "deepseek", "incremental")}
+    golden_rows = {}
+    for case in GOLDEN_CASES:
+        path = GOLDEN / f"{case}.json"
+        if not path.is_file():
+            raise SystemExit(f"error: missing {path} (the figures read ../shared)")
+        doc = json.loads(path.read_text())
+        loads = tmp / f"{case}.json"
+        loads.write_text(json.dumps(doc["input"]["loads"]))
+        ranks = doc["input"]["num_ranks"]
+        par = doc["expected"]["vllm_ascend_flashlb"]["metrics"]["par"]
+        golden_rows[case] = {
+            "upstream": sum(par) / len(par),
+            "flashlb": plan(eplb, loads, ranks, "flashlb"),
+            "incremental": plan(eplb, loads, ranks, "incremental"),
+        }
+    work = tmp / "advise"
+    work.mkdir()
+    (work / "data").symlink_to(ROOT / "data")
+    adv = subprocess.run([eplb, *ADVISE], cwd=work, capture_output=True, text=True, check=True)
+    # Block parts stand on lines of their own between the markers; the sentence is inline.
+    parts = {
+        "policy-tables": "\n" + policy_tables(zipf_rows, golden_rows) + "\n",
+        "readme-standing": readme_standing(zipf_rows, golden_rows),
+        "readme-advise": "\n```text\n$ eplb " + " ".join(ADVISE[:9]) + " \\\n    "
+        + " ".join(ADVISE[9:]) + "\n" + adv.stdout + "```\n",
+    }
+    return parts
+
+
+def f4(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def span(xs) -> str:
+    lo, hi = f4(min(xs)), f4(max(xs))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def policy_tables(zipf_rows: dict, golden_rows: dict) -> str:
+    out = [
+        "One `eplb plan --loads F --ranks R --redundant R --policy P --json` call from the default",
+        "layout; PAR is the mean over layers of `par_after` (even split over the copies), fetches",
+        "are `moves`. Zipf heat as generated in \"The incremental policy at wide EP\" (below);",
+        "`incremental` is `eplb plan`'s default (`cold_start = 1` from the default layout).",
+        "",
+        "| shape | flashlb PAR, fetches | deepseek PAR, fetches | incremental PAR, fetches |",
+        "| --- | --- | --- | --- |",
+    ]
+    for label, row in zipf_rows.items():
+        cells = [f"{f4(row[p][0])}, {row[p][1]:,}" for p in ("flashlb", "deepseek", "incremental")]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "The golden DeepSeek-V3 cases (`../shared/data/golden`, their `input.loads`, default layout;",
+        "upstream FlashLB's PAR is the golden file's `vllm_ascend_flashlb` metric):",
+        "",
+        "| case | vLLM-Ascend FlashLB PAR | flashlb (ours) PAR, fetches | incremental PAR, fetches |",
+        "| --- | --- | --- | --- |",
+    ]
+    for case, row in golden_rows.items():
+        out.append(
+            f"| {case} | {f4(row['upstream'])} | {f4(row['flashlb'][0])}, {row['flashlb'][1]:,} | "
+            f"{f4(row['incremental'][0])}, {row['incremental'][1]:,} |"
+        )
+    return "\n".join(out)
+
+
+def readme_standing(zipf_rows: dict, golden_rows: dict) -> str:
+    ep32 = zipf_rows["DeepSeek-V3 58x256, EP32"]
+    ep384 = zipf_rows["Kimi-K2 61x384, EP384"]
+    labels = list(zipf_rows)
+    # The first shape from which on the incremental policy balances better than FlashLB.
+    first = next((i for i in range(len(labels))
+                  if all(zipf_rows[k]["incremental"][0] < zipf_rows[k]["flashlb"][0]
+                         for k in labels[i:])), None)
+    ep = lambda label: label.rsplit(" ", 1)[-1]  # noqa: E731
+    if first == 0:
+        who = "; it balances better than FlashLB on every shape"
+    elif first is None:
+        who = "; FlashLB balances better on every shape"
+    else:
+        who = (f"; FlashLB balances slightly better up to {ep(labels[first - 1])}, the incremental "
+               f"policy from {ep(labels[first])} on")
+    inc_g = [r["incremental"][0] for r in golden_rows.values()]
+    fl_g = [r["flashlb"][0] for r in golden_rows.values()]
+    up_g = [r["upstream"] for r in golden_rows.values()]
+    fewer = all(r["incremental"][1] < r["flashlb"][1] for r in zipf_rows.values())
+    return (
+        f"From the default layout one call on Zipf heat reaches PAR {f4(ep32['incremental'][0])} "
+        f"at DeepSeek-V3 EP32 (our FlashLB: {f4(ep32['flashlb'][0])}) and "
+        f"{f4(ep384['incremental'][0])} at Kimi-K2 EP384 (FlashLB: {f4(ep384['flashlb'][0])})"
+        + who
+        + (", always with fewer fetches" if fewer else "")
+        + f". On the golden DeepSeek-V3 cases it reaches {span(inc_g)} and our FlashLB, "
+        f"polished since issue 28, {span(fl_g)}, against upstream FlashLB's {span(up_g)} "
+        "(`BENCHMARKS.md`, \"Figures the README quotes\")."
+    )
+
+
+MARK = re.compile(r"(<!-- figures:(?P<name>[a-z0-9-]+) -->)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
+
+
+def render(text: str, parts: dict) -> tuple:
+    """`text` with every marked part replaced; and the names found."""
+    found = []
+
+    def sub(m):
+        name = m.group("name")
+        found.append(name)
+        if name not in parts:
+            raise SystemExit(f"error: unknown figures marker {name}")
+        return m.group(1) + parts[name] + m.group(4)
+
+    return MARK.sub(sub, text), found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--eplb", required=True)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    parts = compute(str(Path(args.eplb).resolve()))
+    files = [ROOT / "README.md", ROOT / "BENCHMARKS.md"]
+    seen = set()
+    stale = []
+    for f in files:
+        old = f.read_text()
+        new, found = render(old, parts)
+        seen.update(found)
+        if new != old:
+            if args.write:
+                f.write_text(new)
+                print(f"wrote {f.relative_to(ROOT)}")
+            else:
+                stale.append(f)
+                sys.stdout.writelines(difflib.unified_diff(
+                    old.splitlines(True), new.splitlines(True),
+                    f"{f.relative_to(ROOT)} (as committed)", f"{f.relative_to(ROOT)} (regenerated)"))
+    missing = set(parts) - seen
+    if missing:
+        print(f"error: no marker for {sorted(missing)} in README.md or BENCHMARKS.md", file=sys.stderr)
+        return 1
+    if stale:
+        print(f"error: figures out of date in {', '.join(str(f.relative_to(ROOT)) for f in stale)}; "
+              "run python3 scripts/figures.py --eplb target/release/eplb --write", file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"figures: {len(parts)} parts up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
