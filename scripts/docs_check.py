@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,9 +152,17 @@ FIXTURES = {
 
 
 def run(cmd, *, cwd, env, stdin=None, timeout=TIMEOUT):
-    return subprocess.run(
-        cmd, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout
-    )
+    """Runs `cmd` in a session of its own; on the timeout the whole session is killed (a block's
+    children included) and `subprocess.TimeoutExpired` raised."""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 class Checker:
