@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,13 @@ def plan(eplb: str, loads: Path, ranks: int, policy: str) -> tuple:
 def compute(eplb: str) -> dict:
     """Every generated part, by marker name."""
     tmp = Path(tempfile.mkdtemp(prefix="eplb-figures-"))
+    try:
+        return _compute(eplb, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compute(eplb: str, tmp: Path) -> dict:
     for name, layers, experts in (("dsv3", 58, 256), ("kimi", 61, 384)):
         zipf(layers, experts, tmp / f"{name}.json")
     zipf_rows = {}
