@@ -63,8 +63,8 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
     numeric dtype) or nested lists. Returns ``(phy2log [L, P], log2phy [L, N, M] padded with -1,
     logcnt [L, N])``, int64, of the input's kind (torch in, CPU torch out; else numpy), ``M``
     the largest copy count, as DeepSeek's. Hierarchical when ``num_groups % num_nodes == 0``,
-    else global, as DeepSeek's. ``log2phy`` lists each expert's replicas in ascending physical
-    id (DeepSeek's in the order they were created: the same set). A failed precondition raises
+    else global, as DeepSeek's. ``log2phy`` lists each expert's replicas in the order DeepSeek's
+    replication created them, as DeepSeek's does. A failed precondition raises
     :class:`PreconditionError`, both an :class:`EplbError` and an ``AssertionError``.
     """
     counts = [
