@@ -13,13 +13,14 @@ from ._check import MAX_SEED, PreconditionError, integer, optional_integer
 from ._native import EplbError
 from ._tensor import from_nested, like, native_order, to_numpy
 
-#: Canonical policy names (numbers 0..4 select random, default, swift, flashlb, incremental).
-POLICIES = ("random", "default", "swift", "flashlb", "incremental", "deepseek")
-
-
 def policy_params() -> dict:
     """``{policy name: [parameter names]}``: what ``Policy(name, **params)`` accepts."""
     return {name: list(params) for name, params in _native.policy_params()}
+
+
+#: Canonical policy names, as the Rust policies list them (numbers 0..4 select random, default,
+#: swift, flashlb, incremental).
+POLICIES = tuple(policy_params())
 
 
 def _array(x, what: str) -> np.ndarray:
