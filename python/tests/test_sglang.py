@@ -208,11 +208,19 @@ def test_other_algorithms_stay_sglangs(sglang):
     assert sglang.calls["upstream"] == 1
 
 
-def test_unknown_policy_raises_eplb_error(sglang):
+def test_an_unknown_policy_never_raises_into_sglang(sglang, caplog):
+    """compute_algorithm runs at every rebalance: our names resolve unchecked, and the
+    rebalance hook reports an unknown one and hands the plan to SGLang's own algorithm."""
     adapter.register()
     HookRegistry.apply_hooks()
+    assert sglang.compute_algorithm("eplb_rs:fastest", 1, 1) == "eplb_rs:fastest"
     with pytest.raises(eplb.EplbError, match="unknown policy `fastest`"):
-        sglang.compute_algorithm("eplb_rs:fastest", 1, 1)
+        adapter.ours("eplb_rs:fastest")
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        out = sglang.rebalance_experts(FakeTensor(np.ones((1, 2, 8))), 12, 4, None, 1,
+                                       "eplb_rs:fastest")
+    assert out == ("upstream", EplbAlgorithm.deepseek)
+    assert "unknown policy `fastest`" in caplog.text
 
 
 def test_changed_signature_is_left_alone(sglang, caplog):
@@ -354,3 +362,36 @@ def test_the_payoff_gate_keeps_layers_that_do_not_pay(sglang, monkeypatch, caplo
     else:
         np.testing.assert_array_equal(gated, current)
         assert "4 of 4 changed layers kept" in caplog.text
+
+
+def _with_server_args(monkeypatch, **args):
+    mod = types.ModuleType("sglang.srt.server_args")
+    ns = types.SimpleNamespace(**args)
+    mod.get_global_server_args = lambda: ns
+    install_modules(monkeypatch, {"sglang.srt.server_args": mod})
+
+
+@pytest.mark.parametrize("interval, moves", [(None, True), (1000, True), (10, False)])
+def test_the_gate_weighs_a_move_over_sglangs_rebalance_interval(sglang, monkeypatch, interval,
+                                                                moves):
+    """A small saving pays back over 1000 forward passes (SGLang's default) but not over 10."""
+    current = np.tile(np.arange(24) % 16, (4, 1))
+    _with_current(monkeypatch, current)
+    if interval is not None:
+        _with_server_args(monkeypatch, eplb_rebalance_num_iterations=interval)
+    monkeypatch.setenv("EPLB_PAYOFF_GATE", '{"hardware": "A2", "tokens_per_rank": 0.001}')
+    adapter.register()
+    HookRegistry.apply_hooks()
+    out = init_by_eplb(sglang, FakeTensor(_skewed()[None]), 24, 6, None, 1, "eplb_rs:default")
+    assert (out != current).any(axis=1).all() == moves
+    assert (out == current).all() == (not moves)
+
+
+def test_a_bad_algorithm_name_is_logged_at_register(sglang, monkeypatch, caplog):
+    _with_server_args(monkeypatch, eplb_algorithm="eplb_rs:fastest")
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        assert adapter.register()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["eplb: --eplb-algorithm eplb_rs:fastest: unknown policy `fastest` (expected "
+                      "one of random, default, swift, flashlb, incremental, deepseek or 0..4); "
+                      "every rebalance falls back to SGLang's own deepseek algorithm"]

@@ -393,3 +393,21 @@ def test_keep_slots_keeps_every_copy_of_the_new_row():
     out = adapter.keep_slots(old, new)
     np.testing.assert_array_equal(out, new)
     assert sorted(out[0, 0].tolist()) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("intervals, moves", [(None, True), ((600, 50), True), ((0, 10), False)])
+def test_the_gate_weighs_a_move_over_the_heat_and_algorithm_intervals(ascend, intervals, moves):
+    """A small saving pays back over 650 iterations (the defaults) but not over 10."""
+    table, sl = _skewed_case()
+    ascend.additional_config["eplb_rs"] = {
+        "policy": "default", "payoff_gate": {"hardware": "A2", "tokens_per_rank": 0.001}}
+    if intervals is not None:
+        ascend.additional_config["eplb_config"] = {
+            "expert_heat_collection_interval": intervals[0],
+            "algorithm_execution_interval": intervals[1]}
+    adapter.register()
+    p = pickle.loads(pickle.dumps(ascend.factory.generate_policy(1)))
+    assert p.gate_iterations == (650 if intervals is None else sum(intervals))
+    changed, _, new = do_update(p, table, FakeTensor(sl))
+    assert changed == int(moves)
+    assert (new == table).all() == (not moves)

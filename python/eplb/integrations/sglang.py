@@ -10,9 +10,10 @@ name goes to SGLang) and on ``rebalance_experts`` (our names are served by
 :func:`rebalance_experts`, every other algorithm by SGLang's dispatcher).
 
 ``EPLB_PAYOFF_GATE`` (the JSON of the runtime's ``eplb_payoff_gate``) turns the pay-off gate on
-for the ``eplb_rs:`` algorithms: a layer whose move does not pay keeps its rows of the current
-placement (the global expert-location metadata's). A bad setting is logged once at
-:func:`register` and the algorithms run without the gate.
+for the ``eplb_rs:`` algorithms: a layer whose move does not pay over
+``eplb_rebalance_num_iterations`` keeps its rows of the current placement (the global
+expert-location metadata's). A bad setting is logged once at :func:`register` and the algorithms
+run without the gate.
 """
 
 from __future__ import annotations
@@ -95,6 +96,23 @@ def derive_maps(phy2log: np.ndarray, experts: int):
     return _native.derive_maps(np.asarray(phy2log), experts)
 
 
+def _server_args():
+    """SGLang's global server arguments, or None when they are not set or not importable."""
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        return get_global_server_args()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _rebalance_interval() -> int:
+    """The forward passes between rebalances: SGLang's ``eplb_rebalance_num_iterations``, else
+    its default :data:`REBALANCE_INTERVAL`."""
+    n = getattr(_server_args(), "eplb_rebalance_num_iterations", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else REBALANCE_INTERVAL
+
+
 def _current_phy2log():
     try:
         from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
@@ -153,7 +171,7 @@ def plan(tokens, num_physical, num_local, num_groups, num_nodes, chosen, current
         current = _current_phy2log()
     nodes_divide = num_nodes >= 1 and ranks % num_nodes == 0
     gate = dict(ranks=ranks, ranks_per_node=ranks // num_nodes if nodes_divide else None,
-                iterations=REBALANCE_INTERVAL)
+                iterations=_rebalance_interval())
     if name in DEEPSEEK_MODES:
         # SGLang's global policy is DeepSeek's hierarchical one over one group and one node.
         if deepseek_hierarchical(name, num_groups, num_nodes):
@@ -197,9 +215,11 @@ def _windows(t: np.ndarray) -> np.ndarray:
 
 
 def _around_compute_algorithm(original_fn, *args, **kwargs):
+    """Our names resolve to themselves, unchecked: SGLang calls this at every rebalance, which
+    must not raise, so an unknown policy or a bad parameter is reported (once per rebalance) by
+    the ``rebalance_experts`` hook, which then hands the plan to SGLang's own algorithm."""
     raw = args[0] if args else kwargs.get("raw_algorithm")
     if isinstance(raw, str) and raw.startswith(PREFIX):
-        ours(raw)  # raises EplbError on an unknown policy or parameter
         return raw
     return original_fn(*args, **kwargs)
 
@@ -297,6 +317,13 @@ def register() -> bool:
             return False
     global _gate
     _gate = _common.install_gate(logger, "SGLang", _common.gate_from_env)
+    raw = getattr(_server_args(), "eplb_algorithm", None)
+    if isinstance(raw, str) and raw.startswith(PREFIX):
+        try:
+            ours(raw)
+        except EplbError as e:
+            logger.error("eplb: --eplb-algorithm %s: %s; every rebalance falls back to SGLang's own "
+                         "deepseek algorithm", raw, e)
     HookRegistry.register(f"{ALGORITHMS}.compute_algorithm", _around_compute_algorithm, HookType.AROUND)
     HookRegistry.register(f"{ALGORITHMS}.rebalance_experts", _around_rebalance_experts, HookType.AROUND)
     logger.info("eplb: SGLang --eplb-algorithm %s<policy> registered", PREFIX)

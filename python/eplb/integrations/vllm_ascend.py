@@ -11,7 +11,8 @@ original factory.
 
 The pay-off gate: ``additional_config["eplb_rs"]["payoff_gate"]`` (the value of the runtime's
 ``eplb_payoff_gate``), else ``EPLB_PAYOFF_GATE`` holding the same JSON. A bad setting is logged
-once when the policy is made and the policy runs without the gate.
+once when the policy is made and the policy runs without the gate. The gate weighs a move over
+``expert_heat_collection_interval + algorithm_execution_interval`` (``eplb_config``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class Policy:
         #: The pay-off gate's setting (JSON text; None: no gate) and the gate.
         self.gate = gate
         self._gate = _common.gate_from(gate, "payoff gate")
+        #: The iterations the gate weighs a move over (None: the runtime's default, 600 + 50).
+        self.gate_iterations: Optional[int] = None
         self.new_ep_size: Optional[int] = None
         self._cache: Optional[_common.PolicyCache] = None
         #: vLLM-Ascend's own policy of this type, built at the first fallback (not pickled).
@@ -90,11 +93,13 @@ class Policy:
             "policy_type": self.policy_type,
             "new_ep_size": self.new_ep_size,
             "gate": self.gate,
+            "gate_iterations": self.gate_iterations,
         }
 
     def __setstate__(self, state):
         self.__init__(state["policy"], state["params"], state["policy_type"], state.get("gate"))
         self.new_ep_size = state.get("new_ep_size")
+        self.gate_iterations = state.get("gate_iterations")
 
     def set_new_ep_size(self, new_ep_size) -> None:
         """Plans the next tables for ``new_ep_size`` ranks (elastic EP, as vLLM-Ascend's
@@ -198,7 +203,8 @@ class Policy:
             policy = cache.get(self.policy, self.params, **shape)
             r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
             new = keep_slots(current, r.placement)
-            new = _common.gate_plan(self._gate, logger, current, new, loads, ranks=ranks)
+            new = _common.gate_plan(self._gate, logger, current, new, loads, ranks=ranks,
+                                    iterations=self.gate_iterations)
         why = guard(new, experts)
         if why is not None:
             raise EplbError(f"the new table would be rejected: {why}")
@@ -245,6 +251,21 @@ def _additional_config() -> dict:
     except Exception:
         extra = {}
     return extra if isinstance(extra, dict) else {}
+
+
+def cycle_iterations() -> int:
+    """The iterations a placement serves: vLLM-Ascend's ``expert_heat_collection_interval``
+    plus ``algorithm_execution_interval`` (``additional_config["eplb_config"]``; defaults 600
+    and 50), at least 1."""
+    cfg = _additional_config().get("eplb_config")
+    cfg = cfg if isinstance(cfg, dict) else {}
+
+    def value(key, default):
+        v = cfg.get(key, default)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
+
+    return max(1, value("expert_heat_collection_interval", 600)
+               + value("algorithm_execution_interval", 50))
 
 
 def gate_selection():
@@ -317,7 +338,9 @@ def register() -> bool:
                 params,
             )
             gate = _common.install_gate(logger, "vLLM-Ascend", gate_selection)
-            return Policy(name, params, policy_type, gate.text if gate is not None else None)
+            p = Policy(name, params, policy_type, gate.text if gate is not None else None)
+            p.gate_iterations = cycle_iterations()
+            return p
 
         generate_policy.__eplb_rs__ = True  # type: ignore[attr-defined]
         generate_policy.__wrapped__ = original  # type: ignore[attr-defined]
