@@ -78,7 +78,11 @@ class Policy:
         self.policy_type = int(policy_type)
         #: The pay-off gate's setting (JSON text; None: no gate) and the gate.
         self.gate = gate
-        self._gate = _common.gate_from(gate, "payoff gate")
+        try:
+            self._gate = _common.gate_from(gate, "payoff gate")
+        except EplbError as e:  # a calibration file gone since the setting was checked
+            logger.error("eplb: %s; the %s policy runs without the pay-off gate", e, self.policy)
+            self._gate = None
         #: The iterations the gate weighs a move over (None: the runtime's default, 600 + 50).
         self.gate_iterations: Optional[int] = None
         self.new_ep_size: Optional[int] = None
