@@ -43,7 +43,8 @@
 //!   the last bits, far below the decision margins of the golden cases.
 //! - The current placement is ignored, as upstream; co-located copies of one expert on a rank
 //!   are produced as upstream ([`Policy::colocates`] is `true`).
-//! - Only `phy2log` is produced; `log2phy` and the counts follow from the placement.
+//! - [`Policy::place`] produces `phy2log`; [`DeepSeek::place_ranked`] also gives each slot's
+//!   replica rank (DeepSeek's `phyrank`), from which `log2phy` follows in DeepSeek's order.
 
 use eplb_core::Shape;
 
@@ -498,8 +499,15 @@ fn replicate(
     Ok(())
 }
 
-/// One layer: writes `phy2log` (`[R*S]`) for loads `w` (`[N]`).
-fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), Error> {
+/// One layer: writes `phy2log` (`[R*S]`) for loads `w` (`[N]`) and, when given, each slot's
+/// replica rank (`[R*S]`, see [`DeepSeek::place_ranked`]).
+fn layer(
+    t: &Topo,
+    w: &[f64],
+    b: &mut Bufs<'_>,
+    out: &mut [u16],
+    mut ranks: Option<&mut [u16]>,
+) -> Result<(), Error> {
     let gs = t.n / t.groups;
     let gpn = t.groups / t.nodes;
     for (gw, chunk) in b.group_w.iter_mut().zip(w.chunks_exact(gs.max(1))) {
@@ -516,7 +524,12 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
         }
     }
     let (epn, spn) = (t.epn(), t.spn());
-    for (m2l, node_out) in b.mlog2log.chunks_exact(epn).zip(out.chunks_exact_mut(spn)) {
+    for (node, (m2l, node_out)) in b
+        .mlog2log
+        .chunks_exact(epn)
+        .zip(out.chunks_exact_mut(spn))
+        .enumerate()
+    {
         for (nw, &id) in b.node_w.iter_mut().zip(m2l) {
             *nw = w.get(usize::from(id)).copied().unwrap_or(0.0);
         }
@@ -534,6 +547,22 @@ fn layer(t: &Topo, w: &[f64], b: &mut Bufs<'_>, out: &mut [u16]) -> Result<(), E
             let slot = usize::from(p) * t.s + usize::from(r);
             if let (Some(o), Some(&id)) = (node_out.get_mut(slot), m2l.get(usize::from(m))) {
                 *o = id;
+            }
+        }
+        if let Some(rk) = ranks.as_deref_mut() {
+            // The copies in physical order are the expert's first copy, then its extra copies
+            // in the order they were chosen: a copy's replica rank is the number of copies of
+            // its expert before it. `count` (the final counts) is spent; it counts them again.
+            let node_ranks = rk.get_mut(node * spn..(node + 1) * spn).unwrap_or_default();
+            b.count.fill(0);
+            for ((&m, &p), &r) in b.phy.iter().zip(b.copy_pack.iter()).zip(b.copy_rank.iter()) {
+                let slot = usize::from(p) * t.s + usize::from(r);
+                if let (Some(o), Some(c)) =
+                    (node_ranks.get_mut(slot), b.count.get_mut(usize::from(m)))
+                {
+                    *o = *c as u16;
+                    *c += 1;
+                }
             }
         }
     }
@@ -554,6 +583,51 @@ impl DeepSeek {
     /// Whether `shape` runs hierarchically (`groups % nodes == 0`).
     pub fn is_hierarchical(shape: &Shape) -> bool {
         shape.groups().is_multiple_of(shape.nodes())
+    }
+
+    /// [`Policy::place`], and with `ranks` (`[L][R*S]`) each slot's replica rank as DeepSeek's
+    /// `rebalance_experts` numbers it (`phyrank`): 0 for an expert's first copy, then 1, 2, ...
+    /// for its extra copies in the order replication chose them. DeepSeek's `log2phy[l][e][k]`
+    /// is the slot whose replica rank is `k`; it is not ascending in the slot in general, since
+    /// the packing puts a later copy on a lower rank when that rank is lighter. Allocates
+    /// nothing; scratch as [`Policy::scratch_len`]; a `ranks` of another length than `out` is
+    /// [`Error::Core`] (a length error).
+    pub fn place_ranked(
+        &self,
+        input: &Input<'_>,
+        scratch: &mut [u64],
+        out: &mut [u16],
+        mut ranks: Option<&mut [u16]>,
+    ) -> Result<(), Error> {
+        let shape = *input.shape();
+        let t = Topo::of(&shape)?;
+        crate::policy::check_out_len(&shape, out)?;
+        if let Some(rk) = ranks.as_deref()
+            && rk.len() != shape.placement_len()
+        {
+            return Err(eplb_core::Error::Length {
+                what: "replica ranks [L][R][S]",
+                expected: shape.placement_len(),
+                got: rk.len(),
+            }
+            .into());
+        }
+        let mut arena = Arena::new(scratch);
+        let mut bufs = Bufs::carve(&mut arena, &t)?;
+        let per = shape.slots_per_layer();
+        for (l, o) in out.chunks_exact_mut(per).enumerate() {
+            let rk = ranks
+                .as_deref_mut()
+                .and_then(|r| r.get_mut(l * per..(l + 1) * per));
+            layer(&t, input.layer_loads(l), &mut bufs, o, rk).map_err(|e| match e {
+                Error::NoPlacement { why, .. } => Error::NoPlacement {
+                    layer: l as u16,
+                    why,
+                },
+                e => e,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -584,21 +658,7 @@ impl Policy for DeepSeek {
         _state: &mut [u64],
         out: &mut [u16],
     ) -> Result<(), Error> {
-        let shape = *input.shape();
-        let t = Topo::of(&shape)?;
-        crate::policy::check_out_len(&shape, out)?;
-        let mut arena = Arena::new(scratch);
-        let mut bufs = Bufs::carve(&mut arena, &t)?;
-        for (l, o) in out.chunks_exact_mut(shape.slots_per_layer()).enumerate() {
-            layer(&t, input.layer_loads(l), &mut bufs, o).map_err(|e| match e {
-                Error::NoPlacement { why, .. } => Error::NoPlacement {
-                    layer: l as u16,
-                    why,
-                },
-                e => e,
-            })?;
-        }
-        Ok(())
+        self.place_ranked(input, scratch, out, None)
     }
 }
 
@@ -761,6 +821,87 @@ mod tests {
                 "replicate {w:?} to {slots}"
             );
         }
+    }
+
+    /// DeepSeek's global policy on one layer as written, with `phyrank`: replicate, number
+    /// each expert's copies in creation order, pack the copies by `w / count`.
+    fn naive_global(w: &[f64], ranks: usize, s: usize) -> (Vec<u16>, Vec<u16>) {
+        let phy = naive_replicate(w, ranks * s);
+        let mut count = vec![0u32; w.len()];
+        let mut rank = Vec::new();
+        for &m in &phy {
+            rank.push(count[usize::from(m)] as u16);
+            count[usize::from(m)] += 1;
+        }
+        let cw: Vec<f64> = phy
+            .iter()
+            .map(|&m| w[usize::from(m)] / f64::from(count[usize::from(m)]))
+            .collect();
+        let (po, ro) = naive_pack(&cw, ranks);
+        let (mut out, mut out_rank) = (vec![0u16; ranks * s], vec![0u16; ranks * s]);
+        for i in 0..phy.len() {
+            let slot = usize::from(po[i]) * s + usize::from(ro[i]);
+            out[slot] = phy[i];
+            out_rank[slot] = rank[i];
+        }
+        (out, out_rank)
+    }
+
+    #[test]
+    fn replica_ranks_are_deepseeks_creation_order() {
+        let mut st = 11u64;
+        let mut later_copy_on_a_lower_slot = false;
+        for round in 0..300 {
+            let ranks = 1 + (lcg(&mut st) % 8) as usize;
+            let s = 1 + (lcg(&mut st) % 4) as usize;
+            // At least S experts (a rank holds distinct slots' worth), at most R * S.
+            let n = s + (lcg(&mut st) % ((ranks - 1) * s + 1) as u64) as usize;
+            let w: Vec<f64> = (0..n)
+                .map(|_| {
+                    if round % 2 == 0 {
+                        (lcg(&mut st) % 4) as f64
+                    } else {
+                        (lcg(&mut st) % 1000) as f64 / 7.0
+                    }
+                })
+                .collect();
+            let shape = Shape::new(1, n as u16, ranks as u16, s as u16).unwrap();
+            let mut current = vec![0u16; shape.placement_len()];
+            Layout::default().fill(&shape, &mut current).unwrap();
+            let input = Input::new(Placement::new(shape, &current).unwrap(), &w, None, 0).unwrap();
+            let p = DeepSeek;
+            let mut scratch = vec![0u64; p.scratch_len(&shape)];
+            let (mut out, mut rk) = (vec![0u16; ranks * s], vec![0u16; ranks * s]);
+            p.place_ranked(&input, &mut scratch, &mut out, Some(&mut rk))
+                .unwrap();
+            let want = naive_global(&w, ranks, s);
+            assert_eq!((&out, &rk), (&want.0, &want.1), "{w:?} on {ranks} x {s}");
+            // Without ranks, the same placement.
+            let mut plain = vec![0u16; ranks * s];
+            p.place_ranked(&input, &mut scratch, &mut plain, None)
+                .unwrap();
+            assert_eq!(plain, out);
+            for e in 0..n as u16 {
+                let slots: Vec<usize> = (0..out.len()).filter(|&j| out[j] == e).collect();
+                if slots.windows(2).any(|ab| rk[ab[0]] > rk[ab[1]]) {
+                    later_copy_on_a_lower_slot = true;
+                }
+            }
+        }
+        assert!(
+            later_copy_on_a_lower_slot,
+            "the cases include a later copy on a lower slot (ascending slots are not the order)"
+        );
+        let shape = Shape::new(1, 4, 2, 2).unwrap();
+        let current = [0, 1, 2, 3];
+        let input =
+            Input::new(Placement::new(shape, &current).unwrap(), &[1.0; 4], None, 0).unwrap();
+        let mut scratch = vec![0u64; DeepSeek.scratch_len(&shape)];
+        let (mut out, mut rk) = ([0u16; 4], [0u16; 3]);
+        assert!(matches!(
+            DeepSeek.place_ranked(&input, &mut scratch, &mut out, Some(&mut rk)),
+            Err(Error::Core(eplb_core::Error::Length { .. }))
+        ));
     }
 
     #[test]

@@ -13,13 +13,14 @@ from ._check import MAX_SEED, PreconditionError, integer, optional_integer
 from ._native import EplbError
 from ._tensor import from_nested, like, native_order, to_numpy
 
-#: Canonical policy names (numbers 0..4 select random, default, swift, flashlb, incremental).
-POLICIES = ("random", "default", "swift", "flashlb", "incremental", "deepseek")
-
-
 def policy_params() -> dict:
     """``{policy name: [parameter names]}``: what ``Policy(name, **params)`` accepts."""
     return {name: list(params) for name, params in _native.policy_params()}
+
+
+#: Canonical policy names, as the Rust policies list them (numbers 0..4 select random, default,
+#: swift, flashlb, incremental).
+POLICIES = tuple(policy_params())
 
 
 def _array(x, what: str) -> np.ndarray:
@@ -63,8 +64,8 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
     numeric dtype) or nested lists. Returns ``(phy2log [L, P], log2phy [L, N, M] padded with -1,
     logcnt [L, N])``, int64, of the input's kind (torch in, CPU torch out; else numpy), ``M``
     the largest copy count, as DeepSeek's. Hierarchical when ``num_groups % num_nodes == 0``,
-    else global, as DeepSeek's. ``log2phy`` lists each expert's replicas in ascending physical
-    id (DeepSeek's in the order they were created: the same set). A failed precondition raises
+    else global, as DeepSeek's. ``log2phy`` lists each expert's replicas in the order DeepSeek's
+    replication created them, as DeepSeek's does. A failed precondition raises
     :class:`PreconditionError`, both an :class:`EplbError` and an ``AssertionError``.
     """
     counts = [

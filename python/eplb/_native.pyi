@@ -23,6 +23,8 @@ __all__ = [
     "fold_slot_loads",
     "derive_maps",
     "repair_current",
+    "policy_name",
+    "PayoffGate",
     "_panic_for_test",
     "__version__",
 ]
@@ -118,4 +120,23 @@ def derive_maps(phy2log: npt.ArrayLike, experts: int) -> tuple[_I64, _I64]: ...
 def repair_current(
     current: npt.ArrayLike, layers: int, experts: int, ranks: int, slots: int
 ) -> Optional[_I64]: ...
+def policy_name(name: str) -> str: ...
+@final
+class PayoffGate:
+    def __new__(cls, text: str, source: str) -> PayoffGate: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def on(self) -> bool: ...
+    @property
+    def summary(self) -> str: ...
+    def apply(
+        self,
+        current: npt.ArrayLike,
+        plan: npt.ArrayLike,
+        loads: npt.ArrayLike,
+        ranks_per_node: Optional[int] = None,
+        iterations: Optional[int] = None,
+    ) -> tuple[_I64, npt.NDArray[np.bool_], tuple[int, int, float, float, float]]: ...
+
 def _panic_for_test() -> None: ...

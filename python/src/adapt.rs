@@ -1,12 +1,15 @@
 //! What the engine adapters share, in Rust: slot keeping, folding slot loads into expert loads,
-//! the logical maps of a `phy2log`, and the repair of an engine's current placement. The
-//! adapters (`eplb.integrations`) are glue over these.
+//! the logical maps of a `phy2log`, the repair of an engine's current placement, policy names,
+//! and the pay-off gate (the runtime's setting and gate). The adapters (`eplb.integrations`)
+//! are glue over these.
 
+use eplb_runtime::config::EplbConfig;
+use eplb_runtime::startup::{ModelInfo, payoff_gate};
 use numpy::ndarray::ArrayD;
-use numpy::{IntoPyArray, PyArray2, PyArray3, PyArrayDyn};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayDyn};
 use pyo3::prelude::*;
 
-use crate::convert::{read_ids, read_loads};
+use crate::convert::{make_shape, placement_ids, read_ids, read_loads};
 use crate::errors::{err, guarded};
 
 /// `[L, R, S]` from a `[L, R, S]` or `[L, R*S]` integer array, with the shape's three sizes.
@@ -249,4 +252,165 @@ pub(crate) fn repair_current<'py>(
         .cast_into::<PyArray3<i64>>()
         .map_err(|e| err(e.to_string()))?;
     Ok(Some(a))
+}
+
+/// The canonical name of a policy given by name or number (`0..4`), read from the Rust
+/// parser (`PolicyKind`'s `FromStr`), so the adapters keep no table of their own.
+#[pyfunction]
+pub(crate) fn policy_name(name: &str) -> PyResult<&'static str> {
+    crate::policy::parse_kind(name.trim()).map(|k| k.name())
+}
+
+/// What one [`PayoffGate::apply`] returns: the gated plan, which layers move, and
+/// `(changed, moved, saving share, forgone share, stall ms)`.
+type Gated<'py> = (
+    Bound<'py, PyArray3<i64>>,
+    Bound<'py, PyArray1<bool>>,
+    (usize, usize, f64, f64, f64),
+);
+
+/// An engine adapter's pay-off gate: the `eplb_payoff_gate` setting, checked by the runtime's
+/// config parser (the messages of `eplb check-config`), and applied with the runtime's gate
+/// (`eplb_runtime::startup::payoff_gate`, `eplb_core::time::gate::Gate::apply`).
+#[pyclass(frozen, module = "eplb._native")]
+pub(crate) struct PayoffGate {
+    cfg: EplbConfig,
+    text: String,
+}
+
+#[pymethods]
+impl PayoffGate {
+    /// `text` is the JSON value of `eplb_payoff_gate` (`true`, `false` or an object); `source`
+    /// names where it came from in error messages (`EPLB_PAYOFF_GATE`, ...).
+    #[new]
+    fn new(text: &str, source: &str) -> PyResult<Self> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| err(format!("{source}: not JSON ({e})")))?;
+        let doc = serde_json::json!({ "eplb_payoff_gate": value });
+        let env = std::collections::BTreeMap::<String, String>::new();
+        let cfg = EplbConfig::from_value(&doc, &env)
+            .map_err(|e| err(format!("{source}: {}", e.messages().join("; "))))?;
+        Ok(Self {
+            cfg,
+            text: text.to_owned(),
+        })
+    }
+
+    /// The JSON text it was built from.
+    #[getter]
+    fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether the gate is on (`false` turns it off).
+    #[getter]
+    fn on(&self) -> bool {
+        self.cfg.payoff_gate().is_some()
+    }
+
+    /// The setting as `eplb check-config` summarises it (`eplb_payoff_gate: on (model ...)`),
+    /// or `eplb_payoff_gate: off`.
+    #[getter]
+    fn summary(&self) -> String {
+        self.cfg
+            .summary()
+            .lines()
+            .find(|l| l.starts_with("eplb_payoff_gate:"))
+            .map_or_else(|| "eplb_payoff_gate: off".to_owned(), str::to_owned)
+    }
+
+    /// The gate applied to `plan` (`[L, R, S]`) against `current` (`[L, R, S]`, every expert
+    /// held) under the logical `loads` (`[L, N]`): a changed layer whose move does not pay
+    /// over `iterations` (default: the config's heat plus algorithm interval) gets its
+    /// `current` rows back. `ranks_per_node` (default: all ranks on one node) decides which
+    /// copies cross nodes. Every layer is one cycle old (no ages are kept between calls).
+    #[pyo3(signature = (current, plan, loads, ranks_per_node=None, iterations=None))]
+    fn apply<'py>(
+        &self,
+        py: Python<'py>,
+        current: &Bound<'py, PyAny>,
+        plan: &Bound<'py, PyAny>,
+        loads: &Bound<'py, PyAny>,
+        ranks_per_node: Option<usize>,
+        iterations: Option<u64>,
+    ) -> PyResult<Gated<'py>> {
+        let (cdims, cur) = read_ids(current, "current", &[3])?;
+        let (pdims, new) = read_ids(plan, "plan", &[3])?;
+        let (ldims, w) = read_loads(loads, "loads", &[2])?;
+        if cdims != pdims {
+            return Err(err(format!(
+                "plan: shape {pdims:?} is not the current placement's {cdims:?}"
+            )));
+        }
+        let (l, r, s) = (cdims[0], cdims[1], cdims[2]);
+        if ldims[0] != l {
+            return Err(err(format!(
+                "loads: shape {ldims:?} does not have the placement's {l} layers"
+            )));
+        }
+        let n = ldims[1];
+        let redundant = (r * s).checked_sub(n).ok_or_else(|| {
+            err(format!(
+                "loads: {n} experts do not fit in {r} ranks x {s} slots"
+            ))
+        })?;
+        let rpn = ranks_per_node.filter(|&g| g > 0 && r.is_multiple_of(g));
+        let shape = make_shape(l, n, r, redundant, rpn, None)?;
+        let cur = placement_ids("current", &shape, &cdims, &cur)?;
+        let mut new = placement_ids("plan", &shape, &pdims, &new)?;
+        let model = ModelInfo {
+            layers: shape.layers() as u16,
+            experts: shape.experts() as u16,
+            ranks: shape.ranks() as u16,
+            ranks_per_node: shape.ranks_per_node() as u16,
+            groups: 1,
+            max_num_seqs: 0,
+            speculative_tokens: 0,
+            tp_size: 0,
+        };
+        let gate = payoff_gate(&self.cfg, &model).map_err(|e| err(e.to_string()))?;
+        let Some(mut gate) = gate else {
+            return Err(err("eplb_payoff_gate is off"));
+        };
+        if let Some(it) = iterations {
+            gate.iterations = it;
+        }
+        let (moved, sum, new) = guarded(py, move || {
+            let (f, u) = eplb_core::time::gate::scratch_len(&shape);
+            let (mut floats, mut words) = (vec![0.0; f], vec![0u32; u]);
+            let mut moved = vec![false; shape.layers()];
+            let sum = gate
+                .apply(
+                    &shape,
+                    &cur,
+                    &mut new,
+                    &w,
+                    eplb_core::time::gate::Scratch {
+                        floats: &mut floats,
+                        words: &mut words,
+                        ages: &[],
+                    },
+                    &mut moved,
+                )
+                .map_err(|e| format!("eplb_payoff_gate: {e}"))?;
+            Ok((moved, sum, new))
+        })?;
+        let p: Vec<i64> = new.iter().map(|&e| i64::from(e)).collect();
+        let p = ArrayD::from_shape_vec(vec![l, r, s], p)
+            .map_err(|e| err(e.to_string()))?
+            .into_pyarray(py)
+            .cast_into::<PyArray3<i64>>()
+            .map_err(|e| err(e.to_string()))?;
+        Ok((
+            p,
+            PyArray1::from_vec(py, moved),
+            (
+                sum.changed,
+                sum.moved,
+                sum.saving_share(),
+                sum.forgone_share(),
+                sum.stall_ms,
+            ),
+        ))
+    }
 }

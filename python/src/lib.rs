@@ -18,7 +18,7 @@ mod sim;
 
 use pyo3::prelude::*;
 
-use adapt::{derive_maps, fold_slot_loads, keep_slots, repair_current};
+use adapt::{PayoffGate, derive_maps, fold_slot_loads, keep_slots, policy_name, repair_current};
 use errors::{EplbError, guarded};
 use maps::{hotness, map_json, read_map, validate_map, write_map};
 use policy::{NativePolicy, policy_params, rebalance_experts};
@@ -49,6 +49,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fold_slot_loads, m)?)?;
     m.add_function(wrap_pyfunction!(derive_maps, m)?)?;
     m.add_function(wrap_pyfunction!(repair_current, m)?)?;
+    m.add_function(wrap_pyfunction!(policy_name, m)?)?;
+    m.add_class::<PayoffGate>()?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -5,7 +5,8 @@ use std::sync::Mutex;
 
 use eplb_core::metrics;
 use eplb_core::{Layout, Placement, Shape};
-use eplb_policies::{AnyPolicy, Input, PolicyKind, Samples};
+use eplb_policies::deepseek::DeepSeek;
+use eplb_policies::{AnyPolicy, Input, Policy, PolicyKind, Samples};
 use eplb_runtime::planner::PolicyHost;
 use numpy::ndarray::ArrayD;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3};
@@ -316,33 +317,45 @@ pub(crate) fn rebalance_experts<'py>(
         (num_gpus, 1)
     };
     let shape = make_shape(l, n, num_gpus, num_replicas - n, Some(rpn), Some(groups))?;
-    let placement = guarded(py, || {
-        let mut host = PolicyHost::new(Box::new(AnyPolicy::new(PolicyKind::DeepSeek)), shape);
+    // The placement and each slot's replica rank (DeepSeek's `phyrank`), so that `log2phy`
+    // lists an expert's replicas in the order DeepSeek's does: the order they were created.
+    let (placement, ranks) = guarded(py, || {
+        let policy = DeepSeek::new();
+        policy
+            .check_shape(&shape)
+            .map_err(|e| format!("deepseek: {e}"))?;
         let mut current = vec![0u16; shape.placement_len()];
         Layout::default()
             .fill(&shape, &mut current)
             .map_err(|e| e.to_string())?;
         let cur = Placement::new(shape, &current).map_err(|e| e.to_string())?;
         let input = Input::new(cur, &w, None, 0).map_err(|e| format!("weight: {e}"))?;
-        let placement = host
-            .plan_and_take(0, &input)
-            .map_err(|e| format!("deepseek: {e}"))?
-            .into_placement();
-        Ok(placement)
+        let mut scratch = vec![0u64; policy.scratch_len(&shape)];
+        let mut placement = vec![0u16; shape.placement_len()];
+        let mut ranks = vec![0u16; shape.placement_len()];
+        policy
+            .place_ranked(&input, &mut scratch, &mut placement, Some(&mut ranks))
+            .map_err(|e| format!("deepseek: {e}"))?;
+        Ok((placement, ranks))
     })?;
     let p = num_replicas;
     let width = p - n + 1;
     let mut phy2log = Vec::with_capacity(l * p);
     let mut log2phy = vec![-1i64; l * n * width];
     let mut logcnt = vec![0i64; l * n];
-    for (layer, row) in placement.chunks_exact(p).enumerate() {
-        for (slot, &e) in row.iter().enumerate() {
-            let e = usize::from(e);
+    for (layer, (row, rank_row)) in placement
+        .chunks_exact(p)
+        .zip(ranks.chunks_exact(p))
+        .enumerate()
+    {
+        for (slot, (&e, &k)) in row.iter().zip(rank_row).enumerate() {
+            let (e, k) = (usize::from(e), usize::from(k));
             phy2log.push(e as i64);
-            let c = &mut logcnt[layer * n + e];
-            // Replicas in ascending physical id (as vLLM and SGLang derive them).
-            log2phy[(layer * n + e) * width + *c as usize] = slot as i64;
-            *c += 1;
+            logcnt[layer * n + e] += 1;
+            // Replica `k` of `e` (DeepSeek's `log2phy.scatter_` at `phy2log * width + phyrank`).
+            if let Some(x) = log2phy.get_mut((layer * n + e) * width + k) {
+                *x = slot as i64;
+            }
         }
     }
     let to3 = |v: Vec<i64>, d: [usize; 3]| -> PyResult<Bound<'py, PyArray3<i64>>> {

@@ -83,3 +83,63 @@ def test_keep_slots_keeps_kept_experts_in_their_first_old_slot():
                 assert sorted(q) == sorted(n)
                 for e in set(o) & set(n):
                     assert q[o.index(e)] == e
+
+
+# --- the pay-off gate's setting: the runtime's parser, eplb check-config's messages ---------------
+
+BAD_GATES = [
+    {"model": "gpt-5"},
+    {"hardwar": "A3"},
+    {"role": "serve", "tokens_per_rank": -1},
+    {"calibration": "/nonexistent/calib.json"},
+    3,
+    "on",
+]
+
+
+@pytest.mark.parametrize("value", BAD_GATES, ids=[str(v) for v in BAD_GATES])
+def test_a_bad_gate_setting_has_check_configs_messages(tmp_path, value):
+    import json
+    import os
+    import subprocess
+
+    from eplb.integrations import _common
+
+    with pytest.raises(eplb.EplbError) as e:
+        _common.gate_from(json.dumps(value), "EPLB_PAYOFF_GATE")
+    ours = str(e.value)
+    assert ours.startswith("EPLB_PAYOFF_GATE: eplb_config.eplb_payoff_gate")
+    eplb_bin = os.environ.get("EPLB_BIN")
+    if not eplb_bin:
+        pytest.skip("EPLB_BIN (the eplb CLI) not given; cargo xtask test sets it")
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"eplb_config": {"eplb_payoff_gate": value}}))
+    out = subprocess.run([eplb_bin, "check-config", str(cfg)], capture_output=True, text=True)
+    assert out.returncode != 0
+    prefix = f"error: {cfg}: "
+    cli = [line[len(prefix):] for line in out.stderr.splitlines() if line.startswith(prefix)]
+    assert cli and ours == "EPLB_PAYOFF_GATE: " + "; ".join(cli)
+
+
+@pytest.mark.parametrize("value, on", [("true", True), ("false", False), ("", False),
+                                       ('{"hardware": "H100", "role": "prefill"}', True)])
+def test_a_good_gate_setting(value, on):
+    from eplb.integrations import _common
+
+    gate = _common.gate_from(value, "EPLB_PAYOFF_GATE")
+    assert (gate is not None) == on
+    if on:
+        assert gate.summary.startswith("eplb_payoff_gate: on (")
+
+
+def test_policy_names_and_numbers_come_from_the_rust_parser():
+    from eplb.integrations import _common
+
+    assert eplb.POLICIES == ("random", "default", "swift", "flashlb", "incremental", "deepseek")
+    assert [_common.canonical(n) for n in ("0", "1", "2", "3", "4", " swift ")] == [
+        "random", "default", "swift", "flashlb", "incremental", "swift"]
+    for name in eplb.POLICIES:
+        assert _common.canonical(name) == name
+    for bad in ("5", "Swift", "fastest"):
+        with pytest.raises(eplb.EplbError, match=f"unknown policy `{bad}`"):
+            _common.canonical(bad)

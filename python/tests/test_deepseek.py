@@ -95,3 +95,117 @@ def test_failed_preconditions_are_eplb_errors_and_assertion_errors(args, match):
     assert isinstance(e.value, eplb.PreconditionError)
     with pytest.raises(eplb.PreconditionError, match="not a number type"):
         eplb.rebalance_experts(np.array([["a", "b"]]), 2, 1, 1, 1)
+
+
+# --- DeepSeek's rebalance_experts, restated in float64 --------------------------------------------
+# Written from DeepSeek's documented interface (its README: ``phy2log, log2phy, logcnt``) and the
+# algorithm as ../shared/data/golden/README.md states it ("What exact means"), not from its code.
+# ``log2phy[l][e][k]`` is the slot of ``e``'s replica ``k``, replicas numbered in the order
+# replication created them (the first copy 0, then each extra copy as it was chosen), and the
+# tensor is as wide as the largest copy count.
+
+
+def _pack(weights, packs):
+    """Balanced packing: visit by weight descending (stable), each item into the lightest
+    non-full pack (the first on ties); ``(pack, position in pack)`` per item."""
+    n = len(weights)
+    per = n // packs
+    if per == 1:
+        return list(range(n)), [0] * n
+    order = sorted(range(n), key=lambda i: -weights[i])
+    load, size = [0.0] * packs, [0] * packs
+    pack, pos = [0] * n, [0] * n
+    for i in order:
+        p = min((q for q in range(packs) if size[q] < per), key=lambda q: load[q])
+        pack[i], pos[i] = p, size[p]
+        load[p] += weights[i]
+        size[p] += 1
+    return pack, pos
+
+
+def _replicate(w, slots):
+    """One copy each, then every extra slot to the first argmax of ``w / count``; returns the
+    copies (experts first, extras in the order chosen), their replica numbers and the counts."""
+    phy, num, count = list(range(len(w))), [0] * len(w), [1] * len(w)
+    for _ in range(len(w), slots):
+        e = max(range(len(w)), key=lambda i: w[i] / count[i])
+        phy.append(e)
+        num.append(count[e])
+        count[e] += 1
+    return phy, num, count
+
+
+def deepseek_reference(weight, num_replicas, num_groups, num_nodes, num_gpus):
+    weight = np.asarray(weight, dtype=np.float64)
+    layers, n = weight.shape
+    if num_groups % num_nodes != 0:
+        num_groups, num_nodes = 1, 1
+    gs, gpn = n // num_groups, num_groups // num_nodes
+    epn, spn = n // num_nodes, num_replicas // num_nodes
+    rpn, s = num_gpus // num_nodes, num_replicas // num_gpus
+    phy2log = np.zeros((layers, num_replicas), dtype=np.int64)
+    phyrank = np.zeros((layers, num_replicas), dtype=np.int64)
+    for l in range(layers):
+        w = [float(x) for x in weight[l]]
+        group_w = [sum(w[g * gs:(g + 1) * gs]) for g in range(num_groups)]
+        gpack, gpos = _pack(group_w, num_nodes)
+        mlog2log = [0] * n
+        for g in range(num_groups):
+            base = (gpack[g] * gpn + gpos[g]) * gs
+            for o in range(gs):
+                mlog2log[base + o] = g * gs + o
+        for node in range(num_nodes):
+            m2l = mlog2log[node * epn:(node + 1) * epn]
+            nw = [w[i] for i in m2l]
+            phy, num, count = _replicate(nw, spn)
+            pack, pos = _pack([nw[m] / count[m] for m in phy], rpn)
+            for i, m in enumerate(phy):
+                slot = node * spn + pack[i] * s + pos[i]
+                phy2log[l, slot] = m2l[m]
+                phyrank[l, slot] = num[i]
+    logcnt = np.stack([np.bincount(row, minlength=n) for row in phy2log]).astype(np.int64)
+    width = int(logcnt.max())
+    log2phy = np.full((layers, n, width), -1, dtype=np.int64)
+    for l in range(layers):
+        for slot in range(num_replicas):
+            log2phy[l, phy2log[l, slot], phyrank[l, slot]] = slot
+    return phy2log, log2phy, logcnt
+
+
+def test_the_reference_is_deepseeks_readme():
+    c = golden("deepseek_readme")
+    phy2log, _, logcnt = deepseek_reference(c.loads, 16, 4, 2, 8)
+    np.testing.assert_array_equal(phy2log, c.reference["readme_phy2log"])
+    assert (logcnt.sum(axis=1) == 16).all()
+
+
+@pytest.mark.parametrize(
+    "name, groups, nodes",
+    [("deepseek_readme", 4, 2), ("deepseek_readme", 4, 3), ("flashlb_toy_tiefree", 1, 1),
+     ("dsv3_prefill_ep32", None, None), ("dsv3_decode_ep64", None, None),
+     ("esft_law_ep8", None, None), ("esft_intent_ep16", None, None), ("dsv3_decode_ep32", 1, 1)],
+)
+def test_the_tuple_is_deepseeks_element_for_element(name, groups, nodes):
+    """phy2log, log2phy (its width and the order of each expert's replicas: the order DeepSeek
+    created them, which is not ascending in the slot) and logcnt, as DeepSeek's rebalance_experts
+    returns them."""
+    c = golden(name)
+    g = c.groups if groups is None else groups
+    m = c.nodes if nodes is None else nodes
+    got = eplb.rebalance_experts(c.loads, c.replicas, g, m, c.ranks)
+    want = deepseek_reference(c.loads, c.replicas, g, m, c.ranks)
+    for what, a, b in zip(("phy2log", "log2phy", "logcnt"), got, want):
+        assert a.dtype == np.int64, what
+        np.testing.assert_array_equal(a, b, err_msg=what)
+    if c.exact("deepseek_hier") is not None and (g, m) == (c.groups, c.nodes):
+        np.testing.assert_array_equal(got[0], c.exact("deepseek_hier"))
+
+
+def test_replicas_are_in_creation_order_not_slot_order():
+    """A case where DeepSeek lists an expert's later replica at a lower slot than its first
+    copy (the packing put it on a lighter rank): ascending slots would differ."""
+    c = golden("dsv3_prefill_ep32")
+    _, log2phy, logcnt = eplb.rebalance_experts(c.loads, c.replicas, c.groups, c.nodes, c.ranks)
+    rows = [(l, e) for l in range(c.layers) for e in range(c.experts) if logcnt[l, e] > 1]
+    assert rows
+    assert any((np.diff(log2phy[l, e, : logcnt[l, e]]) < 0).any() for l, e in rows)

@@ -81,6 +81,8 @@ def sglang(monkeypatch, fake_torch):
     HookRegistry.hooks = []
     install_modules(monkeypatch, {ALGOS: algos, "sglang.srt.plugins.hook_registry": registry})
     monkeypatch.delenv("EPLB_POLICY_PARAMS", raising=False)
+    monkeypatch.delenv("EPLB_PAYOFF_GATE", raising=False)
+    monkeypatch.setattr(adapter, "_gate", None)
     adapter._cache.clear()
     algos.calls = calls
     return algos
@@ -103,7 +105,7 @@ def init_by_eplb(algos, tokens, num_physical, num_local, num_groups, num_nodes, 
             ids = np.flatnonzero(p[l] == e)
             assert cnt[l, e] == len(ids) >= 1
             row = l2p[l, e]
-            np.testing.assert_array_equal(row[: len(ids)], ids)
+            np.testing.assert_array_equal(np.sort(row[: len(ids)]), ids)
             assert (row[len(ids):] == -1).all()
     return p
 
@@ -206,11 +208,19 @@ def test_other_algorithms_stay_sglangs(sglang):
     assert sglang.calls["upstream"] == 1
 
 
-def test_unknown_policy_raises_eplb_error(sglang):
+def test_an_unknown_policy_never_raises_into_sglang(sglang, caplog):
+    """compute_algorithm runs at every rebalance: our names resolve unchecked, and the
+    rebalance hook reports an unknown one and hands the plan to SGLang's own algorithm."""
     adapter.register()
     HookRegistry.apply_hooks()
+    assert sglang.compute_algorithm("eplb_rs:fastest", 1, 1) == "eplb_rs:fastest"
     with pytest.raises(eplb.EplbError, match="unknown policy `fastest`"):
-        sglang.compute_algorithm("eplb_rs:fastest", 1, 1)
+        adapter.ours("eplb_rs:fastest")
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        out = sglang.rebalance_experts(FakeTensor(np.ones((1, 2, 8))), 12, 4, None, 1,
+                                       "eplb_rs:fastest")
+    assert out == ("upstream", EplbAlgorithm.deepseek)
+    assert "unknown policy `fastest`" in caplog.text
 
 
 def test_changed_signature_is_left_alone(sglang, caplog):
@@ -252,3 +262,136 @@ def test_a_failing_plan_falls_back_to_sglangs_deepseek(sglang, caplog):
         out = sglang.rebalance_experts(bad, 12, 4, None, 1, "eplb_rs:incremental")
     assert out == ("upstream", EplbAlgorithm.deepseek)
     assert "SGLang's own deepseek algorithm plans this rebalance" in caplog.text
+
+
+@pytest.mark.parametrize("mode, hier", [("deepseek", False), ("deepseek_hierarchical", True)])
+def test_deepseek_modes_return_deepseeks_log2phy(sglang, mode, hier):
+    """SGLang uses log2phy of the triple: the deepseek modes list each expert's replicas in the
+    order DeepSeek's algorithm created them, as SGLang's copy of it does (padded to P-E+1)."""
+    from test_deepseek import deepseek_reference
+
+    c = golden("dsv3_prefill_ep32")
+    groups, nodes = (c.groups, c.nodes) if hier else (1, 1)
+    phy2log, log2phy, logcnt = adapter.plan(
+        c.loads[None], c.replicas, c.slots, c.groups, c.nodes, adapter.ours(f"eplb_rs:{mode}"))
+    want = deepseek_reference(c.loads, c.replicas, groups, nodes, c.ranks)
+    np.testing.assert_array_equal(phy2log, want[0])
+    assert log2phy.shape == (c.layers, c.experts, c.replicas - c.experts + 1)
+    np.testing.assert_array_equal(log2phy[:, :, : want[1].shape[2]], want[1])
+    assert (log2phy[:, :, want[1].shape[2]:] == -1).all()
+    np.testing.assert_array_equal(logcnt, want[2])
+
+
+class _Metadata:
+    def __init__(self, phy2log):
+        self.physical_to_logical_map_cpu = FakeTensor(np.asarray(phy2log, dtype=np.int64))
+
+
+def _with_current(monkeypatch, phy2log):
+    mod = types.ModuleType("sglang.srt.eplb.expert_location")
+    meta = None if phy2log is None else _Metadata(phy2log)
+    mod.get_global_expert_location_metadata = lambda: meta
+    install_modules(monkeypatch, {"sglang.srt.eplb.expert_location": mod})
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_when_sglangs_deepseek_fails_too_the_current_placement_comes_back(
+        sglang, monkeypatch, caplog, first):
+    """Never raises, first rebalance included: ours fails (NaN), SGLang's deepseek fails too;
+    the current placement comes back (SGLang's trivial one when there is none yet)."""
+    def failing(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
+                num_nodes, algorithm):
+        raise RuntimeError("upstream broke")
+
+    sglang.rebalance_experts = failing
+    adapter.register()
+    HookRegistry.apply_hooks()
+    counts = np.ones((1, 2, 8))
+    counts[0, 1, 5] = np.nan
+    current = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], [7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4]])
+    _with_current(monkeypatch, None if first else current)
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        out = init_by_eplb(sglang, FakeTensor(counts), 12, 4, None, 1, "eplb_rs:incremental")
+    want = np.tile(np.arange(12) % 8, (2, 1)) if first else current
+    np.testing.assert_array_equal(out, want)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert "failed too (RuntimeError: upstream broke)" in errors[0].getMessage()
+    assert "the placement is kept this rebalance" in errors[0].getMessage()
+
+
+def test_a_bad_setting_at_rebalance_falls_back_instead_of_raising(sglang, monkeypatch, caplog):
+    adapter.register()
+    HookRegistry.apply_hooks()
+    monkeypatch.setenv("EPLB_POLICY_PARAMS", '{"partners": 0}')
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        out = sglang.rebalance_experts(FakeTensor(np.ones((1, 2, 8))), 12, 4, None, 1,
+                                       "eplb_rs:incremental")
+    assert out == ("upstream", EplbAlgorithm.deepseek)
+    assert "`partners` = 0 is out of range" in caplog.text
+
+
+def _skewed(layers=4, experts=16, hot=(3, 9)):
+    loads = np.ones((layers, experts), dtype=np.int64) * 10
+    loads[:, list(hot)] = 4000
+    return loads
+
+
+@pytest.mark.parametrize("gate, moves", [
+    ('{"tokens_per_rank": 0.0001}', False),  # almost no token per rank: a move saves ~nothing
+    ('{"hardware": "950DT", "tokens_per_rank": 100000}', True),
+])
+def test_the_payoff_gate_keeps_layers_that_do_not_pay(sglang, monkeypatch, caplog, gate, moves):
+    current = np.tile(np.arange(24) % 16, (4, 1))
+    _with_current(monkeypatch, current)
+    monkeypatch.setattr(adapter, "_gate", None)
+    free = adapter.plan(_skewed()[None], 24, 6, None, 1, adapter.ours("eplb_rs:default"))[0]
+    monkeypatch.setenv("EPLB_PAYOFF_GATE", gate)
+    with caplog.at_level(logging.INFO, logger="sglang.eplb_rs"):
+        adapter.register()
+    assert "eplb_payoff_gate: on" in caplog.text
+    HookRegistry.apply_hooks()
+    tokens = FakeTensor(_skewed()[None])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang.eplb_rs"):
+        gated = init_by_eplb(sglang, tokens, 24, 6, None, 1, "eplb_rs:default")
+    assert (free != current).any(axis=1).all()  # without the gate every layer moves
+    if moves:
+        np.testing.assert_array_equal(gated, free)
+        assert "0 of 4 changed layers kept" in caplog.text
+    else:
+        np.testing.assert_array_equal(gated, current)
+        assert "4 of 4 changed layers kept" in caplog.text
+
+
+def _with_server_args(monkeypatch, **args):
+    mod = types.ModuleType("sglang.srt.server_args")
+    ns = types.SimpleNamespace(**args)
+    mod.get_global_server_args = lambda: ns
+    install_modules(monkeypatch, {"sglang.srt.server_args": mod})
+
+
+@pytest.mark.parametrize("interval, moves", [(None, True), (1000, True), (10, False)])
+def test_the_gate_weighs_a_move_over_sglangs_rebalance_interval(sglang, monkeypatch, interval,
+                                                                moves):
+    """A small saving pays back over 1000 forward passes (SGLang's default) but not over 10."""
+    current = np.tile(np.arange(24) % 16, (4, 1))
+    _with_current(monkeypatch, current)
+    if interval is not None:
+        _with_server_args(monkeypatch, eplb_rebalance_num_iterations=interval)
+    monkeypatch.setenv("EPLB_PAYOFF_GATE", '{"hardware": "A2", "tokens_per_rank": 0.001}')
+    adapter.register()
+    HookRegistry.apply_hooks()
+    out = init_by_eplb(sglang, FakeTensor(_skewed()[None]), 24, 6, None, 1, "eplb_rs:default")
+    assert (out != current).any(axis=1).all() == moves
+    assert (out == current).all() == (not moves)
+
+
+def test_a_bad_algorithm_name_is_logged_at_register(sglang, monkeypatch, caplog):
+    _with_server_args(monkeypatch, eplb_algorithm="eplb_rs:fastest")
+    with caplog.at_level(logging.ERROR, logger="sglang.eplb_rs"):
+        assert adapter.register()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["eplb: --eplb-algorithm eplb_rs:fastest: unknown policy `fastest` (expected "
+                      "one of random, default, swift, flashlb, incremental, deepseek or 0..4); "
+                      "every rebalance falls back to SGLang's own deepseek algorithm"]

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import eplb
-from conftest import DSV3_CASES, FakeTensor, even_par, golden, install_modules, tensor_device, tensor_dtype
+from conftest import (DSV3_CASES, FakeTensor, bf16_tensor, even_par, golden, install_modules,
+                      tensor_device, tensor_dtype)
 from eplb.integrations import vllm as adapter
 
 
@@ -35,8 +36,9 @@ def vllm_registry(monkeypatch, fake_torch):
     mod = types.ModuleType("vllm.distributed.eplb.policy")
     mod.EPLB_POLICIES = {"default": StandInDefault}
     install_modules(monkeypatch, {"vllm.distributed.eplb.policy": mod})
-    for k in ("policy_name", "policy_params"):
+    for k in ("policy_name", "policy_params", "upstream", "gate"):
         monkeypatch.setattr(adapter.Policy, k, getattr(adapter.Policy, k))
+    monkeypatch.delenv("EPLB_PAYOFF_GATE", raising=False)
     adapter.Policy._cache.clear()
     monkeypatch.delenv("EPLB_POLICY", raising=False)
     monkeypatch.delenv("EPLB_POLICY_PARAMS", raising=False)
@@ -175,14 +177,18 @@ def test_callable_from_a_non_main_thread(vllm_registry, monkeypatch):
     np.testing.assert_array_equal(out[0], main)
 
 
-def test_sizes_that_do_not_divide_raise_assertion_error(vllm_registry, monkeypatch):
+def test_sizes_that_do_not_divide_never_raise_into_vllm(vllm_registry, monkeypatch, caplog):
+    """vLLM's own policy asserts on them as ours refuses them; the adapter raises neither: the
+    engine's current table comes back, with one log line."""
     monkeypatch.setenv("EPLB_POLICY", "default")
     adapter.register()
     w = FakeTensor(np.ones((2, 8), dtype=np.int64))
-    with pytest.raises(AssertionError):
-        rearrange(vllm_registry, w, 10, 1, 1, 4)
-    with pytest.raises(eplb.EplbError, match="not a multiple of num_ranks"):
-        rearrange(vllm_registry, w, 10, 1, 1, 4)
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        out = vllm_registry["default"].rebalance_experts(w, 10, 1, 1, 4)
+    np.testing.assert_array_equal(out.numpy(), np.tile(np.arange(10) % 8, (2, 1)))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "not a multiple of num_ranks" in errors[0] and "failed too (AssertionError" in errors[0]
 
 
 def test_changed_signature_leaves_upstream_and_warns(vllm_registry, monkeypatch, caplog):
@@ -262,9 +268,133 @@ def test_a_failing_plan_keeps_the_engines_placement(vllm_registry, monkeypatch, 
         )
     assert out is old
     assert "the placement is kept this rearrangement" in caplog.text
-    # Without a current placement there is nothing to keep: the error reaches the caller.
-    with pytest.raises(eplb.EplbError):
-        vllm_registry["default"].rebalance_experts(FakeTensor(bad), c.replicas, 1, 1, c.ranks)
+
+
+class WorkingUpstream:
+    """vLLM's own policy, as far as the fallback is concerned: a recognisable valid plan."""
+
+    calls = 0
+
+    @classmethod
+    def rebalance_experts(
+        cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices=None
+    ):
+        cls.calls += 1
+        layers, experts = weight.shape
+        return FakeTensor(np.tile(np.arange(num_replicas)[::-1] % experts, (layers, 1)))
+
+
+def _bad_weights(c):
+    nan = c.loads.copy()
+    nan[0, 3] = np.nan
+    return {
+        "NaN loads": FakeTensor(nan),
+        "bfloat16 loads": bf16_tensor(c.loads),
+        "loads [1, L, N]": FakeTensor(c.loads[None]),
+    }
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first call", "later call"])
+def test_a_failure_falls_back_to_vllms_own_policy(vllm_registry, monkeypatch, caplog, first):
+    """First rearrangement (no previous placement) as later ones: our failure is one log line
+    and vLLM's own policy, which the adapter kept when it replaced it, plans."""
+    vllm_registry["default"] = WorkingUpstream
+    monkeypatch.setenv("EPLB_POLICY", "incremental")
+    adapter.register()
+    assert adapter.Policy.upstream is WorkingUpstream
+    c = golden("esft_law_ep8")
+    old = None if first else FakeTensor(c.current.reshape(c.layers, -1))
+    for what, w in _bad_weights(c).items():
+        if what == "loads [1, L, N]":
+            continue  # vLLM's own policy cannot read it either (below)
+        WorkingUpstream.calls = 0
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+            out = vllm_registry["default"].rebalance_experts(w, c.replicas, 1, 1, c.ranks, old)
+        assert WorkingUpstream.calls == 1, what
+        np.testing.assert_array_equal(
+            out.numpy(), np.tile(np.arange(c.replicas)[::-1] % c.experts, (c.layers, 1)))
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1, (what, errors)
+        assert "vLLM's own policy plans this rearrangement" in errors[0], what
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first call", "later call"])
+def test_when_vllms_own_policy_fails_too_the_current_table_comes_back(
+        vllm_registry, monkeypatch, caplog, first):
+    vllm_registry["default"] = WorkingUpstream
+    monkeypatch.setenv("EPLB_POLICY", "default")
+    adapter.register()
+    c = golden("esft_law_ep8")
+    old = None if first else FakeTensor(c.current.reshape(c.layers, -1))
+    w = _bad_weights(c)["loads [1, L, N]"]  # WorkingUpstream cannot unpack a 3-d shape
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        out = vllm_registry["default"].rebalance_experts(w, c.replicas, 1, 1, c.ranks, old)
+    if first:  # vLLM's initial map: slot p holds expert p mod N
+        np.testing.assert_array_equal(out.numpy(), np.tile(np.arange(c.replicas) % c.experts, (1, 1)))
+    else:
+        assert out is old
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "failed too" in errors[0] and "the placement is kept this rearrangement" in errors[0]
+
+
+def _skewed_case():
+    layers, ranks, slots, experts = 4, 4, 6, 16
+    old = np.tile(np.arange(ranks * slots) % experts, (layers, 1))
+    loads = np.ones((layers, experts), dtype=np.int64) * 10
+    loads[:, [3, 9]] = 4000
+    return old, loads, ranks
+
+
+@pytest.mark.parametrize("policy", ["default", "deepseek"])
+@pytest.mark.parametrize("gate, moves", [
+    ('{"tokens_per_rank": 0.0001}', False),  # almost no token per rank: a move saves ~nothing
+    ('{"hardware": "950DT", "tokens_per_rank": 100000}', True),
+])
+def test_the_payoff_gate_keeps_layers_that_do_not_pay(vllm_registry, monkeypatch, caplog, policy,
+                                                       gate, moves):
+    old, loads, ranks = _skewed_case()
+    monkeypatch.setenv("EPLB_POLICY", policy)
+    adapter.register()
+    free = rearrange(vllm_registry, FakeTensor(loads), old.shape[1], 1, 1, ranks, FakeTensor(old))
+    assert (free != old).any(axis=1).all()  # without the gate every layer moves
+    monkeypatch.setenv("EPLB_PAYOFF_GATE", gate)
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_rs"):
+        adapter.register()
+        gated = rearrange(vllm_registry, FakeTensor(loads), old.shape[1], 1, 1, ranks,
+                          FakeTensor(old))
+    assert "eplb_payoff_gate: on" in caplog.text
+    if moves:
+        np.testing.assert_array_equal(gated, free)
+        assert "0 of 4 changed layers kept on their placement, 4 moved" in caplog.text
+    else:
+        np.testing.assert_array_equal(gated, old)
+        assert "4 of 4 changed layers kept on their placement, 0 moved" in caplog.text
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{nope", "EPLB_PAYOFF_GATE: not JSON"),
+    ('{"model": "gpt-5"}', 'EPLB_PAYOFF_GATE: eplb_config.eplb_payoff_gate: model: unknown model '
+                           '"gpt-5"; expected one of deepseek-v3'),
+    ("3", "EPLB_PAYOFF_GATE: eplb_config.eplb_payoff_gate: expected a boolean or an object, got 3"),
+])
+def test_a_bad_gate_is_logged_once_and_the_policy_runs_without_it(vllm_registry, monkeypatch,
+                                                                 caplog, value, message):
+    old, loads, ranks = _skewed_case()
+    monkeypatch.setenv("EPLB_POLICY", "default")
+    monkeypatch.setenv("EPLB_PAYOFF_GATE", value)
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_rs"):
+        adapter.register()
+        for _ in range(2):
+            out = rearrange(vllm_registry, FakeTensor(loads), old.shape[1], 1, 1, ranks,
+                            FakeTensor(old))
+            assert (out != old).any(axis=1).all()
+    assert vllm_registry["default"] is adapter.Policy and adapter.Policy.gate is None
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"eplb: {message}")
+    assert errors[0].endswith("; vLLM runs eplb's policy without the pay-off gate")
 
 
 def _intra_gpu_moves(old: np.ndarray, new: np.ndarray, ranks: int) -> int:

@@ -253,7 +253,8 @@ def test_a_failing_call_keeps_the_table_and_logs(ascend, caplog):
         changed, priority, new = do_update(p, c.current, FakeTensor(bad))
     assert changed == 0 and len(priority) == 0
     np.testing.assert_array_equal(new, c.current)
-    assert "layer 3" in caplog.text and "kept this cycle" in caplog.text
+    # vLLM-Ascend's own policy of the type (the stand-in keeps the table) plans the cycle.
+    assert "layer 3" in caplog.text and "vLLM-Ascend's own policy 2 plans this cycle" in caplog.text
 
 
 def test_out_of_range_params_fail_at_selection(ascend, caplog):
@@ -291,8 +292,88 @@ def test_no_input_raises_into_the_engines_loop(ascend, policy, caplog):
             changed, priority, new = p.rebalance_experts(t, workload)
         assert changed == 0 and len(priority) == 0, what
         assert new is t, what  # the engine's own table, untouched
-        assert "the placement is kept this cycle" in caplog.text, what
+        assert "vLLM-Ascend's own policy 1 plans this cycle" in caplog.text, what
         caplog.clear()
+
+
+def test_when_the_own_policy_fails_too_the_table_is_kept(ascend, caplog):
+    class Broken:
+        def rebalance_experts(self, current_expert_table, expert_workload):
+            raise RuntimeError("upstream broke")
+
+    ascend.factory.generate_policy = staticmethod(lambda policy_type: Broken())
+    ascend.additional_config["eplb_rs"] = {"policy": "swift"}
+    adapter.register()
+    p = ascend.factory.generate_policy(2)
+    assert isinstance(p, adapter.Policy)
+    c = golden("esft_law_ep8")
+    t = FakeTensor(c.current)
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        changed, priority, new = p.rebalance_experts(t, bf16_tensor(slot_loads(c)))
+    assert changed == 0 and len(priority) == 0 and new is t
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "failed too (RuntimeError: upstream broke)" in errors[0]
+    assert "the placement is kept this cycle" in errors[0]
+
+
+def _skewed_case():
+    layers, ranks, slots, experts = 4, 4, 6, 16
+    table = np.tile(np.arange(ranks * slots) % experts, (layers, 1)).reshape(layers, ranks, slots)
+    loads = np.ones((layers, experts), dtype=np.int64) * 10
+    loads[:, [3, 9]] = 4000
+    counts = np.stack([np.bincount(table[l].ravel(), minlength=experts) for l in range(layers)])
+    sl = np.stack([(loads[l] // counts[l])[table[l]] for l in range(layers)])
+    return table, sl
+
+
+@pytest.mark.parametrize("source", ["config", "env"])
+@pytest.mark.parametrize("gate, moves", [
+    ({"tokens_per_rank": 0.0001}, False),  # almost no token per rank: a move saves ~nothing
+    ({"hardware": "950DT", "tokens_per_rank": 100000}, True),
+])
+def test_the_payoff_gate_keeps_layers_that_do_not_pay(ascend, monkeypatch, caplog, source, gate,
+                                                       moves):
+    import json
+
+    table, sl = _skewed_case()
+    free = adapter.Policy("default").rebalance_experts(FakeTensor(table), FakeTensor(sl))
+    assert free[0] == 1 and len(free[1]) == 4  # without the gate every layer moves
+    ascend.additional_config["eplb_rs"] = {"policy": "default"}
+    if source == "config":
+        ascend.additional_config["eplb_rs"]["payoff_gate"] = gate
+    else:
+        monkeypatch.setenv("EPLB_PAYOFF_GATE", json.dumps(gate))
+    adapter.register()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(1)
+        p = pickle.loads(pickle.dumps(p))  # the planner process gets a copy
+        changed, priority, new = do_update(p, table, FakeTensor(sl))
+    assert "eplb_payoff_gate: on" in caplog.text
+    if moves:
+        np.testing.assert_array_equal(new, free[2].numpy() if hasattr(free[2], "numpy") else free[2])
+        assert "0 of 4 changed layers kept" in caplog.text
+    else:
+        assert changed == 0 and len(priority) == 0
+        np.testing.assert_array_equal(new, table)
+        assert "4 of 4 changed layers kept" in caplog.text
+
+
+def test_a_bad_gate_is_logged_once_and_the_policy_runs_without_it(ascend, caplog):
+    table, sl = _skewed_case()
+    ascend.additional_config["eplb_rs"] = {"policy": "default", "payoff_gate": {"hardwar": "A3"}}
+    adapter.register()
+    with caplog.at_level(logging.INFO, logger="vllm.eplb_rs"):
+        p = ascend.factory.generate_policy(1)
+        changed, _, new = do_update(p, table, FakeTensor(sl))
+    assert isinstance(p, adapter.Policy) and changed == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        'eplb: additional_config["eplb_rs"]["payoff_gate"]: eplb_config.eplb_payoff_gate: '
+        'unknown key "hardwar"; expected one of model, hardware, role, tokens_per_rank, '
+        'calibration (did you mean "hardware"?); vLLM-Ascend runs eplb\'s policy without the '
+        'pay-off gate'
+    ]
 
 
 def test_colocated_input_loses_no_expert_and_passes_the_guard(ascend):
@@ -312,3 +393,21 @@ def test_keep_slots_keeps_every_copy_of_the_new_row():
     out = adapter.keep_slots(old, new)
     np.testing.assert_array_equal(out, new)
     assert sorted(out[0, 0].tolist()) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("intervals, moves", [(None, True), ((600, 50), True), ((0, 10), False)])
+def test_the_gate_weighs_a_move_over_the_heat_and_algorithm_intervals(ascend, intervals, moves):
+    """A small saving pays back over 650 iterations (the defaults) but not over 10."""
+    table, sl = _skewed_case()
+    ascend.additional_config["eplb_rs"] = {
+        "policy": "default", "payoff_gate": {"hardware": "A2", "tokens_per_rank": 0.001}}
+    if intervals is not None:
+        ascend.additional_config["eplb_config"] = {
+            "expert_heat_collection_interval": intervals[0],
+            "algorithm_execution_interval": intervals[1]}
+    adapter.register()
+    p = pickle.loads(pickle.dumps(ascend.factory.generate_policy(1)))
+    assert p.gate_iterations == (650 if intervals is None else sum(intervals))
+    changed, _, new = do_update(p, table, FakeTensor(sl))
+    assert changed == int(moves)
+    assert (new == table).all() == (not moves)

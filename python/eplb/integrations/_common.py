@@ -1,5 +1,6 @@
-"""What the adapters share: the selection (``EPLB_POLICY``/``EPLB_POLICY_PARAMS``), a
-per-process cache of policies keyed by shape, and the repair of a current placement."""
+"""What the adapters share: the selection (``EPLB_POLICY``/``EPLB_POLICY_PARAMS``), the pay-off
+gate (``EPLB_PAYOFF_GATE``), a per-process cache of policies keyed by shape, and the repair of a
+current placement."""
 
 from __future__ import annotations
 
@@ -14,22 +15,17 @@ import numpy as np
 
 from .. import _native
 from .._api import Policy, policy_params
-from .._native import EplbError
+from .._native import EplbError, PayoffGate
 
 ENV_POLICY = "EPLB_POLICY"
 ENV_PARAMS = "EPLB_POLICY_PARAMS"
+ENV_GATE = "EPLB_PAYOFF_GATE"
 
 
 def canonical(name) -> str:
-    """The canonical policy name of ``name`` (a name or 0..4); raises EplbError."""
-    s = str(name).strip()
-    numbers = {"0": "random", "1": "default", "2": "swift", "3": "flashlb", "4": "incremental"}
-    s = numbers.get(s, s)
-    if s not in policy_params():
-        raise EplbError(
-            f"unknown policy `{name}` (expected one of {', '.join(policy_params())} or 0..4)"
-        )
-    return s
+    """The canonical policy name of ``name`` (a name or 0..4, as the Rust parser reads it);
+    raises EplbError."""
+    return _native.policy_name(str(name))
 
 
 def check_params(policy: str, params: dict) -> dict:
@@ -145,3 +141,77 @@ def one_shot(cache: "PolicyCache", name: str, params: dict, loads: np.ndarray, *
     if name == "swift":
         return policy, cache.get("default", {}, **shape).rebalance(loads).placement
     return policy, None
+
+
+def gate_from(text, source: str) -> Optional[PayoffGate]:
+    """The pay-off gate of ``text``, the JSON of an ``eplb_payoff_gate`` setting (``true``, or an
+    object of ``model``, ``hardware``, ``role``, ``tokens_per_rank``, ``calibration``), or None
+    when it is empty or ``false``. The setting is checked by the runtime's config parser, so a
+    bad one raises :class:`EplbError` with the message ``eplb check-config`` prints, after
+    ``source`` (where it came from)."""
+    text = "" if text is None else str(text).strip()
+    if not text:
+        return None
+    gate = PayoffGate(text, source)
+    return gate if gate.on else None
+
+
+def gate_from_env(environ=None) -> Optional[PayoffGate]:
+    """The pay-off gate of ``EPLB_PAYOFF_GATE`` (:func:`gate_from`); raises EplbError."""
+    env = os.environ if environ is None else environ
+    return gate_from(env.get(ENV_GATE, ""), ENV_GATE)
+
+
+def install_gate(logger, engine: str, read) -> Optional[PayoffGate]:
+    """``read()`` (a gate or None), at install time: an unusable setting is logged once, as an
+    error naming it, and the adapter runs without the gate (the engine keeps our policy)."""
+    try:
+        gate = read()
+    except EplbError as e:
+        logger.error("eplb: %s; %s runs eplb's policy without the pay-off gate", e, engine)
+        return None
+    if gate is not None:
+        logger.info("eplb: %s (%s)", gate.summary, engine)
+    return gate
+
+
+def gate_plan(gate: Optional[PayoffGate], logger, current, plan, loads, *, ranks: int,
+              ranks_per_node: Optional[int] = None, iterations: Optional[int] = None):
+    """``plan`` with the pay-off gate applied against the engine's ``current`` placement: a
+    changed layer whose move does not pay keeps its current rows, so the engine moves fewer
+    weights; the log says how many layers were kept. ``plan`` and ``current`` are ``[L, R, S]``
+    or ``[L, R*S]``; the result has ``plan``'s shape.
+
+    No gate, no current placement, or one that is not ``plan``'s size or does not hold every
+    expert once per rank (elastic EP, empty slots): the plan as it is (the runtime does not gate
+    a plan after a membership change either). A gate that fails is logged and the plan goes
+    ungated."""
+    if gate is None or current is None:
+        return plan
+    new = np.asarray(plan)
+    cur = np.asarray(current)
+    w = np.asarray(loads)
+    if cur.shape != new.shape or new.ndim not in (2, 3) or w.ndim != 2 or ranks < 1:
+        return plan
+    layers, experts = w.shape
+    slots = new[0].size // ranks if layers else 0
+    if layers == 0 or slots * ranks != new[0].size or cur.dtype.kind not in "iu":
+        return plan
+    shape3 = (layers, ranks, slots)
+    repaired = repair_current(cur, layers, experts, ranks, slots)
+    if repaired is None or not np.array_equal(repaired, cur.reshape(shape3)):
+        return plan
+    try:
+        gated, _, (changed, moved, saving, forgone, _stall) = gate.apply(
+            repaired, new.reshape(shape3), w, ranks_per_node, iterations
+        )
+    except EplbError as e:
+        logger.error("eplb: %s; this plan goes without the pay-off gate", e)
+        return plan
+    if changed:
+        logger.info(
+            "eplb: pay-off gate: %d of %d changed layers kept on their placement, %d moved "
+            "(saving %.3f%% of the step; %.3f%% forgone)",
+            changed - moved, changed, moved, 100 * saving, 100 * forgone,
+        )
+    return gated.reshape(new.shape)

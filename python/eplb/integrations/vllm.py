@@ -5,6 +5,10 @@
 signature of upstream's ``rebalance_experts`` and, if it is the one this adapter implements,
 puts :class:`Policy` in its place; users keep ``--eplb-config.policy default``. It then gives
 vLLM-Ascend's MRv1 factory the same treatment (:mod:`eplb.integrations.vllm_ascend`).
+
+``EPLB_PAYOFF_GATE`` (the JSON of the runtime's ``eplb_payoff_gate``) turns the pay-off gate on:
+a layer whose move does not pay over ``step_interval`` keeps its rows. A bad setting is logged
+once at :func:`register` and the policy runs without the gate.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _api
+from .. import _api, _native
 from .._check import PreconditionError
 from .._native import EplbError
 from .._tensor import to_numpy, to_torch
@@ -36,6 +40,10 @@ EXPECTED_SIGNATURE = [
 _MARK = "__eplb_rs__"
 _lock = threading.Lock()
 
+#: vLLM's default ``eplb_config.step_interval``: the steps a placement serves, over which the
+#: pay-off gate weighs a move.
+STEP_INTERVAL = 3000
+
 
 class ShapeError(PreconditionError):
     """Sizes that do not divide: the package's one precondition error (an EplbError and an
@@ -49,6 +57,8 @@ class Policy:
 
     policy_name = "deepseek"
     policy_params: dict = {}
+    #: The pay-off gate (``EPLB_PAYOFF_GATE``), or None.
+    gate: Optional[_native.PayoffGate] = None
     _cache = _common.PolicyCache()
     #: The engine's own policy class this one replaced (set by :func:`register`).
     upstream: Optional[type] = None
@@ -63,6 +73,12 @@ class Policy:
         num_ranks,
         old_global_expert_indices=None,
     ):
+        """Never raises into vLLM, on its first rearrangement (no previous placement) as on any
+        later one: when our policy fails (a dtype torch cannot hand to numpy, NaN loads, a
+        tensor of the wrong rank, sizes that do not divide, ...), vLLM's own policy (the one
+        :func:`register` replaced) plans this rearrangement; when that fails too, the engine's
+        current table comes back (``old_global_expert_indices``, or on the first call vLLM's
+        initial map: slot ``p`` holds expert ``p mod N``). One log line says which."""
         try:
             w = to_numpy(weight)
             _record.record("vllm", w)
@@ -75,16 +91,28 @@ class Policy:
                 None if old_global_expert_indices is None else to_numpy(old_global_expert_indices),
             )
             return to_torch(phy2log)
-        except ShapeError:
-            raise  # vLLM's own policy asserts the same: the engine's configuration is wrong
         except Exception as e:  # noqa: BLE001 - a rebalance must not end the engine's loop
-            if old_global_expert_indices is None:
-                raise
-            logger.error(
-                "eplb: %s policy failed (%s: %s); the placement is kept this rearrangement",
-                cls.policy_name, type(e).__name__, e,
+            return cls._fall_back(
+                e, weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
             )
-            return old_global_expert_indices
+
+    @classmethod
+    def _fall_back(cls, error, weight, num_replicas, num_groups, num_nodes, num_ranks, old):
+        what = f"eplb: {cls.policy_name} policy failed ({type(error).__name__}: {error})"
+        upstream = cls.upstream
+        if upstream is not None:
+            try:
+                out = upstream.rebalance_experts(
+                    weight, num_replicas, num_groups, num_nodes, num_ranks, old
+                )
+            except Exception as e:  # noqa: BLE001
+                what += f"; vLLM's own policy failed too ({type(e).__name__}: {e})"
+            else:
+                logger.error("%s; vLLM's own policy plans this rearrangement", what)
+                return out
+        table = old if old is not None else _initial_table(weight, num_replicas)
+        logger.error("%s; the placement is kept this rearrangement", what)
+        return table
 
     @classmethod
     def preserve_intragpu_slots(cls, phy2log, num_ranks, old_phy2log):
@@ -142,15 +170,42 @@ class Policy:
             phy2log = policy.rebalance(w, current).placement.reshape(layers, num_replicas)
         if old is not None:
             phy2log = cls.preserve_intragpu_slots(phy2log, num_ranks, np.asarray(old))
+            nodes_divide = num_nodes >= 1 and num_ranks % num_nodes == 0
+            phy2log = _common.gate_plan(
+                cls.gate, logger, old, phy2log, w, ranks=num_ranks,
+                ranks_per_node=num_ranks // num_nodes if nodes_divide else None,
+                iterations=STEP_INTERVAL,
+            )
         return phy2log
 
 
-def configure(policy: str, params: Optional[dict] = None) -> None:
-    """Selects the policy :class:`Policy` runs (validated; raises EplbError)."""
+def _initial_table(weight, num_replicas):
+    """vLLM's initial ``phy2log`` ``[L, P]`` (slot ``p`` holds expert ``p mod N``), as a CPU
+    int64 torch tensor (numpy when torch is absent): the engine's table before its first
+    rearrangement. Sizes it cannot read become 1."""
+    shape = tuple(getattr(weight, "shape", ()) or ())
+    layers = int(shape[0]) if len(shape) >= 2 else 1
+    experts = max(1, int(shape[-1])) if shape else 1
+    try:
+        p = max(1, int(num_replicas))
+    except (TypeError, ValueError, OverflowError):
+        p = experts
+    table = np.tile(np.arange(p, dtype=np.int64) % experts, (layers, 1))
+    try:
+        return to_torch(table)
+    except Exception:  # noqa: BLE001 - no torch: numpy is the best left
+        return table
+
+
+def configure(policy: str, params: Optional[dict] = None, gate: Optional[str] = None) -> None:
+    """Selects the policy :class:`Policy` runs and its pay-off gate (``gate``: the JSON of an
+    ``eplb_payoff_gate`` setting, None for none); validated, raises EplbError."""
     name = _common.canonical(policy)
     params = _common.check_params(name, params or {})
+    payoff = _common.gate_from(gate, "payoff gate")
     Policy.policy_name = name
     Policy.policy_params = params
+    Policy.gate = payoff
     Policy._cache.clear()
 
 
@@ -170,6 +225,7 @@ def _patch_vllm(policy: str, params: dict) -> bool:
     current = registry["default"]
     if getattr(current, _MARK, False):
         configure(policy, params)
+        Policy.gate = _common.install_gate(logger, "vLLM", _common.gate_from_env)
         return True
     names = _common.signature_names(getattr(current, "rebalance_experts", None))
     if names != EXPECTED_SIGNATURE:
@@ -183,6 +239,7 @@ def _patch_vllm(policy: str, params: dict) -> bool:
         )
         return False
     configure(policy, params)
+    Policy.gate = _common.install_gate(logger, "vLLM", _common.gate_from_env)
     Policy.upstream = current
     registry["default"] = Policy
     logger.info(

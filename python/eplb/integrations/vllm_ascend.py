@@ -8,10 +8,16 @@ the wrapper returns :class:`Policy` for the configured ``eplb_policy_type``, whi
 the load format (1 and 2: ``[L, R, S]`` int64 slot loads; 3: ``[H, L, R, S]`` int32 per-window
 slot loads, and FlashLB's numba warm-up is then skipped). Without a selection it defers to the
 original factory.
+
+The pay-off gate: ``additional_config["eplb_rs"]["payoff_gate"]`` (the value of the runtime's
+``eplb_payoff_gate``), else ``EPLB_PAYOFF_GATE`` holding the same JSON. A bad setting is logged
+once when the policy is made and the policy runs without the gate. The gate weighs a move over
+``expert_heat_collection_interval + algorithm_execution_interval`` (``eplb_config``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Optional
@@ -65,12 +71,24 @@ class Policy:
     expert_workload)`` returns ``(changed, priority, new_table)``. One native policy per shape;
     picklable (the planner may run under ``forkserver``) and fork-safe."""
 
-    def __init__(self, policy: str, params: Optional[dict] = None, policy_type: int = 1):
+    def __init__(self, policy: str, params: Optional[dict] = None, policy_type: int = 1,
+                 gate: Optional[str] = None):
         self.policy = _common.canonical(policy)
         self.params = _common.check_params(self.policy, params or {})
         self.policy_type = int(policy_type)
+        #: The pay-off gate's setting (JSON text; None: no gate) and the gate.
+        self.gate = gate
+        try:
+            self._gate = _common.gate_from(gate, "payoff gate")
+        except EplbError as e:  # a calibration file gone since the setting was checked
+            logger.error("eplb: %s; the %s policy runs without the pay-off gate", e, self.policy)
+            self._gate = None
+        #: The iterations the gate weighs a move over (None: the runtime's default, 600 + 50).
+        self.gate_iterations: Optional[int] = None
         self.new_ep_size: Optional[int] = None
         self._cache: Optional[_common.PolicyCache] = None
+        #: vLLM-Ascend's own policy of this type, built at the first fallback (not pickled).
+        self._upstream = None
 
     def __getstate__(self):
         return {
@@ -78,11 +96,14 @@ class Policy:
             "params": self.params,
             "policy_type": self.policy_type,
             "new_ep_size": self.new_ep_size,
+            "gate": self.gate,
+            "gate_iterations": self.gate_iterations,
         }
 
     def __setstate__(self, state):
-        self.__init__(state["policy"], state["params"], state["policy_type"])
+        self.__init__(state["policy"], state["params"], state["policy_type"], state.get("gate"))
         self.new_ep_size = state.get("new_ep_size")
+        self.gate_iterations = state.get("gate_iterations")
 
     def set_new_ep_size(self, new_ep_size) -> None:
         """Plans the next tables for ``new_ep_size`` ranks (elastic EP, as vLLM-Ascend's
@@ -100,7 +121,9 @@ class Policy:
     def rebalance_experts(self, current_expert_table, expert_workload):
         """Never raises: an exception would end vLLM-Ascend's planner loop and leave the worker
         waiting forever. On any failure (bad shapes or dtypes, a table the planner would
-        reject, a policy error) the current table comes back unchanged, with a log line."""
+        reject, a policy error) vLLM-Ascend's own policy for this ``eplb_policy_type`` (the
+        one the factory gave before it was wrapped) plans this cycle; when that fails too, the
+        current table comes back unchanged. One log line says which."""
         try:
             table = np.asarray(to_numpy(current_expert_table))
             new = self.plan(table, np.asarray(to_numpy(expert_workload)))
@@ -111,11 +134,26 @@ class Policy:
             priority = np.flatnonzero(changed_layers)
             return int(changed_layers.any()), priority, like(new, current_expert_table)
         except Exception as e:  # noqa: BLE001 - the engine's loop must go on
-            logger.error(
-                "eplb: %s policy failed (%s: %s); the placement is kept this cycle",
-                self.policy, type(e).__name__, e,
-            )
-            return 0, np.zeros(0, dtype=np.int64), current_expert_table
+            return self._fall_back(e, current_expert_table, expert_workload)
+
+    def _fall_back(self, error, current_expert_table, expert_workload):
+        what = f"eplb: {self.policy} policy failed ({type(error).__name__}: {error})"
+        try:
+            upstream = self._upstream
+            if upstream is None:
+                upstream = self._upstream = upstream_policy(self.policy_type)
+            if upstream is None:
+                raise LookupError("vLLM-Ascend's policy factory is not importable")
+            if self.new_ep_size is not None and hasattr(upstream, "set_new_ep_size"):
+                upstream.set_new_ep_size(self.new_ep_size)
+            out = upstream.rebalance_experts(current_expert_table, expert_workload)
+        except Exception as e:  # noqa: BLE001
+            what += f"; vLLM-Ascend's own policy {self.policy_type} failed too ({type(e).__name__}: {e})"
+        else:
+            logger.error("%s; vLLM-Ascend's own policy %s plans this cycle", what, self.policy_type)
+            return out
+        logger.error("%s; the placement is kept this cycle", what)
+        return 0, np.zeros(0, dtype=np.int64), current_expert_table
 
     def plan(self, table: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """The numpy core: a new ``[L, R, S]`` int64 table that passes the planner's guard, or
@@ -169,6 +207,8 @@ class Policy:
             policy = cache.get(self.policy, self.params, **shape)
             r = policy.rebalance(loads, current, samples if self.policy == "flashlb" else None)
             new = keep_slots(current, r.placement)
+            new = _common.gate_plan(self._gate, logger, current, new, loads, ranks=ranks,
+                                    iterations=self.gate_iterations)
         why = guard(new, experts)
         if why is not None:
             raise EplbError(f"the new table would be rejected: {why}")
@@ -178,24 +218,70 @@ class Policy:
 def selection():
     """``(policy, params)`` from ``additional_config["eplb_rs"]``, else from ``EPLB_POLICY``, or
     None. Raises EplbError on a bad setting."""
+    cfg = _additional_config().get(CONFIG_KEY)
+    if cfg is not None:
+        if not isinstance(cfg, dict) or "policy" not in cfg:
+            raise EplbError(
+                f'additional_config["{CONFIG_KEY}"] must be {{"policy": ..., "params": {{...}}}}'
+            )
+        unknown = sorted(set(cfg) - {"policy", "params", "payoff_gate"})
+        if unknown:
+            raise EplbError(f'additional_config["{CONFIG_KEY}"]: unknown key `{unknown[0]}`')
+        name = _common.canonical(cfg["policy"])
+        return name, _common.check_params(name, cfg.get("params") or {})
+    return _common.from_env()
+
+
+def upstream_policy(policy_type):
+    """vLLM-Ascend's own policy for ``policy_type``: what ``PolicyFactory.generate_policy``
+    gave before :func:`register` wrapped it (None when the factory is not importable)."""
+    import importlib
+
+    try:
+        factory = importlib.import_module(FACTORY_MODULE).PolicyFactory
+    except Exception:  # noqa: BLE001
+        return None
+    generate = factory.generate_policy
+    if getattr(generate, _MARK, False):
+        generate = generate.__wrapped__
+    return generate(policy_type)
+
+
+def _additional_config() -> dict:
     try:
         from vllm_ascend.ascend_config import get_ascend_config
 
         extra = getattr(get_ascend_config().vllm_config, "additional_config", None) or {}
     except Exception:
         extra = {}
-    cfg = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
-    if cfg is not None:
-        if not isinstance(cfg, dict) or "policy" not in cfg:
-            raise EplbError(
-                f'additional_config["{CONFIG_KEY}"] must be {{"policy": ..., "params": {{...}}}}'
-            )
-        unknown = sorted(set(cfg) - {"policy", "params"})
-        if unknown:
-            raise EplbError(f'additional_config["{CONFIG_KEY}"]: unknown key `{unknown[0]}`')
-        name = _common.canonical(cfg["policy"])
-        return name, _common.check_params(name, cfg.get("params") or {})
-    return _common.from_env()
+    return extra if isinstance(extra, dict) else {}
+
+
+def cycle_iterations() -> int:
+    """The iterations a placement serves: vLLM-Ascend's ``expert_heat_collection_interval``
+    plus ``algorithm_execution_interval`` (``additional_config["eplb_config"]``; defaults 600
+    and 50), at least 1."""
+    cfg = _additional_config().get("eplb_config")
+    cfg = cfg if isinstance(cfg, dict) else {}
+
+    def value(key, default):
+        v = cfg.get(key, default)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
+
+    return max(1, value("expert_heat_collection_interval", 600)
+               + value("algorithm_execution_interval", 50))
+
+
+def gate_selection():
+    """The pay-off gate of ``additional_config["eplb_rs"]["payoff_gate"]`` (the value of the
+    runtime's ``eplb_payoff_gate``), else of ``EPLB_PAYOFF_GATE``, or None. Raises EplbError
+    with ``eplb check-config``'s message on a bad setting."""
+    cfg = _additional_config().get(CONFIG_KEY)
+    if isinstance(cfg, dict) and "payoff_gate" in cfg:
+        return _common.gate_from(
+            json.dumps(cfg["payoff_gate"]), f'additional_config["{CONFIG_KEY}"]["payoff_gate"]'
+        )
+    return _common.gate_from_env()
 
 
 def _skip_warm_up(*_args, **_kwargs):
@@ -255,7 +341,10 @@ def register() -> bool:
                 name,
                 params,
             )
-            return Policy(name, params, policy_type)
+            gate = _common.install_gate(logger, "vLLM-Ascend", gate_selection)
+            p = Policy(name, params, policy_type, gate.text if gate is not None else None)
+            p.gate_iterations = cycle_iterations()
+            return p
 
         generate_policy.__eplb_rs__ = True  # type: ignore[attr-defined]
         generate_policy.__wrapped__ = original  # type: ignore[attr-defined]
