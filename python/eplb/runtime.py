@@ -469,16 +469,16 @@ class Runtime:
         shrink a group; ``docs/torch.md`` shows how to make it)."""
         gone = sorted(int(q) for q in ranks)
         live = [q for q in self._proposed if q not in gone]
-        self._transport.pending_groups[tuple(live)] = group
         self._native.remove_ranks(gone)
+        self._transport.pending_groups[tuple(live)] = group
         self._proposed = live
 
     def add_ranks(self, ranks: Sequence[int], *, group: Any) -> None:
         """Adds ``ranks`` back; ``group`` spans the new live set (EP rank order)."""
         back = sorted(int(q) for q in ranks)
         live = sorted(set(self._proposed) | set(back))
-        self._transport.pending_groups[tuple(live)] = group
         self._native.add_ranks(back)
+        self._transport.pending_groups[tuple(live)] = group
         self._proposed = live
 
     def register_backup(self, layer: int, expert: int, tensors: Sequence[Any]) -> None:

@@ -182,3 +182,154 @@ def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(tmp_p
     # Metrics and heat recording work through this path.
     assert "eplb_" in results[0]["metrics"]
     assert rec.is_file() and rec.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        # A heat gather (long) that ran everywhere fails on rank 2 only.
+        {"rank": 2, "op": "all_gather", "after": 1},
+        # An agreement (5 words) fails on rank 1 only, later in the run.
+        {"rank": 1, "op": "all_gather", "after": 12, "words": 5},
+        # Rank 3's exchange of a layer fails after its transfers completed.
+        {"rank": 3, "op": "wait", "after": 2},
+    ],
+    ids=["heat-gather", "agreement", "exchange"],
+)
+def test_a_one_sided_fault_ends_on_one_placement_and_balancing_goes_on(tmp_path, fault):
+    trace = make_trace(tmp_path / "trace.json")
+    results = spawn(tmp_path, 4, {"trace": str(trace), "config": config(4), "fault": fault})
+    assert_clean(results)
+    assert_same_placements(results)
+    hit = results[fault["rank"]]
+    assert "fault_hit" in hit, "the fault never hit"
+    for res in results:
+        assert res["health"] == "running"
+    # Balancing went on after the fault: plans taken and layers committed after it.
+    stats = [r["stats"] for r in results]
+    if fault["op"] == "wait":
+        assert max(s["layers_aborted"] for s in stats) >= 1, stats
+    else:
+        assert stats[fault["rank"]]["collective_failures"] >= 1, stats
+    at = hit["fault_iteration"]
+    for res in results:
+        assert any(it > at for it, _ in res.get("commits", [])), "no layer moved after the fault"
+        assert any(it > at for it in res.get("plans", [])), "no plan taken after the fault"
+
+
+def test_a_rank_killed_mid_walk_is_removed_and_the_survivors_serve_every_expert(tmp_path):
+    # Rank 2 is SIGKILLed right after the first layer of the second cycle's walk committed.
+    # The parent sees it die and tells the survivors (an engine's health check); they build a
+    # group of the survivors, call remove_ranks with it, load the lost experts from the host
+    # copies and balance over the three live ranks.
+    trace = make_trace(tmp_path / "trace.json", windows=64)
+    kill = {"rank": 2, "cycle": 2, "after_commits": 1}
+    spec = {"trace": str(trace), "config": config(8), "kill": kill, "timeout": 10}
+    results = spawn(tmp_path, 4, spec, kill_watch=True)
+    assert results[2] is None
+    assert_clean(results)
+    assert_same_placements(results)
+    survivors = [r for r in results if r is not None]
+    for res in survivors:
+        assert res["mid_walk"], "the rank was not killed in the middle of a walk"
+        assert res["live"] == [0, 1, 3]
+        assert res["health"] == "running"
+        at = res["removed_at"]
+        assert any(it > at for it in res.get("plans", [])), "no plan after the removal"
+        assert any(it > at for it, _ in res.get("commits", [])), "no layer moved after it"
+        # The dead rank's slots are empty; every expert has a live copy again.
+        p = np.array(res["placement"])
+        s = p.shape[1] // 4
+        assert (p[:, 2 * s : 3 * s] == -1).all()
+        for layer in p:
+            assert set(layer[layer >= 0].tolist()) == set(range(EXPERTS))
+    stats = [r["stats"] for r in survivors]
+    if survivors[0]["lost"] > 0:
+        assert sum(s["loads"] for s in stats) >= 1, stats
+    assert stats[0]["membership_changes"] >= 1
+
+
+def test_bad_counts_raise_on_the_rank_that_got_them_and_change_nothing(tmp_path):
+    trace = make_trace(tmp_path / "trace.json", windows=24)
+    spec = {"trace": str(trace), "config": config(2), "bad_counts": True, "timeout": 10}
+    results = spawn(tmp_path, 2, spec)
+    assert_clean(results)
+    assert_same_placements(results)
+    errors = results[1]["count_errors"]
+    assert len(errors) == 5, errors
+    assert "expected shape [4, 9]" in errors[0]
+    assert "dtype float32" in errors[1]
+    assert "expected shape" in errors[2]
+    assert "is not a count" in errors[3]
+    assert "expected shape [4, 9]" in errors[4]
+    assert "count_errors" not in results[0]
+    assert results[0]["stats"]["plans"] >= 2
+
+
+@pytest.mark.parametrize("case", ["first_dim", "mixed_devices", "group_size"])
+def test_bad_construction_raises_eplb_error_and_no_rank_hangs(tmp_path, case):
+    trace = make_trace(tmp_path / "trace.json", windows=24)
+    timeout = 5
+    cfg = config(2)
+    spec = {"trace": str(trace), "config": cfg, "timeout": timeout}
+    if case == "group_size":
+        # A map for 4 ranks, started on a group of 2.
+        import eplb
+
+        rows = np.stack([np.arange(EXPERTS).reshape(4, 4)] * LAYERS)
+        eplb.write_map(tmp_path / "map.json", rows)
+        spec["config"] = dict(cfg, expert_map_path=str(tmp_path / "map.json"))
+        spec["config"].pop("num_redundant_experts")
+    else:
+        spec["bad"] = {"1" if case == "first_dim" else "0": case}
+    started = time.monotonic()
+    results = spawn(tmp_path, 2, spec, limit=60)
+    errors = [r.get("construct_error") for r in results]
+    assert all(errors), results
+    if case == "first_dim":
+        assert "layer 1 tensor 0 has 10 slots" in errors[1], errors
+        assert "handshake" in errors[0], errors
+    elif case == "mixed_devices":
+        assert "layer 2 tensor 1 is on meta" in errors[0], errors
+        assert "handshake" in errors[1], errors
+    else:
+        assert all("map.json" in e and "4" in e for e in errors), errors
+        assert all("map.json" in r["layout_error"] for r in results)
+    for r in results:
+        assert r["construct_seconds"] < timeout + 3, r
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("mode", ["record", "static", "payoff_gate"])
+def test_record_static_and_gated_modes_run_through_the_same_path(tmp_path, mode):
+    import eplb
+
+    trace = make_trace(tmp_path / "trace.json", windows=24)
+    cfg = config(2)
+    if mode == "record":
+        cfg["expert_map_record_path"] = str(tmp_path / "record.json")
+    elif mode == "static":
+        rows = np.stack([np.random.default_rng(l).permutation(EXPERTS).reshape(2, 8)
+                         for l in range(LAYERS)])
+        eplb.write_map(tmp_path / "map.json", rows)
+        cfg = {"expert_map_path": str(tmp_path / "map.json")}
+    else:
+        cfg["eplb_payoff_gate"] = True
+    results = spawn(tmp_path, 2, {"trace": str(trace), "config": cfg, "sim_stop": False})
+    assert_clean(results)
+    assert_same_placements(results)
+    res = results[0]
+    stats = res["stats"]
+    if mode == "record":
+        assert res["mode"] == "record"
+        assert stats["plans"] >= 2 and stats["moves"] == 0 and stats["layers_committed"] == 0
+        assert len(set(res["hashes"])) == 1, "record mode moved a weight"
+        recorded = eplb.read_map(str(tmp_path / "record.json"))
+        assert recorded.shape[:2] == (LAYERS, 2)
+    elif mode == "static":
+        assert res["mode"] == "static"
+        assert stats["plans"] == 0 and stats["collectives"] == 0
+        assert np.array(res["placement"]).tolist() == rows.reshape(LAYERS, -1).tolist()
+    else:
+        assert res["mode"] == "dynamic" and stats["plans"] >= 2
+        assert "eplb_" in res["metrics"]

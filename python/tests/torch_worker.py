@@ -64,7 +64,9 @@ class Replay:
             self.refs[k] = reference(l, e)
         return self.refs[k]
 
-    def check(self, rt: Runtime, weights: list[list[torch.Tensor]], it: int) -> None:
+    def check(
+        self, rt: Runtime, weights: list[list[torch.Tensor]], it: int, strict: bool = False
+    ) -> None:
         """Every slot holds the expert its placement row names; log2phy names a slot holding
         that expert."""
         p = rt.placement()
@@ -83,7 +85,11 @@ class Replay:
             l2p = rt.log2phy(l)
             for e, phys in enumerate(l2p):
                 if phys < 0:
-                    raise AssertionError(f"iteration {it}: layer {l} expert {e} has no copy")
+                    # Only between a rank's removal and the load of its lost experts.
+                    if "removed_at" not in self.out or strict:
+                        raise AssertionError(f"iteration {it}: layer {l} expert {e} has no copy")
+                    self.out["unserved"] = self.out.get("unserved", 0) + 1
+                    continue
                 if p[l, phys] != e or phys // s not in live:
                     raise AssertionError(
                         f"iteration {it}: layer {l} log2phy[{e}] = {phys} holds {p[l, phys]}"
@@ -104,7 +110,9 @@ class Replay:
         me = ranks.index(self.rank)
         share = window // n + (np.arange(n)[:, None, None] < window % n)[me]
         for l in range(layers):
-            np.add.at(phys[l], rt.log2phy(l), share[l])
+            l2p = rt.log2phy(l)
+            served = l2p >= 0  # an expert with no live copy (until it is loaded) is unserved
+            np.add.at(phys[l], l2p[served], share[l][served])
         t = torch.from_numpy(phys)
         dist.all_reduce(t, group=group)
         phys = t.numpy()
@@ -141,7 +149,14 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
     world = spec["procs"]
     cfg = spec["config"]
     slots = (experts + cfg.get("num_redundant_experts", 0)) // world
-    initial = default_layout(cfg, layers, experts, world)
+    try:
+        initial = default_layout(cfg, layers, experts, world)
+    except eplb.EplbError as e:
+        # The engine's own loader disagrees with the config (a bad-input case): load the
+        # contiguous layout and let the runtime refuse it.
+        rep.out["layout_error"] = str(e)
+        initial = np.tile(np.arange(experts), (layers, 1))
+        slots = experts // world
     weights = build_weights(initial, rank, slots)
     bad = spec.get("bad", {}).get(str(rank))
     if bad == "first_dim":
@@ -162,7 +177,7 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
     fault = spec.get("fault")
     if fault and fault["rank"] == rank:
         arm_fault(rt, fault, rep)
-    h, a = cfg["expert_heat_collection_interval"], cfg["algorithm_execution_interval"]
+    h, a = cfg.get("expert_heat_collection_interval", 1), cfg.get("algorithm_execution_interval", 1)
     group = dist.group.WORLD
     ranks = list(range(world))
     kill = spec.get("kill")
@@ -176,7 +191,14 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
             break
         mine = rep.route(rt, group, counts[w], ranks)
         if spec.get("bad_counts") and rank == 1 and w == 3:
-            for wrong in (mine[:, :-1], mine.astype(np.float32), mine[None]):
+            wrong_ones = (
+                mine[:, :-1],  # a slot short
+                mine.astype(np.float32),  # not integers
+                mine[None],  # three dimensions
+                -mine - 1,  # negative
+                torch.from_numpy(mine[:-1]),  # a torch tensor a layer short
+            )
+            for wrong in wrong_ones:
                 try:
                     rt.after_forward(wrong, 0)
                 except eplb.EplbError as e:
@@ -191,6 +213,7 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
                 killed_at = it
                 if rank == kill["rank"]:
                     os.kill(os.getpid(), signal.SIGKILL)
+                rep.out["mid_walk"] = rt.is_updating
                 group, ranks = survive(spec, rt, rank, kill)
                 rep.out["removed_at"] = it
         if taken:
@@ -198,7 +221,7 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
                 {"active_from_window": w + 1, "placement": rt.placement().tolist()}
             )
             cycle_start = w + 1
-    rep.out["iterations"] = it
+    rep.check(rt, rt._transport.weights, it, strict=True)
     rep.out["stats"] = rt.stats
     rep.out["health"] = rt.health
     rep.out["live"] = rt.live()
@@ -216,11 +239,16 @@ def forward(rt: Runtime, counts: np.ndarray, tokens: int) -> None:
 def step_done(rt: Runtime, rep: Replay, it: int) -> int:
     rep.check(rt, rt._transport.weights, it)
     rep.out["hashes"].append(zlib.crc32(rt.placement().tobytes()))
+    if "removed_at" in rep.out and "lost" not in rep.out:
+        # The first forward after the removal agreed on the new set and rerouted.
+        layers = rt.placement().shape[0]
+        rep.out["lost"] = int(sum((rt.log2phy(l) < 0).sum() for l in range(layers)))
     ev = rt.events
     if ev["committed"] is not None:
         rep.out.setdefault("commits", []).append([it, ev["committed"]])
     if ev["plan_taken"] is not None:
         rep.out.setdefault("plans", []).append(it)
+    rep.out["iterations"] = it + 1
     return it + 1
 
 
@@ -269,6 +297,7 @@ def arm_fault(rt: Runtime, fault: dict, rep: Replay) -> None:
             if not state["hit"] and state["n"] >= fault["after"] and local.size == fault.get("words", local.size):
                 state["hit"] = True
                 rep.out["fault_hit"] = state["n"]
+                rep.out["fault_iteration"] = rep.out["iterations"]
                 raise RuntimeError("injected: this rank's collective failed")
             return got
 
@@ -282,6 +311,7 @@ def arm_fault(rt: Runtime, fault: dict, rep: Replay) -> None:
             if not state["hit"] and state["n"] >= fault["after"]:
                 state["hit"] = True
                 rep.out["fault_hit"] = state["n"]
+                rep.out["fault_iteration"] = rep.out["iterations"]
                 raise RuntimeError("injected: this rank's exchange failed")
 
         t.wait = wait
