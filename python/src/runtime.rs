@@ -792,6 +792,7 @@ impl NativeRuntime {
 /// before it builds the runtime.
 #[pyfunction]
 #[pyo3(signature = (config, config_is_path, *, layers, experts, ranks, ranks_per_node = None, groups = 1))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn startup_placement<'py>(
     py: Python<'py>,
     config: &str,
