@@ -85,6 +85,7 @@ class _TorchTransport:
             "exchanges": 0,
             "exchange_seconds": 0.0,
             "last_exchange_seconds": 0.0,
+            "wait_seconds": 0.0,
         }
         self._p2p_group_peer = "group_peer" in inspect.signature(dist.P2POp.__init__).parameters
 
@@ -203,12 +204,15 @@ class _TorchTransport:
     def wait(self, plan: Any) -> None:
         layer = plan.layer
         works = self.works.pop(layer, [])
+        t0 = time.perf_counter()
         for w in works:
             self._wait_work(w)
         for w in self.send_works:
             self._wait_work(w)
         self.send_works = []
-        took = time.perf_counter() - self.launched_at.pop(layer, time.perf_counter())
+        now = time.perf_counter()
+        self.counters["wait_seconds"] += now - t0
+        took = now - self.launched_at.pop(layer, now)
         self.counters["exchanges"] += 1
         self.counters["exchange_seconds"] += took
         self.counters["last_exchange_seconds"] = took
@@ -535,7 +539,9 @@ class Runtime:
         ``layers_aborted``, ``moves`` (expert copies the committed layers changed, over every
         rank), the rank machine's other counters, and this rank's transfer counters
         (``bytes_sent``, ``bytes_received``, ``bytes_loaded``, ``exchanges``,
-        ``exchange_seconds``, ``last_exchange_seconds``)."""
+        ``exchange_seconds``: launch to completion, overlapping the forwards;
+        ``last_exchange_seconds``; ``wait_seconds``: what the serving thread blocked in the
+        exchanges' waits)."""
         d = self._native.stats()
         d.update(self._transport.counters)
         return d
