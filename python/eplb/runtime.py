@@ -142,6 +142,19 @@ class _TorchTransport:
         self.group_rank = {q: i for i, q in enumerate(ranks)}
         self.pending_groups.clear()
 
+    def replace_group(self, group: Any) -> None:
+        dist = _dist()
+        size, me = dist.get_world_size(group), dist.get_rank(group)
+        if size != len(self.live) or me != self.live.index(self.rank):
+            raise EplbError(
+                f"rank {self.rank}: the group has {size} ranks and this process is its rank {me}; "
+                f"the live EP ranks are {self.live} (expected {len(self.live)} ranks, this one at "
+                f"{self.live.index(self.rank)})"
+            )
+        self.group = group
+        self.works.clear()
+        self.send_works = []
+
     # --- one layer's exchange ------------------------------------------------------------
 
     def _op(self, fn: Any, tensor: Any, peer: int, tag: int) -> Any:
@@ -484,6 +497,13 @@ class Runtime:
         self._native.add_ranks(back)
         self._transport.pending_groups[tuple(live)] = group
         self._proposed = live
+
+    def set_group(self, group: Any) -> None:
+        """Replaces the process group of the current live ranks (same ranks, EP order): after a
+        collective timed out, a backend may leave the group unusable (gloo and NCCL do); the
+        engine builds a new one, hands it over on every live rank between iterations, then
+        calls :meth:`resume` if balancing was suspended."""
+        self._transport.replace_group(group)
 
     def register_backup(self, layer: int, expert: int, tensors: Sequence[Any]) -> None:
         """A host copy of one expert (one tensor per weight, without the slot dimension), loaded

@@ -249,9 +249,10 @@ def test_a_rank_killed_mid_walk_is_removed_and_the_survivors_serve_every_expert(
     assert stats[0]["membership_changes"] >= 1
 
 
-def test_bad_counts_raise_on_the_rank_that_got_them_and_change_nothing(tmp_path):
-    trace = make_trace(tmp_path / "trace.json", windows=24)
-    spec = {"trace": str(trace), "config": config(2), "bad_counts": True, "timeout": 10}
+def test_bad_counts_raise_on_the_rank_that_got_them_and_a_new_group_carries_on(tmp_path):
+    trace = make_trace(tmp_path / "trace.json", windows=48)
+    spec = {"trace": str(trace), "config": config(2), "bad_counts": True, "timeout": 10,
+            "regroup_at": 9}
     results = spawn(tmp_path, 2, spec)
     assert_clean(results)
     assert_same_placements(results)
@@ -264,6 +265,12 @@ def test_bad_counts_raise_on_the_rank_that_got_them_and_change_nothing(tmp_path)
     assert "expected shape [4, 9]" in errors[4]
     assert "count_errors" not in results[0]
     assert results[0]["stats"]["plans"] >= 2
+    # A group of the wrong size is refused; the new group of the same ranks carries on.
+    assert "the live EP ranks are [0, 1]" in results[1]["regroup_error"]
+    at = results[0]["regrouped_at"]
+    for res in results:
+        assert any(it > at for it in res.get("plans", [])), "no plan after the new group"
+        assert any(it > at for it, _ in res.get("commits", [])), "no layer moved after it"
 
 
 @pytest.mark.parametrize("case", ["first_dim", "mixed_devices", "group_size"])

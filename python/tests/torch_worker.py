@@ -189,6 +189,18 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
             driving = False
         if not driving:
             break
+        if spec.get("regroup_at") == w:
+            # The engine's group timed out and was rebuilt: hand over a new one (same ranks).
+            # Every rank creates the same groups in the same order (torch's rule).
+            alone = dist.new_group(ranks=[1])
+            if rank == 1:
+                try:
+                    rt.set_group(alone)
+                except eplb.EplbError as e:
+                    rep.out["regroup_error"] = str(e)
+            group = dist.new_group(ranks=ranks)
+            rt.set_group(group)
+            rep.out["regrouped_at"] = rep.out["iterations"]
         mine = rep.route(rt, group, counts[w], ranks)
         if spec.get("bad_counts") and rank == 1 and w == 3:
             wrong_ones = (
