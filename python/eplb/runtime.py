@@ -508,9 +508,12 @@ class Runtime:
     def register_backup(self, layer: int, expert: int, tensors: Sequence[Any]) -> None:
         """A host copy of one expert (one tensor per weight, without the slot dimension), loaded
         when the expert lost every live copy."""
-        ws = self._transport.weights[int(layer)] if 0 <= int(layer) < len(self._transport.weights) else None
-        if ws is None:
-            raise EplbError(f"register_backup: layer {layer} is out of range")
+        layers = self._transport.weights
+        if not 0 <= int(layer) < len(layers):
+            raise EplbError(
+                f"register_backup: layer {layer} is out of range (0..{len(layers)})"
+            )
+        ws = layers[int(layer)]
         if len(tensors) != len(ws) or any(
             tuple(t.shape) != tuple(w.shape[1:]) for t, w in zip(tensors, ws)
         ):
@@ -555,7 +558,8 @@ class Runtime:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """The counters: ``cycles`` (plans taken), ``plans``, ``layers_committed``,
+        """The counters: ``cycles`` (the cycle number: heat snapshots taken), ``plans``
+        (plans taken), ``layers_committed``,
         ``layers_aborted``, ``moves`` (expert copies the committed layers changed, over every
         rank), the rank machine's other counters, and this rank's transfer counters
         (``bytes_sent``, ``bytes_received``, ``bytes_loaded``, ``exchanges``,

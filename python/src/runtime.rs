@@ -148,6 +148,11 @@ fn failure(py: Python<'_>, at: Site, e: &PyErr) -> TransportError {
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".into());
     let detail = format!("{kind}: {}", e.value(py));
+    // The engine's log sees it (the Rust runtime's own log lines do not reach Python's).
+    let _ = py
+        .import("logging")
+        .and_then(|m| m.call_method1("getLogger", ("eplb.runtime",)))
+        .and_then(|l| l.call_method1("warning", (format!("eplb {at}: {detail}"),)));
     let lower = detail.to_ascii_lowercase();
     if e.is_instance_of::<pyo3::exceptions::PyTimeoutError>(py)
         || lower.contains("timed out")
@@ -301,7 +306,6 @@ pub(crate) struct NativeRuntime {
     /// The placement as of the last event (moves are counted against it).
     seen: Vec<u16>,
     moves: u64,
-    cycles: u64,
 }
 
 /// Runs `f`, turning a Rust panic into `EplbError` (the GIL stays held: the transport's
@@ -438,9 +442,6 @@ impl NativeRuntime {
                     eplb_runtime::metrics::layer_copies_moved(old, new, shape.slots_per_rank());
             }
         }
-        if ev.plan_taken.is_some() {
-            self.cycles += 1;
-        }
         if ev.committed.is_some() || ev.membership || ev.cycle_done || ev.suspended {
             self.seen.clear();
             self.seen.extend_from_slice(c.placement());
@@ -535,7 +536,6 @@ impl NativeRuntime {
                 events: Events::default(),
                 seen,
                 moves: 0,
-                cycles: 0,
             })
         })
     }
@@ -719,12 +719,12 @@ impl NativeRuntime {
     /// The counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        d.set_item("cycles", self.cycles)?;
         d.set_item("moves", self.moves)?;
-        let s = match &self.engine {
-            Engine::Dynamic(c) => c.stats(),
-            _ => Default::default(),
+        let (s, cycles) = match &self.engine {
+            Engine::Dynamic(c) => (c.stats(), c.machine().cycle_number()),
+            _ => (Default::default(), 0),
         };
+        d.set_item("cycles", cycles)?;
         d.set_item("plans", s.plans_taken)?;
         d.set_item("layers_committed", s.layers_committed)?;
         d.set_item("layers_aborted", s.layers_failed)?;

@@ -29,17 +29,19 @@ import numpy as np
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eplb.examples.toy_moe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m eplb.examples.toy_moe", description=(__doc__ or "").split("\n\n")[0]
+    )
     p.add_argument("--procs", type=int, default=4, help="EP ranks (CPU processes)")
-    p.add_argument("--trace", required=True, help="an eplb-trace/v1 trace (e.g. data/esft_chain.json)")
-    p.add_argument("--redundant", type=int, default=None, help="redundant experts (default: --procs)")
+    p.add_argument("--trace", required=True, help="an eplb-trace/v1 trace")
+    p.add_argument("--redundant", type=int, default=None, help="redundant experts (--procs)")
     p.add_argument("--heat-interval", type=int, default=16, help="heat windows per cycle")
     p.add_argument("--algo-interval", type=int, default=2, help="windows the planner gets")
     p.add_argument("--policy", default="swift", help="eplb policy (swift, flashlb, default, ...)")
     p.add_argument("--hidden", type=int, default=32, help="hidden size of the toy experts")
     p.add_argument("--intermediate", type=int, default=64, help="intermediate size")
-    p.add_argument("--tokens-cap", type=int, default=4, help="tokens each slot computes per forward")
-    p.add_argument("--link-gbps", type=float, default=10.0, help="link speed of the estimate, Gbit/s")
+    p.add_argument("--tokens-cap", type=int, default=4, help="tokens a slot computes per forward")
+    p.add_argument("--link-gbps", type=float, default=10.0, help="link of the estimate, Gbit/s")
     p.add_argument("--windows", type=int, default=None, help="replay only the first windows")
     return p.parse_args(argv)
 
@@ -120,15 +122,18 @@ def _rank(rank: int, a: argparse.Namespace, store: str, counts: np.ndarray) -> N
             for l in range(layers):
                 w13, w2 = weights[l]
                 for slot in np.nonzero(mine[l])[0].tolist():
-                    x = torch.randn((min(int(mine[l, slot]), a.tokens_cap), a.hidden), generator=gen)
-                    gate_up = x @ w13[slot].T
-                    h = torch.nn.functional.silu(gate_up[:, : a.intermediate]) * gate_up[:, a.intermediate :]
+                    tokens = min(int(mine[l, slot]), a.tokens_cap)
+                    x = torch.randn((tokens, a.hidden), generator=gen)
+                    gate, up = (x @ w13[slot].T).split(a.intermediate, dim=1)
+                    h = torch.nn.functional.silu(gate) * up
                     _ = h @ w2[slot].T
         rt.after_forward(mine, int(mine.sum()))
         if rt.events["cycle_done"]:
             cycle += 1
             now = rt.stats
-            moved = torch.tensor([now["bytes_received"] - last["bytes_received"] + now["bytes_loaded"] - last["bytes_loaded"]], dtype=torch.int64)
+            got = now["bytes_received"] + now["bytes_loaded"]
+            got -= last["bytes_received"] + last["bytes_loaded"]
+            moved = torch.tensor([got], dtype=torch.int64)
             per_rank_bytes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
             dist.all_gather(per_rank_bytes, moved)
             total = int(sum(int(b) for b in per_rank_bytes))
