@@ -64,13 +64,13 @@ def make_trace(path: Path, windows: int = WINDOWS, seed: int = 7) -> Path:
     return path
 
 
-def config(redundant: int, **extra) -> dict:
+def config(redundant: int, policy: str = "swift", **extra) -> dict:
     cfg = {
         "dynamic_eplb": True,
         "num_redundant_experts": redundant,
         "expert_heat_collection_interval": H,
         "algorithm_execution_interval": A,
-        "eplb_policy_type": "swift",
+        "eplb_policy_type": policy,
     }
     cfg.update(extra)
     return cfg
@@ -145,7 +145,7 @@ def assert_same_placements(results):
         assert res["placement"] == first["placement"]
 
 
-def simulate_log(tmp: Path, trace: Path, ranks: int, redundant: int) -> list[dict]:
+def simulate_log(tmp: Path, trace: Path, ranks: int, redundant: int, policy: str) -> list[dict]:
     eplb_bin = os.environ.get("EPLB_BIN")
     if not eplb_bin:
         pytest.skip("EPLB_BIN (the eplb CLI) not given; cargo xtask python sets it")
@@ -153,19 +153,22 @@ def simulate_log(tmp: Path, trace: Path, ranks: int, redundant: int) -> list[dic
     subprocess.run(
         [eplb_bin, "simulate", "--trace", str(trace), "--ranks", str(ranks), "--redundant",
          str(redundant), "--heat-interval", str(H), "--algo-interval", str(A), "--policy",
-         "swift", "--seed", "0", "--placements-log", str(log)],
+         policy, "--seed", "0", "--placements-log", str(log)],
         check=True,
         capture_output=True,
     )
     return json.loads(log.read_text())["entries"]
 
 
-@pytest.mark.parametrize("procs", [4, 8])
-def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(tmp_path, procs):
+@pytest.mark.parametrize(("procs", "policy"), [(4, "swift"), (8, "swift"), (4, "random")])
+def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(
+    tmp_path, procs, policy
+):
+    # swift keeps a kept expert's slot; random moves experts within a rank too (local moves).
     redundant = procs
     trace = make_trace(tmp_path / "trace.json")
     rec = tmp_path / "heat.jsonl"
-    cfg = config(redundant, eplb_heat_record_path=str(rec))
+    cfg = config(redundant, policy, eplb_heat_record_path=str(rec))
     results = spawn(tmp_path, procs, {"trace": str(trace), "config": cfg})
     assert_clean(results)
     assert_same_placements(results)
@@ -173,7 +176,7 @@ def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(tmp_p
     assert stats["plans"] >= 4 and stats["layers_committed"] >= 4 and stats["moves"] > 0, stats
     assert results[0]["health"] == "running"
     # The simulator's placements, cycle by cycle, are the processes' placements.
-    entries = simulate_log(tmp_path, trace, procs, redundant)
+    entries = simulate_log(tmp_path, trace, procs, redundant, policy)
     sim = [(e["active_from_window"], np.array(e["placement"]).reshape(LAYERS, -1).tolist())
            for e in entries[1:]]
     real = [(e["active_from_window"], e["placement"]) for e in results[0]["log"]]
