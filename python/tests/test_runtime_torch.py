@@ -175,6 +175,11 @@ def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(
     stats = results[0]["stats"]
     assert stats["plans"] >= 4 and stats["layers_committed"] >= 4 and stats["moves"] > 0, stats
     assert results[0]["health"] == "running"
+    # With nothing due an iteration runs no collective: none while the first heat window
+    # fills, and most iterations none at all.
+    per_iteration = np.diff([0] + results[0]["collectives"])
+    assert (per_iteration[: H - 1] == 0).all(), per_iteration[:H]
+    assert (per_iteration == 0).sum() >= len(per_iteration) // 2, per_iteration
     # The simulator's placements, cycle by cycle, are the processes' placements.
     entries = simulate_log(tmp_path, trace, procs, redundant, policy)
     sim = [(e["active_from_window"], np.array(e["placement"]).reshape(LAYERS, -1).tolist())

@@ -255,6 +255,7 @@ def step_done(rt: Runtime, rep: Replay, it: int) -> int:
         # The first forward after the removal agreed on the new set and rerouted.
         layers = rt.placement().shape[0]
         rep.out["lost"] = int(sum((rt.log2phy(l) < 0).sum() for l in range(layers)))
+    rep.out.setdefault("collectives", []).append(rt.stats["collectives"])
     ev = rt.events
     if ev["committed"] is not None:
         rep.out.setdefault("commits", []).append([it, ev["committed"]])
