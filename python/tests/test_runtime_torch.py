@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,7 +126,9 @@ def spawn(tmp: Path, procs: int, spec: dict, *, kill_watch: bool = False, limit:
             results.append(None)
             continue
         assert f.is_file(), f"rank {r} wrote no result; its output:\n{logs.get(r, '')[-3000:]}"
-        results.append(json.loads(f.read_text()))
+        res = json.loads(f.read_text())
+        res["output"] = logs.get(r, "")
+        results.append(res)
     return results
 
 
@@ -217,6 +220,11 @@ def test_a_one_sided_fault_ends_on_one_placement_and_balancing_goes_on(tmp_path,
     stats = [r["stats"] for r in results]
     if fault["op"] == "wait":
         assert max(s["layers_aborted"] for s in stats) >= 1, stats
+        # The exception became a transport failure naming the rank, the layer and the
+        # operation, in the engine's log.
+        out = hit["output"]
+        want = r"eplb rank 3: layer \d+ wait: RuntimeError: injected: this rank's exchange failed"
+        assert re.search(want, out), out[-2000:]
     else:
         assert stats[fault["rank"]]["collective_failures"] >= 1, stats
     at = hit["fault_iteration"]
