@@ -53,6 +53,7 @@ class _TorchTransport:
         self,
         rank: int,
         ranks: int,
+        experts: int,
         group: Any,
         weights: list[list[Any]],
         device: Any,
@@ -62,6 +63,7 @@ class _TorchTransport:
         dist = _dist()
         self.rank = rank
         self.ranks = ranks
+        self.experts = experts
         self.group = group
         self.weights = weights
         self.device = device
@@ -164,8 +166,14 @@ class _TorchTransport:
             return dist.P2POp(fn, tensor, group=self.group, tag=tag, group_peer=g)
         return dist.P2POp(fn, tensor, dist.get_global_rank(self.group, g), self.group, tag)
 
-    def _tag(self, layer: int, expert: int, i: int) -> int:
-        return (layer * 65536 + expert) * len(self.weights[layer]) + i
+    def _tag(self, plan: Any, expert: int, i: int) -> int:
+        """The message's tag: its layer, expert and weight tensor, and the cycle (modulo what
+        fits in 31 bits), so that a receive left posted by a timed-out exchange never takes a
+        later cycle's message (gloo matches by tag; NCCL ignores tags and matches by order)."""
+        t = len(self.weights[plan.layer])
+        span = len(self.weights) * self.experts * t
+        cycles = max(1, (2**31 - 1) // span)
+        return (plan.cycle % cycles) * span + (plan.layer * self.experts + expert) * t + i
 
     def _sends(self, plan: Any) -> list[Any]:
         dist = _dist()
@@ -176,7 +184,7 @@ class _TorchTransport:
                 src = w[slot]
                 if not src.is_contiguous():
                     src = src.contiguous()
-                ops.append(self._op(dist.isend, src, peer, self._tag(plan.layer, expert, i)))
+                ops.append(self._op(dist.isend, src, peer, self._tag(plan, expert, i)))
                 self.counters["bytes_sent"] += src.numel() * src.element_size()
         return ops
 
@@ -192,7 +200,7 @@ class _TorchTransport:
             dst = [torch.empty_like(w[0]) for w in ws]
             bufs[buf] = dst
             for i, d in enumerate(dst):
-                ops.append(self._op(dist.irecv, d, peer, self._tag(layer, expert, i)))
+                ops.append(self._op(dist.irecv, d, peer, self._tag(plan, expert, i)))
                 self.counters["bytes_received"] += d.numel() * d.element_size()
         self.launched_at[layer] = time.perf_counter()
         self.works[layer] = dist.batch_isend_irecv(ops) if ops else []
@@ -391,7 +399,7 @@ class Runtime:
             raise EplbError("this process is not a member of the group")
         text, is_path = _config_arg(config)
         ws, device, expert_bytes = _check_weights(weights, int(layers))
-        self._transport = _TorchTransport(rank, ranks, group, ws, device, timeout)
+        self._transport = _TorchTransport(rank, ranks, int(experts), group, ws, device, timeout)
         self._native = NativeRuntime(
             text,
             is_path,

@@ -14,6 +14,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use eplb_core::{EMPTY, LayerPlacement, LiveSet, Placement, ReplicaChoice, Shape};
@@ -56,6 +58,11 @@ pub(crate) struct ExchangePlan {
     /// The rank's new row `[S]` (-1: an empty slot).
     #[pyo3(get)]
     new_row: Vec<i32>,
+    /// The cycle the exchange belongs to (the same on every rank in step): transports that
+    /// match messages by tag put it in the tag, so that a receive left posted by a timed-out
+    /// attempt never takes a later cycle's message.
+    #[pyo3(get)]
+    cycle: u64,
 }
 
 #[pymethods]
@@ -69,8 +76,9 @@ impl ExchangePlan {
 }
 
 impl ExchangePlan {
-    fn of(p: &RankPlan) -> Self {
+    fn of(p: &RankPlan, cycle: u64) -> Self {
         Self {
+            cycle,
             layer: p.layer,
             sends: p.sends.iter().map(|s| (s.peer, s.expert, s.slot)).collect(),
             recvs: p
@@ -108,6 +116,8 @@ pub(crate) struct PyTransport {
     ranks: usize,
     live: Option<LiveSet>,
     seq: u64,
+    /// The controller's cycle number, set by [`NativeRuntime`] before each call into it.
+    cycle: Arc<AtomicU64>,
 }
 
 impl PyTransport {
@@ -125,11 +135,12 @@ impl PyTransport {
 
     fn plan_call(&self, op: Op, name: &str, plan: &RankPlan) -> Result<(), TransportError> {
         let at = Site::new(op, self.rank).layer(plan.layer);
-        let p = Python::attach(|py| Py::new(py, ExchangePlan::of(plan)).map(Py::into_any))
+        let cycle = self.cycle.load(Ordering::Relaxed);
+        let p = Python::attach(|py| Py::new(py, ExchangePlan::of(plan, cycle)).map(Py::into_any))
             .map_err(|e| TransportError::Invalid {
-                at,
-                detail: e.to_string(),
-            })?;
+            at,
+            detail: e.to_string(),
+        })?;
         self.call(at, name, p).map(|_| ())
     }
 
@@ -305,6 +316,8 @@ pub(crate) struct NativeRuntime {
     events: Events,
     /// The placement as of the last event (moves are counted against it).
     seen: Vec<u16>,
+    /// The controller's cycle number, shared with the transport.
+    cycle: Arc<AtomicU64>,
     moves: u64,
 }
 
@@ -500,6 +513,7 @@ impl NativeRuntime {
             };
             let mode = cfg.mode();
             let mut registry = None;
+            let cycle = Arc::new(AtomicU64::new(0));
             let engine = match mode {
                 Mode::Dynamic | Mode::Record => {
                     let t = PyTransport {
@@ -508,6 +522,7 @@ impl NativeRuntime {
                         ranks: usize::from(ranks),
                         live: None,
                         seq: 0,
+                        cycle: Arc::clone(&cycle),
                     };
                     let mut c = controller(&cfg, &model, t).map_err(|e| err(e.to_string()))?;
                     let mut reg = Registry::default();
@@ -535,6 +550,7 @@ impl NativeRuntime {
                 counts: Vec::new(),
                 events: Events::default(),
                 seen,
+                cycle,
                 moves: 0,
             })
         })
@@ -572,6 +588,8 @@ impl NativeRuntime {
     /// Before a forward: launches the due layer's exchange, if any.
     fn before_forward(&mut self) -> PyResult<()> {
         if let Engine::Dynamic(c) = &mut self.engine {
+            self.cycle
+                .store(c.machine().cycle_number(), Ordering::Relaxed);
             no_panic(|| {
                 c.before_forward();
                 Ok(())
@@ -593,6 +611,8 @@ impl NativeRuntime {
             return Ok(());
         };
         let counts = &self.counts;
+        self.cycle
+            .store(c.machine().cycle_number(), Ordering::Relaxed);
         let ev = no_panic(|| {
             c.after_forward(counts, padded_tokens)
                 .map_err(|e| err(format!("rank {}: {e}", c.rank())))

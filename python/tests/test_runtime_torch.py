@@ -209,7 +209,8 @@ def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(
 )
 def test_a_one_sided_fault_ends_on_one_placement_and_balancing_goes_on(tmp_path, fault):
     trace = make_trace(tmp_path / "trace.json")
-    results = spawn(tmp_path, 4, {"trace": str(trace), "config": config(4), "fault": fault})
+    spec = {"trace": str(trace), "config": config(4), "fault": fault, "timeout": 4}
+    results = spawn(tmp_path, 4, spec)
     assert_clean(results)
     assert_same_placements(results)
     hit = results[fault["rank"]]
@@ -219,7 +220,7 @@ def test_a_one_sided_fault_ends_on_one_placement_and_balancing_goes_on(tmp_path,
     # Balancing went on after the fault: plans taken and layers committed after it.
     stats = [r["stats"] for r in results]
     if fault["op"] == "wait":
-        assert max(s["layers_aborted"] for s in stats) >= 1, stats
+        assert min(s["layers_aborted"] for s in stats) >= 1, stats
         # The exception became a transport failure naming the rank, the layer and the
         # operation, in the engine's log.
         out = hit["output"]
