@@ -192,7 +192,9 @@ def test_every_iteration_slots_hold_their_experts_and_the_simulator_agrees(
     assert real == sim
     # Metrics and heat recording work through this path.
     assert "eplb_" in results[0]["metrics"]
-    assert rec.is_file() and rec.stat().st_size > 0
+    lines = rec.read_text().splitlines()
+    assert json.loads(lines[0])["format"] == "eplb-trace/v1"
+    assert len(lines) - 1 >= stats["plans"], "a recorded window per cycle"
 
 
 @pytest.mark.parametrize(
