@@ -287,6 +287,18 @@ impl<T: Transport> Controller<T> {
     pub fn live(&self) -> &LiveSet {
         self.machine.live()
     }
+    /// The cycle this rank asked the planner and whose answer it has not taken yet, if any.
+    /// With [`Controller::planner`], a test or an offline replay can wait for the answer
+    /// ([`Planner::wait_result`]) so that every plan is taken at the iteration it is due, as
+    /// `eplb simulate` takes it; a serving engine never waits ([`Controller::after_forward`]
+    /// does not).
+    pub fn awaited_cycle(&self) -> Option<u64> {
+        self.waiting_for
+    }
+    /// This rank's planner (its thread runs the policy).
+    pub fn planner(&self) -> &Arc<Planner> {
+        &self.planner
+    }
     /// The plan of the current cycle, once taken.
     pub fn current_plan(&self) -> Option<&Plan> {
         self.plan.as_deref().and_then(|o| o.as_ref().ok())

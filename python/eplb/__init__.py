@@ -3,7 +3,8 @@
 Numpy in, numpy out; the Rust call releases the GIL; every error is an :class:`EplbError`
 (a ``ValueError``) carrying the Rust message. Engine adapters live in
 ``eplb.integrations.{vllm, vllm_ascend, sglang}``; ``eplb.deepseek`` is a drop-in for
-DeepSeek's ``eplb.py``.
+DeepSeek's ``eplb.py``; ``eplb.runtime.Runtime`` runs the whole Rust runtime inside a
+torch.distributed engine (``docs/torch.md``).
 """
 
 try:

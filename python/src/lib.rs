@@ -14,6 +14,7 @@ mod convert;
 mod errors;
 mod maps;
 mod policy;
+mod runtime;
 mod sim;
 
 use pyo3::prelude::*;
@@ -37,6 +38,9 @@ fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EplbError", m.py().get_type::<EplbError>())?;
     m.add_class::<NativePolicy>()?;
+    m.add_class::<runtime::NativeRuntime>()?;
+    m.add_class::<runtime::ExchangePlan>()?;
+    m.add_function(wrap_pyfunction!(runtime::startup_placement, m)?)?;
     m.add_function(wrap_pyfunction!(rebalance_experts, m)?)?;
     m.add_function(wrap_pyfunction!(hotness, m)?)?;
     m.add_function(wrap_pyfunction!(read_map, m)?)?;

@@ -10,7 +10,8 @@
 //!    including 5 (no test collected);
 //! 5. mypy checks the package and `mypy.stubtest` its native stubs against the built module;
 //! 6. with `$EPLB_TORCH_PYTHON` (a venv with torch, which `.ci/run` prepares), the adapter tests
-//!    run again against real torch tensors (`EPLB_TEST_TORCH=real`); without it, a warning.
+//!    run again against real torch tensors (`EPLB_TEST_TORCH=real`), and the runtime tests run
+//!    `eplb.runtime.Runtime` in gloo processes (`test_runtime_torch.py`); without it, a warning.
 //!
 //! The interpreter is `$EPLB_PYTHON`, else `python3`.
 
@@ -202,8 +203,9 @@ fn type_check(venv: &Path) -> Result<(), String> {
     )
 }
 
-/// The adapter tests against real torch, in the venv `.ci/run` prepares (`$EPLB_TORCH_PYTHON`,
-/// torch from PyPI on the CPU). Skipped with a warning when it is not set or cannot import
+/// The adapter tests against real torch and the runtime tests over torch.distributed (gloo
+/// processes), in the venv `.ci/run` prepares (`$EPLB_TORCH_PYTHON`, torch from PyPI on the
+/// CPU). Skipped with a warning when it is not set or cannot import
 /// torch.
 fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
     let Some(py) = std::env::var_os("EPLB_TORCH_PYTHON").map(PathBuf::from) else {
@@ -252,6 +254,7 @@ fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
             "test_sglang.py",
             "test_deepseek.py",
             "test_adapt.py",
+            "test_runtime_torch.py",
         ],
         &[("EPLB_TEST_TORCH", "real")],
     )
