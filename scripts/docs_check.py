@@ -9,7 +9,9 @@ What a block's fence says (the first word is the language, the rest are flags):
 
 - ``sh``: run by ``bash -euo pipefail``; ``python``: run by the package's test interpreter
   (``--python``, with the ``eplb`` wheel installed). A block that imports ``torch`` runs with
-  ``--torch-python`` (``$EPLB_TORCH_PYTHON``) and is skipped with a warning without it.
+  ``--torch-python`` (``$EPLB_TORCH_PYTHON``) and is skipped with a warning without it;
+  ``sh torch`` (a command that needs torch, such as the toy MoE example) runs with that
+  interpreter's directory first on ``PATH`` (so ``python`` is it), skipped the same way.
 - ``sh fragment`` (an engine's command line, the gate itself, hardware): ``bash -n``, not run;
   ``python fragment``: ``compile()``, not run; ``rust fragment``: parsed by ``rustfmt`` inside a
   function; ``cpp`` / ``c``: ``g++ -fsyntax-only`` / ``gcc -fsyntax-only`` against the AICPU
@@ -193,7 +195,7 @@ class Checker:
     def check(self, b: Block):
         lang, flags = b.lang, set(b.flags)
         fragment = "fragment" in flags
-        unknown = flags - {"fragment"}
+        unknown = flags - {"fragment", "torch"}
         if unknown:
             return self.fail(b, f"unknown fence flag(s) {sorted(unknown)}")
         if lang == "text":
@@ -217,14 +219,22 @@ class Checker:
         return self.fail(
             b,
             f"`{lang}{' fragment' if fragment else ''}` is not a block kind the docs run knows "
-            "(sh, python, sh fragment, python fragment, rust fragment, cpp, c, json, text)",
+            "(sh, sh torch, python, sh fragment, python fragment, rust fragment, cpp, c, json, text)",
         )
 
     def sh(self, b: Block):
+        env = self.env
+        if "torch" in b.flags:
+            if not self.args.torch_python:
+                self.warnings.append(f"{b.where}: needs torch; EPLB_TORCH_PYTHON is not set, not run")
+                return self.note(b, "sh skipped")
+            env = dict(self.env)
+            torch_bin = str(Path(self.args.torch_python).parent)
+            env["PATH"] = torch_bin + os.pathsep + env["PATH"]
         work = make_workdir(self.args.python)
         t0 = time.monotonic()
         try:
-            out = run(["bash", "-euo", "pipefail", "-c", b.text], cwd=work, env=self.env)
+            out = run(["bash", "-euo", "pipefail", "-c", b.text], cwd=work, env=env)
         except subprocess.TimeoutExpired:
             return self.fail(b, f"did not finish in {TIMEOUT} s")
         finally:
