@@ -33,6 +33,33 @@ def optional_integer(value, what: str, lo: int = 0, hi: int = MAX_COUNT, error=E
     return None if value is None else integer(value, what, lo, hi, error)
 
 
+def number(value, what: str, error=EplbError) -> float:
+    """``value`` as a float: Python and numpy integers and floats (anything with ``__float__``
+    that is not a bool or a string). Refuses bools, strings and ``None``, as :func:`integer`
+    does for counts (``float("2")`` and ``float(True)`` would pass them)."""
+    if isinstance(value, (bool, str, bytes)) or value is None or not hasattr(value, "__float__"):
+        raise error(f"{what} = {value!r} is not a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise error(f"{what} = {value!r} is not a number") from None
+
+
+def flag(value, what: str, error=EplbError) -> bool:
+    """``value`` as a bool: ``True``/``False`` (or a numpy bool). Refuses ``0``, ``1``,
+    strings and ``None``: a switch is not guessed from a truthy value."""
+    if isinstance(value, bool):
+        return value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.bool_):
+            return bool(value)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    raise error(f"{what} = {value!r} is not a bool (True or False)")
+
+
 class PreconditionError(EplbError, AssertionError):
     """A failed precondition of DeepSeek's ``rebalance_experts`` contract: both an
     :class:`EplbError` (as every error of this package) and an ``AssertionError`` (as DeepSeek's

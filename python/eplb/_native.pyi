@@ -1,5 +1,6 @@
 """Type stubs of ``eplb._native``, the Rust extension (``python/src``). The public API is
-``eplb`` itself; these are what it and the adapters call. ``python -m mypy.stubtest
+``eplb`` itself; these are what it and the adapters call. ``_panic_for_test`` exists only in
+the test build (cargo feature ``test-panic``) and is left out here. ``python -m mypy.stubtest
 eplb._native`` (run by ``cargo xtask python``) checks them against the built module."""
 
 from os import PathLike
@@ -11,6 +12,7 @@ import numpy.typing as npt
 __all__ = [
     "EplbError",
     "NativePolicy",
+    "Rebalance",
     "rebalance_experts",
     "hotness",
     "read_map",
@@ -23,7 +25,6 @@ __all__ = [
     "fold_slot_loads",
     "derive_maps",
     "repair_current",
-    "_panic_for_test",
     "__version__",
 ]
 
@@ -60,14 +61,36 @@ class NativePolicy:
         loads: npt.ArrayLike,
         current: Optional[npt.ArrayLike] = None,
         samples: Optional[npt.ArrayLike] = None,
-    ) -> tuple[
-        _I64,
-        _F64,
-        _F64,
-        npt.NDArray[np.bool_],
-        _I64,
-        tuple[tuple[float, float, float, float, int], float],
-    ]: ...
+    ) -> Rebalance: ...
+
+@final
+class Rebalance:
+    """What ``Policy.rebalance`` returns (read-only)."""
+
+    @property
+    def placement(self) -> _I64: ...
+    @property
+    def par_before(self) -> _F64: ...
+    @property
+    def par_after(self) -> _F64: ...
+    @property
+    def changed(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def moves(self) -> _I64: ...
+    @property
+    def par_before_mean(self) -> float: ...
+    @property
+    def par_before_max(self) -> float: ...
+    @property
+    def par_after_mean(self) -> float: ...
+    @property
+    def par_after_max(self) -> float: ...
+    @property
+    def colocated_rows(self) -> int: ...
+    @property
+    def rust_seconds(self) -> float: ...
+    @property
+    def moves_total(self) -> int: ...
 
 def rebalance_experts(
     weight: npt.ArrayLike, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
@@ -118,4 +141,3 @@ def derive_maps(phy2log: npt.ArrayLike, experts: int) -> tuple[_I64, _I64]: ...
 def repair_current(
     current: npt.ArrayLike, layers: int, experts: int, ranks: int, slots: int
 ) -> Optional[_I64]: ...
-def _panic_for_test() -> None: ...

@@ -7,7 +7,7 @@ use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
-use crate::errors::err;
+use crate::errors::{Error, err};
 
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -191,9 +191,9 @@ pub(crate) fn make_shape(
         .map_err(|_| err(format!("redundant = {redundant} is too large")))?;
     let rpn = dim_u16("ranks_per_node", ranks_per_node.unwrap_or(ranks))?;
     let g = dim_u16("groups", groups.unwrap_or(1))?;
-    Shape::from_redundant(l, n, r, x)
+    Ok(Shape::from_redundant(l, n, r, x)
         .and_then(|s| s.topology(rpn, g))
-        .map_err(|e| err(e.to_string()))
+        .map_err(Error::from)?)
 }
 
 /// A placement `[L,R,S]` of any integer dtype: its shape (with `N` = the largest id + 1 unless

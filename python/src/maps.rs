@@ -38,13 +38,12 @@ pub(crate) fn hotness<'py>(
             shape.layers()
         )));
     }
-    let (per, h) = guarded(py, || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+    let (per, h) = guarded(py, move || {
+        let p = Placement::new(shape, &v)?;
         let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
         let mut ranks = vec![0.0; shape.ranks()];
         let mut per = vec![0.0; shape.layers()];
-        let h = metrics::hotness(&p, &w, routing, &mut scratch, &mut ranks, &mut per)
-            .map_err(|e| e.to_string())?;
+        let h = metrics::hotness(&p, &w, routing, &mut scratch, &mut ranks, &mut per)?;
         Ok((per, h))
     })?;
     Ok((PyArray1::from_vec(py, per), h.mean, h.max))
@@ -59,7 +58,7 @@ fn read_file(py: Python<'_>, path: &str, limit: u64) -> PyResult<Vec<u8>> {
     let p = std::path::PathBuf::from(path);
     match py.detach(|| eplb_runtime::fsio::read_bounded(&p, limit)) {
         Ok(bytes) => Ok(bytes),
-        Err(eplb_runtime::fsio::ReadError::Io(e)) => Err(os_error(&e, path)),
+        Err(eplb_runtime::fsio::ReadError::Io(e)) => Err(os_error(&e, Some(path))),
         Err(other) => Err(err(format!("{path}: {other}"))),
     }
 }
@@ -92,7 +91,7 @@ pub(crate) fn read_map<'py>(
     .map_err(|e| err(e.to_string()))?
     .into_pyarray(py)
     .cast_into::<PyArray3<i64>>()
-    .map_err(|e| err(e.to_string()))
+    .map_err(PyErr::from)
 }
 
 /// Every problem of an expert-map JSON (strict: co-located copies are problems); empty = valid.
@@ -127,8 +126,8 @@ pub(crate) fn validate_map(
 #[pyfunction]
 pub(crate) fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     let (shape, v) = placement_arg(placement, None)?;
-    guarded(py, || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+    guarded(py, move || {
+        let p = Placement::new(shape, &v)?;
         Ok(to_json(&p))
     })
 }
@@ -147,7 +146,7 @@ pub(crate) fn write_map(
     let (shape, v) = placement_arg(placement, None)?;
     let shown = path.display().to_string();
     let written = guarded(py, move || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+        let p = Placement::new(shape, &v)?;
         Ok(eplb_runtime::fsio::write_atomic(
             &path,
             to_json(&p).as_bytes(),

@@ -3,7 +3,8 @@
 //! 1. `cargo fmt --check` and `cargo clippy -D warnings` on `python/Cargo.toml`
 //!    (target dir `target/python`);
 //! 2. maturin (from PyPI, in the tools venv `target/python-tools`, made once) builds the wheel
-//!    into `target/python/wheels`;
+//!    into `target/python/wheels`, with the cargo feature `test-panic` (the shipped wheel,
+//!    `pip install ./python`, has not `eplb._native._panic_for_test`);
 //! 3. a fresh venv `target/python-test-venv` gets only numpy and pytest (from PyPI) and the wheel;
 //! 4. pytest runs `python/tests` in it, with `EPLB_BIN` set to the CLI so that the tests compare
 //!    `eplb.simulate` and `eplb.write_map` with it. Any non-zero pytest status fails the gate,
@@ -99,6 +100,8 @@ fn lint() -> Result<(), String> {
             .args([
                 "clippy",
                 "--all-targets",
+                "--features",
+                "test-panic",
                 "--manifest-path",
                 m,
                 "--target-dir",
@@ -120,6 +123,8 @@ fn build_wheel(maturin: &Path) -> Result<PathBuf, String> {
             .current_dir(root())
             .args(["build", "--release", "--quiet", "-m"])
             .arg(manifest())
+            // `eplb._native._panic_for_test` for the tests; `pip install ./python` leaves it out.
+            .args(["--features", "extension-module,test-panic"])
             .arg("--target-dir")
             .arg(target_dir())
             .arg("-o")
