@@ -223,3 +223,51 @@ pub(crate) fn placement_arg(
     Placement::new(shape, &v).map_err(|e| err(format!("placement: {e}")))?;
     Ok((shape, v))
 }
+
+/// The scalar conversions, in an interpreter this test binary starts (see `errors::tests`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyo3::IntoPyObjectExt;
+
+    #[test]
+    fn a_parameter_is_an_int_or_a_float_never_a_bool_or_a_string() {
+        Python::initialize();
+        Python::attach(|py| {
+            let value = |v: Bound<'_, PyAny>| param_f64("swaps", &v).map_err(|e| e.to_string());
+            assert_eq!(value(3i64.into_bound_py_any(py).unwrap()), Ok(3.0));
+            assert_eq!(value(2.5f64.into_bound_py_any(py).unwrap()), Ok(2.5));
+            let b = value(true.into_bound_py_any(py).unwrap());
+            assert_eq!(
+                b,
+                Err("EplbError: parameter `swaps`: expected a number, got a bool".to_owned())
+            );
+            let s = value("3".into_bound_py_any(py).unwrap());
+            assert_eq!(
+                s,
+                Err("EplbError: parameter `swaps`: expected a number, got str".to_owned())
+            );
+        });
+    }
+
+    #[test]
+    fn a_shape_error_names_what_is_wrong() {
+        Python::initialize();
+        Python::attach(|py| {
+            let e = make_shape(2, 8, 3, 2, None, None).map_err(|e| e.value(py).to_string());
+            assert_eq!(
+                e.err().as_deref(),
+                Some(
+                    "8 experts + 2 redundant is not a multiple of 3 ranks; nearest valid \
+                     redundant counts: 1 or 4"
+                )
+            );
+            assert!(make_shape(2, 8, 4, 4, None, None).is_ok());
+            let big = make_shape(2, 70_000, 4, 4, None, None).map_err(|e| e.value(py).to_string());
+            assert_eq!(
+                big.err().as_deref(),
+                Some("experts = 70000 is too large (at most 65535)")
+            );
+        });
+    }
+}

@@ -216,3 +216,60 @@ pub(crate) fn os_error(e: &std::io::Error, path: Option<&str>) -> PyErr {
         _ => raise!(PyOSError),
     }
 }
+
+/// The conversions and the guard, in an interpreter this test binary starts (the crate is also
+/// an `rlib`, and without the `extension-module` feature it links libpython). Ctrl-C needs the
+/// interpreter's main thread, which a test thread is not: `python/tests/test_interrupt.py`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyo3::exceptions::PyFileNotFoundError;
+
+    fn with_py<R>(f: impl FnOnce(Python<'_>) -> R) -> R {
+        Python::initialize();
+        Python::attach(f)
+    }
+
+    #[test]
+    fn a_library_error_is_an_eplb_error_with_its_display() {
+        with_py(|py| {
+            let e = eplb_policies::Error::SamplesRequired { policy: "flashlb" };
+            let want = e.to_string();
+            let got = PyErr::from(Error::from(e));
+            assert!(got.is_instance_of::<EplbError>(py));
+            assert_eq!(got.value(py).to_string(), want);
+        });
+    }
+
+    #[test]
+    fn a_missing_file_is_file_not_found_error() {
+        with_py(|py| {
+            let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+            let got = PyErr::from(Error::from(eplb_runtime::fsio::ReadError::Io(io)));
+            assert!(got.is_instance_of::<PyFileNotFoundError>(py));
+            let refused = eplb_runtime::fsio::ReadError::TooLarge { size: 9, limit: 1 };
+            assert!(PyErr::from(Error::from(refused)).is_instance_of::<EplbError>(py));
+        });
+    }
+
+    #[test]
+    fn guarded_returns_the_value_the_error_or_the_panic() {
+        with_py(|py| {
+            assert_eq!(guarded(py, || Ok(7)).ok(), Some(7));
+            let e = guarded(py, || -> Result<(), Error> { Err("layer 3: bad".into()) });
+            let e = e.err().map(|e| e.value(py).to_string());
+            assert_eq!(e.as_deref(), Some("layer 3: bad"));
+            let p = guarded(py, || -> Result<(), Error> { panic!("boom") });
+            let p = p
+                .err()
+                .map(|e| (e.is_instance_of::<EplbError>(py), e.value(py).to_string()));
+            assert_eq!(
+                p,
+                Some((
+                    true,
+                    "internal error (a Rust panic, please report): boom".to_owned()
+                ))
+            );
+        });
+    }
+}

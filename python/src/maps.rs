@@ -11,7 +11,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray3};
 use pyo3::prelude::*;
 
 use crate::convert::{dim_u16, placement_arg, read_loads};
-use crate::errors::{err, guarded, os_error};
+use crate::errors::{Error, err, guarded, os_error};
 
 /// Per-layer PAR of `placement` under `loads`, and its mean and max.
 #[pyfunction]
@@ -88,7 +88,7 @@ pub(crate) fn read_map<'py>(
         vec![shape.layers(), shape.ranks(), shape.slots_per_rank()],
         ids,
     )
-    .map_err(|e| err(e.to_string()))?
+    .map_err(Error::from)?
     .into_pyarray(py)
     .cast_into::<PyArray3<i64>>()
     .map_err(PyErr::from)

@@ -307,7 +307,7 @@ impl NativePolicy {
         let (r, s) = (shape.ranks(), shape.slots_per_rank());
         let p: Vec<i64> = planned.placement.iter().map(|&e| i64::from(e)).collect();
         let placement = ArrayD::from_shape_vec(vec![l, r, s], p)
-            .map_err(|e| err(e.to_string()))?
+            .map_err(Error::from)?
             .into_pyarray(py)
             .cast_into::<PyArray3<i64>>()?;
         let Planned {
@@ -418,14 +418,14 @@ pub(crate) fn rebalance_experts<'py>(
     }
     let to3 = |v: Vec<i64>, d: [usize; 3]| -> PyResult<Bound<'py, PyArray3<i64>>> {
         ArrayD::from_shape_vec(d.to_vec(), v)
-            .map_err(|e| err(e.to_string()))?
+            .map_err(Error::from)?
             .into_pyarray(py)
             .cast_into::<PyArray3<i64>>()
             .map_err(PyErr::from)
     };
     let to2 = |v: Vec<i64>, d: [usize; 2]| -> PyResult<Bound<'py, PyArray2<i64>>> {
         ArrayD::from_shape_vec(d.to_vec(), v)
-            .map_err(|e| err(e.to_string()))?
+            .map_err(Error::from)?
             .into_pyarray(py)
             .cast_into::<PyArray2<i64>>()
             .map_err(PyErr::from)

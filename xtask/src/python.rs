@@ -1,6 +1,6 @@
 //! The Python package's step of `cargo xtask test` (`python/`, not a workspace member).
 //!
-//! 1. `cargo fmt --check` and `cargo clippy -D warnings` on `python/Cargo.toml`
+//! 1. `cargo fmt --check`, `cargo clippy -D warnings` and `cargo test` on `python/Cargo.toml`
 //!    (target dir `target/python`);
 //! 2. maturin (from PyPI, in the tools venv `target/python-tools`, made once) builds the wheel
 //!    into `target/python/wheels`, with the cargo feature `test-panic` (the shipped wheel,
@@ -86,7 +86,8 @@ fn maturin() -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-/// fmt and clippy of the native module.
+/// fmt, clippy and the Rust tests of the native module (the conversions and the guard, in an
+/// interpreter the test binary starts: without `extension-module` it links libpython).
 fn lint() -> Result<(), String> {
     let m = manifest();
     let m = m.to_str().ok_or("python/Cargo.toml: path is not UTF-8")?;
@@ -108,6 +109,12 @@ fn lint() -> Result<(), String> {
             ])
             .arg(target_dir())
             .args(["--", "-D", "warnings"]),
+    )?;
+    run(
+        "python: cargo test (python/, the conversions and the guard)",
+        cargo()
+            .args(["test", "--quiet", "--manifest-path", m, "--target-dir"])
+            .arg(target_dir()),
     )
 }
 
