@@ -34,9 +34,6 @@ fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
 /// The module.
 #[pymodule]
 mod _native {
-    #[cfg(feature = "test-panic")]
-    #[pymodule_export]
-    use super::_panic_for_test;
     #[pymodule_export]
     use crate::adapt::{derive_maps, fold_slot_loads, keep_slots, repair_current};
     #[pymodule_export]
@@ -52,6 +49,13 @@ mod _native {
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        // An attribute, not an export: it stays out of `__all__`, so that the stubs (the
+        // shipped module's) match the test build too.
+        #[cfg(feature = "test-panic")]
+        m.setattr(
+            "_panic_for_test",
+            wrap_pyfunction!(super::_panic_for_test, m)?,
+        )?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 }
