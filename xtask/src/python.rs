@@ -264,6 +264,7 @@ fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
             "test_sglang.py",
             "test_deepseek.py",
             "test_adapt.py",
+            "test_arguments.py",
         ],
         &[("EPLB_TEST_TORCH", "real")],
     )
