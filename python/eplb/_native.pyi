@@ -65,8 +65,27 @@ class NativePolicy:
 
 @final
 class Rebalance:
-    """What ``Policy.rebalance`` returns (read-only)."""
+    """What ``Policy.rebalance`` returns (read-only; pickles and copies)."""
 
+    def __new__(
+        cls,
+        placement: _I64,
+        par_before: _F64,
+        par_after: _F64,
+        changed: npt.NDArray[np.bool_],
+        moves: _I64,
+        par_before_mean: float,
+        par_before_max: float,
+        par_after_mean: float,
+        par_after_max: float,
+        colocated_rows: int,
+        rust_seconds: float,
+    ) -> Rebalance: ...
+    def __getnewargs__(
+        self,
+    ) -> tuple[
+        _I64, _F64, _F64, npt.NDArray[np.bool_], _I64, float, float, float, float, int, float
+    ]: ...
     @property
     def placement(self) -> _I64: ...
     @property

@@ -8,7 +8,7 @@ use eplb_core::{Layout, Placement, Shape};
 use eplb_policies::{AnyPolicy, Input, PolicyKind, Samples, Summary};
 use eplb_runtime::planner::PolicyHost;
 use numpy::ndarray::ArrayD;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -120,6 +120,90 @@ pub(crate) struct Rebalance {
 
 #[pymethods]
 impl Rebalance {
+    /// The pickle's constructor (and a copy's): the fields as `__getnewargs__` lists them; the
+    /// per-layer arrays must have one entry per layer of `placement`.
+    #[new]
+    #[pyo3(signature = (placement, par_before, par_after, changed, moves, par_before_mean, par_before_max, par_after_mean, par_after_max, colocated_rows, rust_seconds))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        placement: Bound<'_, PyArray3<i64>>,
+        par_before: Bound<'_, PyArray1<f64>>,
+        par_after: Bound<'_, PyArray1<f64>>,
+        changed: Bound<'_, PyArray1<bool>>,
+        moves: Bound<'_, PyArray1<i64>>,
+        par_before_mean: f64,
+        par_before_max: f64,
+        par_after_mean: f64,
+        par_after_max: f64,
+        colocated_rows: usize,
+        rust_seconds: f64,
+    ) -> PyResult<Self> {
+        let layers = placement.shape()[0];
+        for (what, len) in [
+            ("par_before", par_before.len()),
+            ("par_after", par_after.len()),
+            ("changed", changed.len()),
+            ("moves", moves.len()),
+        ] {
+            if len != layers {
+                return Err(err(format!(
+                    "Rebalance: {what} has {len} entries, the placement {layers} layers"
+                )));
+            }
+        }
+        let changed_layers = changed.readonly().as_array().iter().filter(|&&c| c).count();
+        let moves_total = moves.readonly().as_array().iter().sum();
+        Ok(Self {
+            placement: placement.unbind(),
+            par_before: par_before.unbind(),
+            par_after: par_after.unbind(),
+            changed: changed.unbind(),
+            moves: moves.unbind(),
+            par_before_mean,
+            par_before_max,
+            par_after_mean,
+            par_after_max,
+            colocated_rows,
+            rust_seconds,
+            moves_total,
+            changed_layers,
+            layers,
+        })
+    }
+
+    /// The arguments of `Rebalance(...)` that rebuild this one (pickle, `copy`).
+    #[allow(clippy::type_complexity)]
+    fn __getnewargs__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, PyArray3<i64>>,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray1<bool>>,
+        Bound<'py, PyArray1<i64>>,
+        f64,
+        f64,
+        f64,
+        f64,
+        usize,
+        f64,
+    ) {
+        (
+            self.placement.bind(py).clone(),
+            self.par_before.bind(py).clone(),
+            self.par_after.bind(py).clone(),
+            self.changed.bind(py).clone(),
+            self.moves.bind(py).clone(),
+            self.par_before_mean,
+            self.par_before_max,
+            self.par_after_mean,
+            self.par_after_max,
+            self.colocated_rows,
+            self.rust_seconds,
+        )
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Rebalance(layers={}, changed={}, moves={}, par {:.4} -> {:.4})",
