@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _native
 from ._check import MAX_SEED, PreconditionError, flag, integer, number, optional_integer
+from ._check import path as path_arg
 from ._native import EplbError, Rebalance
 from ._tensor import integer_array, is_tensor, like, numeric_array
 
@@ -193,7 +194,9 @@ def hotness(placement, loads, routing: str = "even") -> Hotness:
 def read_map(path, max_input_bytes: int = 1 << 30) -> np.ndarray:
     """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted). As the
     CLI, it reads only a regular file of at most ``max_input_bytes`` (default 1 GiB)."""
-    return _native.read_map(os.fspath(path), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1))
+    return _native.read_map(
+        path_arg(path, "path"), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
+    )
 
 
 def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None,
@@ -204,7 +207,7 @@ def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = Non
     experts = optional_integer(experts, "experts", lo=1)
     ranks = optional_integer(ranks, "ranks", lo=1)
     limit = integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
-    return _native.validate_map(os.fspath(path), experts, ranks, limit)
+    return _native.validate_map(path_arg(path, "path"), experts, ranks, limit)
 
 
 def write_map(path, placement) -> None:
@@ -214,7 +217,7 @@ def write_map(path, placement) -> None:
     permissions), a symbolic link is followed to the file it names (the link stays), a FIFO or a
     character device such as ``/dev/null`` is written through, never replaced; anything else
     raises :class:`EplbError`."""
-    _native.write_map(os.fspath(path), integer_array(placement, "placement"))
+    _native.write_map(path_arg(path, "path"), integer_array(placement, "placement"))
 
 
 _SIMULATE_OPTIONS = frozenset({
@@ -292,10 +295,11 @@ def simulate(trace, **options) -> dict:
     if "tokens_per_rank" in kw:
         kw["tokens_per_rank"] = number(kw["tokens_per_rank"], "simulate: tokens_per_rank")
     if "placements_log" in kw:
-        kw["placements_log"] = os.fspath(kw["placements_log"])
+        kw["placements_log"] = path_arg(kw["placements_log"], "simulate: placements_log")
+    trace = path_arg(trace, "simulate: trace")
     args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        result, warned = _native.simulate(os.fspath(trace), *args, **kw)
+        result, warned = _native.simulate(trace, *args, **kw)
     except EplbError as e:
         raise EplbError(f"simulate: {e}") from None
     except (TypeError, OverflowError) as e:

@@ -147,9 +147,18 @@ pub(crate) fn placement_ids(
     Ok(out)
 }
 
-/// A policy parameter's value: a Python int or float (not a bool).
+/// Whether `v` is a bool: Python's or numpy's (`numpy.bool`, `numpy.bool_`).
+pub(crate) fn is_bool(v: &Bound<'_, PyAny>) -> bool {
+    v.is_instance_of::<PyBool>()
+        || v.get_type()
+            .fully_qualified_name()
+            .is_ok_and(|n| n == "numpy.bool" || n == "numpy.bool_")
+}
+
+/// A policy parameter's value: a Python int or float, or a numpy number (not a bool, Python's
+/// or numpy's, and not a string).
 pub(crate) fn param_f64(key: &str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if v.is_instance_of::<PyBool>() {
+    if is_bool(v) {
         return Err(err(format!(
             "parameter `{key}`: expected a number, got a bool"
         )));

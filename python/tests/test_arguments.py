@@ -229,3 +229,27 @@ def test_a_non_array_is_an_eplb_error_everywhere(bad, tmp_path):
                  lambda: eplb.write_map(tmp_path / "m.json", bad)):
         with pytest.raises(eplb.EplbError):
             call()
+
+
+# --- numpy bools and paths ---------------------------------------------------------------------
+
+
+def test_a_numpy_bool_is_neither_a_count_nor_a_number():
+    with pytest.raises(eplb.EplbError, match="layers = .* is not an integer"):
+        eplb.Policy("swift", layers=np.True_, experts=8, ranks=4, redundant=4)
+    with pytest.raises(eplb.EplbError, match="`swaps`: expected a number, got a bool"):
+        small("random", swaps=np.True_)
+    with pytest.raises(eplb.EplbError, match="parameter `swaps`"):
+        eplb.simulate(shared_file(LAW), **{**SIM, "policy": "random", "params": {"swaps": np.True_}})
+    with pytest.raises(eplb.EplbError, match="ranks"):
+        eplb.simulate(shared_file(LAW), **{**SIM, "ranks": np.True_})
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"map.json", ["map.json"]])
+def test_a_path_that_is_not_a_str_or_path_like_is_an_eplb_error(bad):
+    p = small().rebalance(loads_2x8()).placement
+    for call in (lambda: eplb.read_map(bad), lambda: eplb.validate_map(bad),
+                 lambda: eplb.write_map(bad, p), lambda: eplb.simulate(bad, **SIM),
+                 lambda: eplb.simulate(shared_file(LAW), **SIM, placements_log=bad or 3)):
+        with pytest.raises(eplb.EplbError, match="is not a path"):
+            call()
