@@ -36,11 +36,11 @@ except KeyboardInterrupt:
 """
 
 
-def interrupt(setup: str, call: str, tmp_path) -> tuple[str, float]:
-    """Runs the child, sends SIGINT 0.5 s after its call started; returns its last line and the
-    seconds from the signal to its exit."""
+def interrupt(setup: str, call: str, tmp_path, after: str = "") -> tuple[list[str], float]:
+    """Runs the child (with `after` run after the call), sends SIGINT 0.5 s after its call
+    started; returns its lines after "start" and the seconds from the signal to its exit."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(setup=textwrap.dedent(setup), call=call))
+    script.write_text(CHILD.format(setup=textwrap.dedent(setup), call=call) + after)
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -59,7 +59,7 @@ def interrupt(setup: str, call: str, tmp_path) -> tuple[str, float]:
             proc.wait()
     lines = out.strip().splitlines()
     assert lines, err
-    return lines[-1], took
+    return lines, took
 
 
 def test_ctrl_c_interrupts_a_long_rebalance(tmp_path):
@@ -69,7 +69,7 @@ def test_ctrl_c_interrupts_a_long_rebalance(tmp_path):
     loads = rng.random((600, 2048))
     policy = eplb.Policy("flashlb", layers=600, experts=2048, ranks=64, redundant=256)
     """
-    last, took = interrupt(setup, "policy.rebalance(loads, samples=loads[None])", tmp_path)
+    (last,), took = interrupt(setup, "policy.rebalance(loads, samples=loads[None])", tmp_path)
     assert last.startswith("interrupted"), last
     assert took < 1.5, f"KeyboardInterrupt {took:.2f} s after SIGINT ({last})"
 
@@ -84,6 +84,26 @@ def test_ctrl_c_interrupts_a_long_simulate(tmp_path):
     big.write_text(json.dumps(trace))
     call = (f"eplb.simulate({str(big)!r}, ranks=8, redundant=8, policy='flashlb', "
             "heat_interval=1, algo_interval=1)")
-    last, took = interrupt("", call, tmp_path)
+    (last,), took = interrupt("", call, tmp_path)
     assert last.startswith("interrupted"), last
     assert took < 1.5, f"KeyboardInterrupt {took:.2f} s after SIGINT ({last})"
+
+
+def test_an_interrupted_rebalance_leaves_the_policy_state_as_it_was(tmp_path):
+    # incremental keeps load estimates between calls: after an interrupted call on `a`, the
+    # policy answers `b` as a fresh one does (the interrupted plan was not taken). The next call
+    # waits for the interrupted one to finish in the background.
+    setup = """
+    rng = np.random.default_rng(0)
+    shape = dict(layers=240, experts=2048, ranks=64, redundant=256)
+    a, b = rng.random((240, 2048)) * 100, rng.random((240, 2048)) * 100
+    policy = eplb.Policy("incremental", **shape)
+    """
+    script_end = """
+after = policy.rebalance(b).placement
+fresh = eplb.Policy("incremental", **shape).rebalance(b).placement
+print("same as fresh" if (after == fresh).all() else "state advanced", flush=True)
+"""
+    (ended, state), took = interrupt(setup, "policy.rebalance(a)", tmp_path, after=script_end)
+    assert ended.startswith("interrupted"), ended
+    assert state == "same as fresh", state
