@@ -1,7 +1,8 @@
 //! Errors: `eplb.EplbError`, Python's own `OSError` subclasses for I/O, the one error type the
 //! Rust side of a call returns ([`Error`], with a `From` for every library error), and the guard
 //! that runs that Rust side off the GIL, turns a panic into an error instead of crossing into
-//! Python, and keeps the calling thread answering Ctrl-C.
+//! Python, and keeps the calling thread answering Ctrl-C ([`guarded`], [`guarded_cancel`]; a
+//! short call that must borrow uses [`guarded_short`], on the calling thread).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -116,6 +117,30 @@ impl Cancel {
     }
 }
 
+/// The message of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    format!("internal error (a Rust panic, please report): {what}")
+}
+
+/// Runs `f` on the calling thread with the GIL released; a panic becomes an `EplbError`. For
+/// short calls only (a per-step call of an engine, a few microseconds to milliseconds), and for
+/// work that must borrow: the calling thread does not run signal handlers until `f` returns,
+/// so Ctrl-C waits for it. Anything that can run long on big input uses [`guarded`].
+pub(crate) fn guarded_short<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+        Ok(r) => r.map_err(PyErr::from),
+        Err(panic) => Err(err(panic_message(panic.as_ref()))),
+    }
+}
+
 /// Runs `f` off the GIL ([`guarded_cancel`] for work that never looks at the cancel flag).
 pub(crate) fn guarded<T: Send + 'static>(
     py: Python<'_>,
@@ -163,16 +188,7 @@ pub(crate) fn guarded_cancel<T: Send + 'static>(
         rx = back;
         match got {
             Ok(Ok(r)) => return r.map_err(PyErr::from),
-            Ok(Err(panic)) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
-                return Err(err(format!(
-                    "internal error (a Rust panic, please report): {what}"
-                )));
-            }
+            Ok(Err(panic)) => return Err(err(panic_message(panic.as_ref()))),
             Err(RecvTimeoutError::Timeout) => {
                 if let Err(e) = py.check_signals() {
                     cancel.set();
@@ -249,6 +265,23 @@ mod tests {
             assert!(got.is_instance_of::<PyFileNotFoundError>(py));
             let refused = eplb_runtime::fsio::ReadError::TooLarge { size: 9, limit: 1 };
             assert!(PyErr::from(Error::from(refused)).is_instance_of::<EplbError>(py));
+        });
+    }
+
+    #[test]
+    fn guarded_short_borrows_and_catches_a_panic() {
+        with_py(|py| {
+            let v = [1, 2, 3];
+            assert_eq!(
+                guarded_short(py, || Ok(v.iter().sum::<i32>())).ok(),
+                Some(6)
+            );
+            let p = guarded_short(py, || -> Result<(), Error> { panic!("boom {}", v.len()) });
+            let p = p.err().map(|e| e.value(py).to_string());
+            assert_eq!(
+                p.as_deref(),
+                Some("internal error (a Rust panic, please report): boom 3")
+            );
         });
     }
 
