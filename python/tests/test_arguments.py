@@ -240,7 +240,8 @@ def test_a_numpy_bool_is_neither_a_count_nor_a_number():
     with pytest.raises(eplb.EplbError, match="`swaps`: expected a number, got a bool"):
         small("random", swaps=np.True_)
     with pytest.raises(eplb.EplbError, match="parameter `swaps`"):
-        eplb.simulate(shared_file(LAW), **{**SIM, "policy": "random", "params": {"swaps": np.True_}})
+        eplb.simulate(shared_file(LAW),
+                      **{**SIM, "policy": "random", "params": {"swaps": np.True_}})
     with pytest.raises(eplb.EplbError, match="ranks"):
         eplb.simulate(shared_file(LAW), **{**SIM, "ranks": np.True_})
 
