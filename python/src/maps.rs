@@ -52,8 +52,8 @@ pub(crate) fn hotness<'py>(
 /// Reads `path` through the CLI's bounded reader in the guard (off the GIL, Ctrl-C answered):
 /// a regular file of at most `limit` bytes (a FIFO or a device is refused without being
 /// opened, so `/dev/zero` cannot grow without bound and a FIFO cannot block). I/O errors
-/// raise Python's own `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...) naming the path; the rest
-/// raise `EplbError`.
+/// raise Python's own `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...)
+/// naming the path; the rest raise `EplbError`.
 fn read_file(py: Python<'_>, path: &str, limit: u64) -> PyResult<Vec<u8>> {
     let (p, shown) = (PathBuf::from(path), path.to_owned());
     guarded(py, move || {
