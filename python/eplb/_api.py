@@ -264,9 +264,11 @@ def simulate(trace, **options) -> dict:
     ``hardware``, ``role``, ``tokens_per_rank``, ``payoff_gate`` (the time model's; the result carries its
     ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
-    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message; what
-    the CLI prints as ``warning: ...`` (a trace shorter than one cycle, failed plans) is a
-    :class:`RuntimeWarning`.
+    worker thread, without the GIL; Ctrl-C stops the replay at its next window. Errors raise
+    :class:`EplbError` with the CLI's message; what the CLI prints as ``warning: ...`` (a trace
+    shorter than one cycle, failed plans) is a :class:`RuntimeWarning`. Counts are integers,
+    ``params`` values and ``tokens_per_rank`` numbers, ``fused_mc2`` and ``payoff_gate`` bools,
+    names strings, paths str or ``os.PathLike``: anything else is an :class:`EplbError`.
     """
     unknown = sorted(set(options) - _SIMULATE_OPTIONS)
     if unknown:
