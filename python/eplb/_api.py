@@ -9,9 +9,11 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from . import _native
-from ._check import MAX_SEED, PreconditionError, integer, optional_integer
-from ._native import EplbError
-from ._tensor import from_nested, like, native_order, to_numpy
+from ._check import MAX_SEED, PreconditionError, flag, integer, number, optional_integer
+from ._check import path as path_arg
+from ._native import EplbError, Rebalance
+from ._tensor import integer_array, is_tensor, like, numeric_array
+
 
 def policy_params() -> dict:
     """``{policy name: [parameter names]}``: what ``Policy(name, **params)`` accepts."""
@@ -21,40 +23,6 @@ def policy_params() -> dict:
 #: Canonical policy names, as the Rust policies list them (numbers 0..4 select random, default,
 #: swift, flashlb, incremental).
 POLICIES = tuple(policy_params())
-
-
-def _array(x, what: str) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, (list, tuple)):
-        return from_nested(x, what)
-    raise EplbError(f"{what}: expected a numpy array, got {type(x).__name__}")
-
-
-#: The load dtypes the native layer reads as they are; any other numeric dtype becomes float32
-#: first, as DeepSeek's ``weight.float()`` does.
-_NATIVE_LOAD_DTYPES = (np.int32, np.int64, np.float32, np.float64)
-
-
-def _deepseek_weight(weight) -> np.ndarray:
-    """``weight`` as a numpy array the native layer reads: a torch tensor of any dtype and device
-    goes through ``.float()`` (bfloat16 has no numpy dtype), a numpy array of another numeric
-    dtype (float16, int16, uint8, bool, ...) becomes float32, one in the other byte order is
-    swapped to the machine's, and a ragged nested list is an :class:`EplbError`."""
-    if hasattr(weight, "dim") and not isinstance(weight, np.ndarray):
-        if hasattr(weight, "detach"):
-            weight = weight.detach()
-        if hasattr(weight, "float"):
-            weight = weight.float()
-        w = to_numpy(weight)
-    else:
-        w = from_nested(weight, "weight")
-    w = native_order(w)
-    if w.dtype.type in _NATIVE_LOAD_DTYPES:
-        return w
-    if w.dtype.kind not in "biuf":
-        raise PreconditionError(f"weight: dtype {w.dtype} is not a number type")
-    return w.astype(np.float32)
 
 
 def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
@@ -77,7 +45,14 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
             (num_gpus, "num_gpus"),
         )
     ]
-    w = _deepseek_weight(weight)
+    # A torch tensor of any dtype and device goes through `.float()` (bfloat16 has no numpy
+    # dtype), as DeepSeek's `weight.float()`; numpy of another numeric dtype becomes float32.
+    if is_tensor(weight):
+        if hasattr(weight, "detach"):
+            weight = weight.detach()
+        if hasattr(weight, "float"):
+            weight = weight.float()
+    w = numeric_array(weight, "weight", other=np.float32, error=PreconditionError)
     try:
         phy2log, log2phy, logcnt = _native.rebalance_experts(w, *counts)
     except EplbError as e:
@@ -85,57 +60,6 @@ def rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus):
     width = max(1, int(logcnt.max())) if logcnt.size else 1
     log2phy = np.ascontiguousarray(log2phy[:, :, :width])
     return tuple(like(a, weight) for a in (phy2log, log2phy, logcnt))
-
-
-class Rebalance:
-    """What :meth:`Policy.rebalance` returns.
-
-    ``placement`` is ``[L, R, S]`` int64; ``par_before``, ``par_after`` (float64), ``moves``
-    (int64: experts each layer must fetch) and ``changed`` (bool) are per layer. The means and
-    maxima over layers, and ``colocated_rows`` (rows holding an expert twice; only ``deepseek``
-    produces them), are plain numbers. ``rust_seconds`` is the wall time of the Rust policy
-    call alone (without the conversions), for measuring the binding's overhead.
-    """
-
-    __slots__ = (
-        "placement",
-        "par_before",
-        "par_after",
-        "changed",
-        "moves",
-        "par_before_mean",
-        "par_before_max",
-        "par_after_mean",
-        "par_after_max",
-        "colocated_rows",
-        "rust_seconds",
-    )
-
-    def __init__(self, raw):
-        placement, before, after, changed, moves, summary = raw
-        self.placement = placement
-        self.par_before = before
-        self.par_after = after
-        self.changed = changed
-        self.moves = moves
-        (
-            self.par_before_mean,
-            self.par_before_max,
-            self.par_after_mean,
-            self.par_after_max,
-            self.colocated_rows,
-            self.rust_seconds,
-        ) = summary
-
-    @property
-    def moves_total(self) -> int:
-        return int(self.moves.sum())
-
-    def __repr__(self) -> str:
-        return (
-            f"Rebalance(layers={len(self.changed)}, changed={int(self.changed.sum())}, "
-            f"moves={self.moves_total}, par {self.par_before_mean:.4f} -> {self.par_after_mean:.4f})"
-        )
 
 
 class Policy:
@@ -216,16 +140,18 @@ class Policy:
         self._get().reset()
 
     def rebalance(self, loads, current=None, samples=None) -> Rebalance:
-        """A new placement from ``loads`` (``[L, N]``, int32/int64/float32/float64, finite and
-        ``>= 0``), the ``current`` placement (``[L, R, S]`` or ``[L, R*S]``, any integer dtype;
-        default: vLLM-Ascend's default layout) and, for flashlb, per-window ``samples``
-        (``[T, L, N]``). The GIL is released during the Rust call."""
-        loads = _array(loads, "loads")
+        """A new placement from ``loads`` (``[L, N]``, any numeric dtype, finite and ``>= 0``),
+        the ``current`` placement (``[L, R, S]`` or ``[L, R*S]``, any integer dtype; default:
+        vLLM-Ascend's default layout) and, for flashlb, per-window ``samples`` (``[T, L, N]``,
+        any numeric dtype). Arrays may be numpy (either byte order), torch tensors (any dtype,
+        bfloat16 included, any device) or nested lists. The Rust call runs without the GIL;
+        Ctrl-C interrupts it (the policy's state stays as it was)."""
+        loads = numeric_array(loads, "loads")
         if current is not None:
-            current = _array(current, "current")
+            current = integer_array(current, "current")
         if samples is not None:
-            samples = _array(samples, "samples")
-        return Rebalance(self._get().rebalance(loads, current, samples))
+            samples = numeric_array(samples, "samples")
+        return self._get().rebalance(loads, current, samples)
 
     def __reduce__(self):
         return (_rebuild, (self.settings,))
@@ -259,14 +185,20 @@ def hotness(placement, loads, routing: str = "even") -> Hotness:
     """PAR per layer of ``placement`` (``[L, R, S]``) under ``loads`` (``[L, N]``): each expert's
     load split evenly over its copies (``routing="even"``) or routed as vLLM-Ascend's static
     ``log2phy`` does (``"log2phy"``)."""
-    par, mean, mx = _native.hotness(_array(placement, "placement"), _array(loads, "loads"), routing)
+    if not isinstance(routing, str):
+        raise EplbError(f"routing = {routing!r}: expected `even` or `log2phy`")
+    par, mean, mx = _native.hotness(
+        integer_array(placement, "placement"), numeric_array(loads, "loads"), routing
+    )
     return Hotness(par, mean, mx)
 
 
 def read_map(path, max_input_bytes: int = 1 << 30) -> np.ndarray:
     """A vLLM-Ascend expert-map JSON as ``[L, R, S]`` int64 (co-located copies accepted). As the
     CLI, it reads only a regular file of at most ``max_input_bytes`` (default 1 GiB)."""
-    return _native.read_map(os.fspath(path), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1))
+    return _native.read_map(
+        path_arg(path, "path"), integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
+    )
 
 
 def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = None,
@@ -277,7 +209,7 @@ def validate_map(path, experts: Optional[int] = None, ranks: Optional[int] = Non
     experts = optional_integer(experts, "experts", lo=1)
     ranks = optional_integer(ranks, "ranks", lo=1)
     limit = integer(max_input_bytes, "max_input_bytes", hi=2**63 - 1)
-    return _native.validate_map(os.fspath(path), experts, ranks, limit)
+    return _native.validate_map(path_arg(path, "path"), experts, ranks, limit)
 
 
 def write_map(path, placement) -> None:
@@ -287,7 +219,7 @@ def write_map(path, placement) -> None:
     permissions), a symbolic link is followed to the file it names (the link stays), a FIFO or a
     character device such as ``/dev/null`` is written through, never replaced; anything else
     raises :class:`EplbError`."""
-    _native.write_map(os.fspath(path), _array(placement, "placement"))
+    _native.write_map(path_arg(path, "path"), integer_array(placement, "placement"))
 
 
 _SIMULATE_OPTIONS = frozenset({
@@ -296,6 +228,32 @@ _SIMULATE_OPTIONS = frozenset({
     "quant", "fused_mc2", "link", "max_input_bytes", "hardware", "role", "tokens_per_rank",
     "payoff_gate",
 })
+
+
+#: simulate's integer options and their largest values (the native layer's types).
+_SIMULATE_COUNTS = {
+    "ranks": 2**16 - 1,
+    "redundant": 2**32 - 1,
+    "heat_interval": 2**32 - 1,
+    "algo_interval": 2**32 - 1,
+    "ranks_per_node": 2**16 - 1,
+    "groups": 2**16 - 1,
+    "seed": MAX_SEED,
+    "hidden": 2**64 - 1,
+    "intermediate": 2**64 - 1,
+    "max_input_bytes": 2**64 - 1,
+}
+#: simulate's options that name something.
+_SIMULATE_NAMES = ("policy", "initial", "routing", "model", "quant", "link", "hardware", "role")
+
+
+def _param(key, value) -> float:
+    """One of simulate's ``params``: a number (not a bool or a string), as ``Policy``'s."""
+    msg = f"simulate: --param {key}={value}: parameter `{key}`: `{value}` is not a number"
+    try:
+        return number(value, str(key))
+    except EplbError:
+        raise EplbError(msg) from None
 
 
 def simulate(trace, **options) -> dict:
@@ -308,9 +266,11 @@ def simulate(trace, **options) -> dict:
     ``hardware``, ``role``, ``tokens_per_rank``, ``payoff_gate`` (the time model's; the result carries its
     ``est_*`` keys and ``time_model``, as the CLI's).
     They go to the simulator library (``eplb-sim``) as typed arguments, in this process, on one
-    thread, with the GIL released. Errors raise :class:`EplbError` with the CLI's message; what
-    the CLI prints as ``warning: ...`` (a trace shorter than one cycle, failed plans) is a
-    :class:`RuntimeWarning`.
+    worker thread, without the GIL; Ctrl-C stops the replay at its next window. Errors raise
+    :class:`EplbError` with the CLI's message; what the CLI prints as ``warning: ...`` (a trace
+    shorter than one cycle, failed plans) is a :class:`RuntimeWarning`. Counts are integers,
+    ``params`` values and ``tokens_per_rank`` numbers, ``fused_mc2`` and ``payoff_gate`` bools,
+    names strings, paths str or ``os.PathLike``: anything else is an :class:`EplbError`.
     """
     unknown = sorted(set(options) - _SIMULATE_OPTIONS)
     if unknown:
@@ -320,26 +280,30 @@ def simulate(trace, **options) -> dict:
                if options.get(k) is None]
     if missing:
         raise EplbError(f"simulate: missing required argument `{missing[0]}`")
-    kw = dict(options)
-    params = []
-    for k, v in dict(kw.get("params") or {}).items():
-        try:
-            params.append((str(k), float(v)))
-        except (TypeError, ValueError):
-            raise EplbError(f"simulate: --param {k}={v}: parameter `{k}`: `{v}` is not a number") from None
-    kw["params"] = params
-    for key in ("placements_log",):
-        if kw.get(key) is not None:
-            kw[key] = os.fspath(kw[key])
-    if kw.get("tokens_per_rank") is not None:
-        kw["tokens_per_rank"] = float(kw["tokens_per_rank"])
-    for key in ("initial", "routing", "policy", "model", "quant", "link", "hardware", "role"):
-        if kw.get(key) is not None:
-            kw[key] = str(kw[key])
-    kw = {k: v for k, v in kw.items() if v is not None}
+    kw = {k: v for k, v in options.items() if v is not None}
+    params = kw.get("params") or {}
+    if not isinstance(params, dict):
+        raise EplbError(f"simulate: params = {params!r}: expected a dict of parameter values")
+    kw["params"] = [(str(k), _param(k, v)) for k, v in params.items()]
+    if isinstance(kw["policy"], int) and not isinstance(kw["policy"], bool):
+        kw["policy"] = str(kw["policy"])  # 0..4, as `Policy(4, ...)` and `--policy 4`
+    for key, hi in _SIMULATE_COUNTS.items():
+        if key in kw:
+            kw[key] = integer(kw[key], f"simulate: {key}", hi=hi)
+    for key in _SIMULATE_NAMES:
+        if key in kw and not isinstance(kw[key], str):
+            raise EplbError(f"simulate: {key} = {kw[key]!r} is not a string")
+    for key in ("fused_mc2", "payoff_gate"):
+        if key in kw:
+            kw[key] = flag(kw[key], f"simulate: {key}")
+    if "tokens_per_rank" in kw:
+        kw["tokens_per_rank"] = number(kw["tokens_per_rank"], "simulate: tokens_per_rank")
+    if "placements_log" in kw:
+        kw["placements_log"] = path_arg(kw["placements_log"], "simulate: placements_log")
+    trace = path_arg(trace, "simulate: trace")
     args = [kw.pop(k) for k in ("ranks", "redundant", "policy", "heat_interval", "algo_interval")]
     try:
-        result, warned = _native.simulate(os.fspath(trace), *args, **kw)
+        result, warned = _native.simulate(trace, *args, **kw)
     except EplbError as e:
         raise EplbError(f"simulate: {e}") from None
     except (TypeError, OverflowError) as e:

@@ -1,5 +1,6 @@
 """Type stubs of ``eplb._native``, the Rust extension (``python/src``). The public API is
-``eplb`` itself; these are what it and the adapters call. ``python -m mypy.stubtest
+``eplb`` itself; these are what it and the adapters call. ``_panic_for_test`` exists only in
+the test build (cargo feature ``test-panic``) and is left out here. ``python -m mypy.stubtest
 eplb._native`` (run by ``cargo xtask python``) checks them against the built module."""
 
 from os import PathLike
@@ -14,6 +15,7 @@ __all__ = [
     "NativeRuntime",
     "ExchangePlan",
     "startup_placement",
+    "Rebalance",
     "rebalance_experts",
     "hotness",
     "read_map",
@@ -28,7 +30,6 @@ __all__ = [
     "repair_current",
     "policy_name",
     "PayoffGate",
-    "_panic_for_test",
     "__version__",
 ]
 
@@ -65,14 +66,55 @@ class NativePolicy:
         loads: npt.ArrayLike,
         current: Optional[npt.ArrayLike] = None,
         samples: Optional[npt.ArrayLike] = None,
+    ) -> Rebalance: ...
+
+@final
+class Rebalance:
+    """What ``Policy.rebalance`` returns (read-only; pickles and copies)."""
+
+    def __new__(
+        cls,
+        placement: _I64,
+        par_before: _F64,
+        par_after: _F64,
+        changed: npt.NDArray[np.bool_],
+        moves: _I64,
+        par_before_mean: float,
+        par_before_max: float,
+        par_after_mean: float,
+        par_after_max: float,
+        colocated_rows: int,
+        rust_seconds: float,
+    ) -> Rebalance: ...
+    def __getnewargs__(
+        self,
     ) -> tuple[
-        _I64,
-        _F64,
-        _F64,
-        npt.NDArray[np.bool_],
-        _I64,
-        tuple[tuple[float, float, float, float, int], float],
+        _I64, _F64, _F64, npt.NDArray[np.bool_], _I64, float, float, float, float, int, float
     ]: ...
+    @property
+    def placement(self) -> _I64: ...
+    @property
+    def par_before(self) -> _F64: ...
+    @property
+    def par_after(self) -> _F64: ...
+    @property
+    def changed(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def moves(self) -> _I64: ...
+    @property
+    def par_before_mean(self) -> float: ...
+    @property
+    def par_before_max(self) -> float: ...
+    @property
+    def par_after_mean(self) -> float: ...
+    @property
+    def par_after_max(self) -> float: ...
+    @property
+    def colocated_rows(self) -> int: ...
+    @property
+    def rust_seconds(self) -> float: ...
+    @property
+    def moves_total(self) -> int: ...
 
 def rebalance_experts(
     weight: npt.ArrayLike, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int
@@ -141,8 +183,6 @@ class PayoffGate:
         ranks_per_node: Optional[int] = None,
         iterations: Optional[int] = None,
     ) -> tuple[_I64, npt.NDArray[np.bool_], tuple[int, int, float, float, float]]: ...
-
-def _panic_for_test() -> None: ...
 
 @final
 class ExchangePlan:

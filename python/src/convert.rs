@@ -7,7 +7,7 @@ use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
-use crate::errors::err;
+use crate::errors::{Error, err};
 
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -147,9 +147,18 @@ pub(crate) fn placement_ids(
     Ok(out)
 }
 
-/// A policy parameter's value: a Python int or float (not a bool).
+/// Whether `v` is a bool: Python's or numpy's (`numpy.bool`, `numpy.bool_`).
+pub(crate) fn is_bool(v: &Bound<'_, PyAny>) -> bool {
+    v.is_instance_of::<PyBool>()
+        || v.get_type()
+            .fully_qualified_name()
+            .is_ok_and(|n| n == "numpy.bool" || n == "numpy.bool_")
+}
+
+/// A policy parameter's value: a Python int or float, or a numpy number (not a bool, Python's
+/// or numpy's, and not a string).
 pub(crate) fn param_f64(key: &str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if v.is_instance_of::<PyBool>() {
+    if is_bool(v) {
         return Err(err(format!(
             "parameter `{key}`: expected a number, got a bool"
         )));
@@ -191,9 +200,9 @@ pub(crate) fn make_shape(
         .map_err(|_| err(format!("redundant = {redundant} is too large")))?;
     let rpn = dim_u16("ranks_per_node", ranks_per_node.unwrap_or(ranks))?;
     let g = dim_u16("groups", groups.unwrap_or(1))?;
-    Shape::from_redundant(l, n, r, x)
+    Ok(Shape::from_redundant(l, n, r, x)
         .and_then(|s| s.topology(rpn, g))
-        .map_err(|e| err(e.to_string()))
+        .map_err(Error::from)?)
 }
 
 /// A placement `[L,R,S]` of any integer dtype: its shape (with `N` = the largest id + 1 unless
@@ -222,4 +231,52 @@ pub(crate) fn placement_arg(
     let v = placement_ids("placement", &shape, &dims, &ids)?;
     Placement::new(shape, &v).map_err(|e| err(format!("placement: {e}")))?;
     Ok((shape, v))
+}
+
+/// The scalar conversions, in an interpreter this test binary starts (see `errors::tests`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pyo3::IntoPyObjectExt;
+
+    #[test]
+    fn a_parameter_is_an_int_or_a_float_never_a_bool_or_a_string() {
+        Python::initialize();
+        Python::attach(|py| {
+            let value = |v: Bound<'_, PyAny>| param_f64("swaps", &v).map_err(|e| e.to_string());
+            assert_eq!(value(3i64.into_bound_py_any(py).unwrap()), Ok(3.0));
+            assert_eq!(value(2.5f64.into_bound_py_any(py).unwrap()), Ok(2.5));
+            let b = value(true.into_bound_py_any(py).unwrap());
+            assert_eq!(
+                b,
+                Err("EplbError: parameter `swaps`: expected a number, got a bool".to_owned())
+            );
+            let s = value("3".into_bound_py_any(py).unwrap());
+            assert_eq!(
+                s,
+                Err("EplbError: parameter `swaps`: expected a number, got str".to_owned())
+            );
+        });
+    }
+
+    #[test]
+    fn a_shape_error_names_what_is_wrong() {
+        Python::initialize();
+        Python::attach(|py| {
+            let e = make_shape(2, 8, 3, 2, None, None).map_err(|e| e.value(py).to_string());
+            assert_eq!(
+                e.err().as_deref(),
+                Some(
+                    "8 experts + 2 redundant is not a multiple of 3 ranks; nearest valid \
+                     redundant counts: 1 or 4"
+                )
+            );
+            assert!(make_shape(2, 8, 4, 4, None, None).is_ok());
+            let big = make_shape(2, 70_000, 4, 4, None, None).map_err(|e| e.value(py).to_string());
+            assert_eq!(
+                big.err().as_deref(),
+                Some("experts = 70000 is too large (at most 65535)")
+            );
+        });
+    }
 }

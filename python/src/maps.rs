@@ -11,7 +11,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray3};
 use pyo3::prelude::*;
 
 use crate::convert::{dim_u16, placement_arg, read_loads};
-use crate::errors::{err, guarded, os_error};
+use crate::errors::{Error, err, guarded, guarded_short, os_error};
 
 /// Per-layer PAR of `placement` under `loads`, and its mean and max.
 #[pyfunction]
@@ -38,30 +38,30 @@ pub(crate) fn hotness<'py>(
             shape.layers()
         )));
     }
-    let (per, h) = guarded(py, || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+    let (per, h) = guarded(py, move || {
+        let p = Placement::new(shape, &v)?;
         let mut scratch = vec![0u32; metrics::scratch_len(&shape)];
         let mut ranks = vec![0.0; shape.ranks()];
         let mut per = vec![0.0; shape.layers()];
-        let h = metrics::hotness(&p, &w, routing, &mut scratch, &mut ranks, &mut per)
-            .map_err(|e| e.to_string())?;
+        let h = metrics::hotness(&p, &w, routing, &mut scratch, &mut ranks, &mut per)?;
         Ok((per, h))
     })?;
     Ok((PyArray1::from_vec(py, per), h.mean, h.max))
 }
 
-/// Reads `path` through the CLI's bounded reader with the GIL released: a regular file of at
-/// most `limit` bytes (a FIFO or a device is refused without being opened, so
-/// `/dev/zero` cannot grow without bound and a FIFO cannot block). I/O errors raise Python's own
-/// `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...) naming the path; the rest
-/// raise `EplbError`.
+/// Reads `path` through the CLI's bounded reader in the guard (off the GIL, Ctrl-C answered):
+/// a regular file of at most `limit` bytes (a FIFO or a device is refused without being
+/// opened, so `/dev/zero` cannot grow without bound and a FIFO cannot block). I/O errors
+/// raise Python's own `OSError` subclasses (`FileNotFoundError`, `PermissionError`, ...)
+/// naming the path; the rest raise `EplbError`.
 fn read_file(py: Python<'_>, path: &str, limit: u64) -> PyResult<Vec<u8>> {
-    let p = std::path::PathBuf::from(path);
-    match py.detach(|| eplb_runtime::fsio::read_bounded(&p, limit)) {
-        Ok(bytes) => Ok(bytes),
-        Err(eplb_runtime::fsio::ReadError::Io(e)) => Err(os_error(&e, path)),
-        Err(other) => Err(err(format!("{path}: {other}"))),
-    }
+    let (p, shown) = (PathBuf::from(path), path.to_owned());
+    guarded(py, move || {
+        eplb_runtime::fsio::read_bounded(&p, limit).map_err(|e| match e {
+            eplb_runtime::fsio::ReadError::Io(io) => Error::Py(os_error(&io, Some(&shown))),
+            other => Error::from(format!("{shown}: {other}")),
+        })
+    })
 }
 
 /// Reads a vLLM-Ascend expert-map JSON (co-located copies accepted) into `[L,R,S]` int64.
@@ -89,10 +89,10 @@ pub(crate) fn read_map<'py>(
         vec![shape.layers(), shape.ranks(), shape.slots_per_rank()],
         ids,
     )
-    .map_err(|e| err(e.to_string()))?
+    .map_err(Error::from)?
     .into_pyarray(py)
     .cast_into::<PyArray3<i64>>()
-    .map_err(|e| err(e.to_string()))
+    .map_err(PyErr::from)
 }
 
 /// Every problem of an expert-map JSON (strict: co-located copies are problems); empty = valid.
@@ -127,8 +127,9 @@ pub(crate) fn validate_map(
 #[pyfunction]
 pub(crate) fn map_json(py: Python<'_>, placement: &Bound<'_, PyAny>) -> PyResult<String> {
     let (shape, v) = placement_arg(placement, None)?;
-    guarded(py, || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+    // A pure conversion of an in-memory placement: milliseconds at the largest shapes.
+    guarded_short(py, || {
+        let p = Placement::new(shape, &v)?;
         Ok(to_json(&p))
     })
 }
@@ -147,7 +148,7 @@ pub(crate) fn write_map(
     let (shape, v) = placement_arg(placement, None)?;
     let shown = path.display().to_string();
     let written = guarded(py, move || {
-        let p = Placement::new(shape, &v).map_err(|e| e.to_string())?;
+        let p = Placement::new(shape, &v)?;
         Ok(eplb_runtime::fsio::write_atomic(
             &path,
             to_json(&p).as_bytes(),

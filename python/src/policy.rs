@@ -1,20 +1,20 @@
 //! Policies: `NativePolicy` (one policy on one shape, with its state, behind the runtime's
 //! `PolicyHost`), DeepSeek's `rebalance_experts` contract, and the policies' parameter names.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use eplb_core::metrics;
 use eplb_core::{Layout, Placement, Shape};
 use eplb_policies::deepseek::DeepSeek;
-use eplb_policies::{AnyPolicy, Input, Policy, PolicyKind, Samples};
+use eplb_policies::{AnyPolicy, Input, Policy, PolicyKind, Samples, Summary};
 use eplb_runtime::planner::PolicyHost;
 use numpy::ndarray::ArrayD;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::{make_shape, param_f64, placement_ids, read_ids, read_loads};
-use crate::errors::{err, guarded};
+use crate::errors::{Error, err, guarded, guarded_cancel};
 
 /// The names of the parameters `kind` takes, in order (the Rust parser's table).
 pub(crate) fn param_names(kind: PolicyKind) -> Vec<&'static str> {
@@ -40,10 +40,10 @@ pub(crate) fn build_policy(
             // The name first: an unknown one is reported as such whatever its value.
             if !kind.params().iter().any(|p| p.name == key.as_str()) {
                 let e = eplb_policies::ParamError::Unknown { policy: kind, key };
-                return Err(err(e.to_string()));
+                return Err(Error::from(e).into());
             }
             let x = param_f64(key, v)?;
-            policy.set_param(key, x).map_err(|e| err(e.to_string()))?;
+            policy.set_param(key, x).map_err(Error::from)?;
         }
     }
     Ok(policy)
@@ -67,19 +67,166 @@ pub(crate) struct NativePolicy {
     kind: PolicyKind,
     /// The policy with its buffers and state (`None` until the first call, and after `reset`):
     /// the runtime's [`PolicyHost`], which keeps the state of the last call that succeeded.
-    inner: Mutex<Option<PolicyHost<AnyPolicy>>>,
-    template: AnyPolicy,
+    /// Shared with the worker thread of a call (an interrupted call may still be running).
+    inner: Arc<Mutex<Option<PolicyHost<AnyPolicy>>>>,
+    template: Arc<AnyPolicy>,
 }
 
-/// What one native `rebalance` returns to Python.
-type Rebalanced<'py> = (
-    Bound<'py, PyArray3<i64>>,
-    Bound<'py, PyArray1<f64>>,
-    Bound<'py, PyArray1<f64>>,
-    Bound<'py, PyArray1<bool>>,
-    Bound<'py, PyArray1<i64>>,
-    (f64, f64, f64, f64, usize, f64),
-);
+/// What `Policy.rebalance` returns (`eplb.Rebalance`): the new placement and, per layer,
+/// the PAR before and after, the moves and whether the layer changed; their means and maxima;
+/// the rows holding an expert twice; the Rust policy call's wall time. Read-only.
+#[pyclass(frozen, module = "eplb", name = "Rebalance")]
+pub(crate) struct Rebalance {
+    /// `[L, R, S]` int64: the new placement.
+    #[pyo3(get)]
+    placement: Py<PyArray3<i64>>,
+    /// `[L]` float64: each layer's PAR under the loads, with the current placement.
+    #[pyo3(get)]
+    par_before: Py<PyArray1<f64>>,
+    /// `[L]` float64: each layer's PAR under the loads, with the new placement.
+    #[pyo3(get)]
+    par_after: Py<PyArray1<f64>>,
+    /// `[L]` bool: the layers whose placement changed.
+    #[pyo3(get)]
+    changed: Py<PyArray1<bool>>,
+    /// `[L]` int64: the experts each layer must fetch (copies new to their rank).
+    #[pyo3(get)]
+    moves: Py<PyArray1<i64>>,
+    /// The mean over layers of `par_before`.
+    #[pyo3(get)]
+    par_before_mean: f64,
+    /// The largest of `par_before`.
+    #[pyo3(get)]
+    par_before_max: f64,
+    /// The mean over layers of `par_after`.
+    #[pyo3(get)]
+    par_after_mean: f64,
+    /// The largest of `par_after`.
+    #[pyo3(get)]
+    par_after_max: f64,
+    /// Rows (layer, rank) of the new placement holding an expert twice (only `deepseek`).
+    #[pyo3(get)]
+    colocated_rows: usize,
+    /// The wall time of the Rust policy call alone, in seconds (without the conversions).
+    #[pyo3(get)]
+    rust_seconds: f64,
+    /// The sum of `moves`.
+    #[pyo3(get)]
+    moves_total: i64,
+    /// The number of layers whose placement changed.
+    changed_layers: usize,
+    /// The number of layers.
+    layers: usize,
+}
+
+#[pymethods]
+impl Rebalance {
+    /// The pickle's constructor (and a copy's): the fields as `__getnewargs__` lists them; the
+    /// per-layer arrays must have one entry per layer of `placement`.
+    #[new]
+    #[pyo3(signature = (placement, par_before, par_after, changed, moves, par_before_mean, par_before_max, par_after_mean, par_after_max, colocated_rows, rust_seconds))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        placement: Bound<'_, PyArray3<i64>>,
+        par_before: Bound<'_, PyArray1<f64>>,
+        par_after: Bound<'_, PyArray1<f64>>,
+        changed: Bound<'_, PyArray1<bool>>,
+        moves: Bound<'_, PyArray1<i64>>,
+        par_before_mean: f64,
+        par_before_max: f64,
+        par_after_mean: f64,
+        par_after_max: f64,
+        colocated_rows: usize,
+        rust_seconds: f64,
+    ) -> PyResult<Self> {
+        let layers = placement.shape()[0];
+        for (what, len) in [
+            ("par_before", par_before.len()),
+            ("par_after", par_after.len()),
+            ("changed", changed.len()),
+            ("moves", moves.len()),
+        ] {
+            if len != layers {
+                return Err(err(format!(
+                    "Rebalance: {what} has {len} entries, the placement {layers} layers"
+                )));
+            }
+        }
+        let changed_layers = changed.readonly().as_array().iter().filter(|&&c| c).count();
+        let moves_total = moves.readonly().as_array().iter().sum();
+        Ok(Self {
+            placement: placement.unbind(),
+            par_before: par_before.unbind(),
+            par_after: par_after.unbind(),
+            changed: changed.unbind(),
+            moves: moves.unbind(),
+            par_before_mean,
+            par_before_max,
+            par_after_mean,
+            par_after_max,
+            colocated_rows,
+            rust_seconds,
+            moves_total,
+            changed_layers,
+            layers,
+        })
+    }
+
+    /// The arguments of `Rebalance(...)` that rebuild this one (pickle, `copy`).
+    #[allow(clippy::type_complexity)]
+    fn __getnewargs__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, PyArray3<i64>>,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray1<f64>>,
+        Bound<'py, PyArray1<bool>>,
+        Bound<'py, PyArray1<i64>>,
+        f64,
+        f64,
+        f64,
+        f64,
+        usize,
+        f64,
+    ) {
+        (
+            self.placement.bind(py).clone(),
+            self.par_before.bind(py).clone(),
+            self.par_after.bind(py).clone(),
+            self.changed.bind(py).clone(),
+            self.moves.bind(py).clone(),
+            self.par_before_mean,
+            self.par_before_max,
+            self.par_after_mean,
+            self.par_after_max,
+            self.colocated_rows,
+            self.rust_seconds,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Rebalance(layers={}, changed={}, moves={}, par {:.4} -> {:.4})",
+            self.layers,
+            self.changed_layers,
+            self.moves_total,
+            self.par_before_mean,
+            self.par_after_mean
+        )
+    }
+}
+
+/// What the worker of one `rebalance` hands back.
+struct Planned {
+    placement: Vec<u16>,
+    before: Vec<f64>,
+    after: Vec<f64>,
+    changed: Vec<bool>,
+    moves: Vec<i64>,
+    summary: Summary,
+    rust_seconds: f64,
+}
 
 #[pymethods]
 impl NativePolicy {
@@ -115,8 +262,8 @@ impl NativePolicy {
             shape,
             seed,
             kind,
-            inner: Mutex::new(None),
-            template,
+            inner: Arc::new(Mutex::new(None)),
+            template: Arc::new(template),
         })
     }
 
@@ -151,8 +298,8 @@ impl NativePolicy {
             shape: self.shape,
             seed: self.seed,
             kind: self.kind,
-            inner: Mutex::new(state),
-            template: self.template.clone(),
+            inner: Arc::new(Mutex::new(state)),
+            template: Arc::clone(&self.template),
         }
     }
 
@@ -170,7 +317,7 @@ impl NativePolicy {
         loads: &Bound<'py, PyAny>,
         current: Option<&Bound<'py, PyAny>>,
         samples: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Rebalanced<'py>> {
+    ) -> PyResult<Rebalance> {
         let shape = self.shape;
         let (l, n) = (shape.layers(), shape.experts());
         let (ldims, loads_v) = read_loads(loads, "loads", &[2])?;
@@ -188,7 +335,7 @@ impl NativePolicy {
                 let mut v = vec![0u16; shape.placement_len()];
                 Layout::default()
                     .fill(&shape, &mut v)
-                    .map_err(|e| err(e.to_string()))?;
+                    .map_err(Error::from)?;
                 v
             }
         };
@@ -204,14 +351,15 @@ impl NativePolicy {
             }
             None => None,
         };
-        let seed = self.seed;
-        let (placement, before, after, changed, moves, summary) = guarded(py, || {
-            let mut guard = self
-                .inner
+        let (seed, kind) = (self.seed, self.kind);
+        let (inner, template) = (Arc::clone(&self.inner), Arc::clone(&self.template));
+        let planned = guarded_cancel(py, move |cancel| {
+            let mut guard = inner
                 .lock()
-                .map_err(|_| "the policy's lock was poisoned by an earlier failure".to_string())?;
-            let host = guard
-                .get_or_insert_with(|| PolicyHost::new(Box::new(self.template.clone()), shape));
+                .map_err(|_| "the policy's lock was poisoned by an earlier failure")?;
+            let host = guard.get_or_insert_with(|| {
+                PolicyHost::new(Box::new(AnyPolicy::clone(&template)), shape)
+            });
             let cur = Placement::new(shape, &current_v).map_err(|e| format!("current: {e}"))?;
             let smp = match &samples_v {
                 Some((t, v)) => {
@@ -219,50 +367,59 @@ impl NativePolicy {
                 }
                 None => None,
             };
-            let input = Input::new(cur, &loads_v, smp, seed).map_err(|e| e.to_string())?;
-            // Taken at once when it succeeds; a failure leaves the state as it was.
-            let plan = host
-                .plan_and_take(0, &input)
-                .map_err(|e| format!("{}: {e}", self.kind.name()))?;
-            let (changed, before, after, summary) = (
-                plan.changed().to_vec(),
-                plan.par_before().to_vec(),
-                plan.par_after().to_vec(),
-                *plan.summary(),
-            );
-            let rust_s = plan.elapsed().as_secs_f64();
-            let placement = plan.into_placement();
+            let input = Input::new(cur, &loads_v, smp, seed)?;
+            let outcome = host.plan(0, &input);
+            // The state advances only when the plan succeeded and the caller still waits for it
+            // (an interrupted call leaves the state as it was).
+            host.settle(0, outcome.is_ok() && !cancel.is_set(), false);
+            let plan = outcome.map_err(|e| format!("{}: {e}", kind.name()))?;
             let per = shape.slots_per_layer();
-            let moves: Vec<i64> = current_v
+            let moves = current_v
                 .chunks_exact(per)
-                .zip(placement.chunks_exact(per))
+                .zip(plan.placement().chunks_exact(per))
                 .map(|(o, nw)| metrics::moves(o, nw, shape.slots_per_rank()) as i64)
                 .collect();
-            Ok((placement, before, after, changed, moves, (summary, rust_s)))
+            Ok(Planned {
+                changed: plan.changed().to_vec(),
+                before: plan.par_before().to_vec(),
+                after: plan.par_after().to_vec(),
+                summary: *plan.summary(),
+                rust_seconds: plan.elapsed().as_secs_f64(),
+                moves,
+                placement: plan.into_placement(),
+            })
         })?;
-        let (summary, rust_s) = summary;
         let (r, s) = (shape.ranks(), shape.slots_per_rank());
-        let p: Vec<i64> = placement.iter().map(|&e| i64::from(e)).collect();
-        let p = ArrayD::from_shape_vec(vec![l, r, s], p)
-            .map_err(|e| err(e.to_string()))?
+        let p: Vec<i64> = planned.placement.iter().map(|&e| i64::from(e)).collect();
+        let placement = ArrayD::from_shape_vec(vec![l, r, s], p)
+            .map_err(Error::from)?
             .into_pyarray(py)
-            .cast_into::<PyArray3<i64>>()
-            .map_err(|e| err(e.to_string()))?;
-        Ok((
-            p,
-            PyArray1::from_vec(py, before),
-            PyArray1::from_vec(py, after),
-            PyArray1::from_vec(py, changed),
-            PyArray1::from_vec(py, moves),
-            (
-                summary.before.mean,
-                summary.before.max,
-                summary.after.mean,
-                summary.after.max,
-                summary.colocated_rows,
-                rust_s,
-            ),
-        ))
+            .cast_into::<PyArray3<i64>>()?;
+        let Planned {
+            before,
+            after,
+            changed,
+            moves,
+            summary,
+            rust_seconds,
+            ..
+        } = planned;
+        Ok(Rebalance {
+            placement: placement.unbind(),
+            par_before: PyArray1::from_vec(py, before).unbind(),
+            par_after: PyArray1::from_vec(py, after).unbind(),
+            changed_layers: changed.iter().filter(|&&c| c).count(),
+            changed: PyArray1::from_vec(py, changed).unbind(),
+            moves_total: moves.iter().sum(),
+            moves: PyArray1::from_vec(py, moves).unbind(),
+            par_before_mean: summary.before.mean,
+            par_before_max: summary.before.max,
+            par_after_mean: summary.after.mean,
+            par_after_max: summary.after.max,
+            colocated_rows: summary.colocated_rows,
+            rust_seconds,
+            layers: l,
+        })
     }
 }
 
@@ -319,16 +476,14 @@ pub(crate) fn rebalance_experts<'py>(
     let shape = make_shape(l, n, num_gpus, num_replicas - n, Some(rpn), Some(groups))?;
     // The placement and each slot's replica rank (DeepSeek's `phyrank`), so that `log2phy`
     // lists an expert's replicas in the order DeepSeek's does: the order they were created.
-    let (placement, ranks) = guarded(py, || {
+    let (placement, ranks) = guarded(py, move || {
         let policy = DeepSeek::new();
         policy
             .check_shape(&shape)
             .map_err(|e| format!("deepseek: {e}"))?;
         let mut current = vec![0u16; shape.placement_len()];
-        Layout::default()
-            .fill(&shape, &mut current)
-            .map_err(|e| e.to_string())?;
-        let cur = Placement::new(shape, &current).map_err(|e| e.to_string())?;
+        Layout::default().fill(&shape, &mut current)?;
+        let cur = Placement::new(shape, &current)?;
         let input = Input::new(cur, &w, None, 0).map_err(|e| format!("weight: {e}"))?;
         let mut scratch = vec![0u64; policy.scratch_len(&shape)];
         let mut placement = vec![0u16; shape.placement_len()];
@@ -360,17 +515,17 @@ pub(crate) fn rebalance_experts<'py>(
     }
     let to3 = |v: Vec<i64>, d: [usize; 3]| -> PyResult<Bound<'py, PyArray3<i64>>> {
         ArrayD::from_shape_vec(d.to_vec(), v)
-            .map_err(|e| err(e.to_string()))?
+            .map_err(Error::from)?
             .into_pyarray(py)
             .cast_into::<PyArray3<i64>>()
-            .map_err(|e| err(e.to_string()))
+            .map_err(PyErr::from)
     };
     let to2 = |v: Vec<i64>, d: [usize; 2]| -> PyResult<Bound<'py, PyArray2<i64>>> {
         ArrayD::from_shape_vec(d.to_vec(), v)
-            .map_err(|e| err(e.to_string()))?
+            .map_err(Error::from)?
             .into_pyarray(py)
             .cast_into::<PyArray2<i64>>()
-            .map_err(|e| err(e.to_string()))
+            .map_err(PyErr::from)
     };
     Ok((
         to2(phy2log, [l, p])?,

@@ -1,8 +1,6 @@
 //! `eplb simulate` in this process: `eplb-sim` called with typed arguments.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use eplb_core::metrics::Routing;
 use eplb_runtime::config::deployment::QuantType;
@@ -10,15 +8,12 @@ use eplb_sim::cost::{CostSpec, Link, ModelPreset};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
 use eplb_sim::time::TimeSpec;
-use eplb_sim::{Initial, Replay, SimConfig, SimError};
+use eplb_sim::{Initial, Replay, SimConfig};
 use pyo3::prelude::*;
 
-use crate::errors::guarded;
+use crate::errors::{Cancel, Error, guarded_cancel};
 
-/// How often a replay checks for a pending signal (Ctrl-C).
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
-
-/// The unwind payload of a replay stopped by a signal.
+/// The unwind payload of a replay stopped because its caller was interrupted (Ctrl-C).
 struct Interrupted;
 
 /// `eplb simulate --json` in this process with typed settings (GIL released): the dict of the
@@ -93,14 +88,9 @@ pub(crate) fn simulate<'py>(
         role,
         tokens_per_rank,
     };
-    // Ctrl-C: the replay checks for signals (with the GIL, at most every 100 ms, between
-    // windows) and unwinds with `Interrupted`; the pending KeyboardInterrupt is then raised.
-    let interrupted: Mutex<Option<PyErr>> = Mutex::new(None);
-    let result = guarded(py, || run(&args, &cost, &time, &interrupted));
-    if let Some(e) = interrupted.into_inner().ok().flatten() {
-        return Err(e);
-    }
-    let (v, warnings) = result?;
+    // Ctrl-C: the guard returns the KeyboardInterrupt within a tick; the replay sees the
+    // cancel flag between windows and stops.
+    let (v, warnings) = guarded_cancel(py, move |cancel| run(&args, &cost, &time, cancel))?;
     Ok((to_py(py, &v)?, warnings))
 }
 
@@ -134,13 +124,16 @@ struct CostArgs {
 }
 
 impl CostArgs {
-    fn spec(&self) -> Result<CostSpec, String> {
-        fn named<T: std::str::FromStr>(v: &Option<String>, flag: &str) -> Result<Option<T>, String>
+    fn spec(&self) -> Result<CostSpec, Error> {
+        fn named<T: std::str::FromStr>(v: &Option<String>, flag: &str) -> Result<Option<T>, Error>
         where
             T::Err: std::fmt::Display,
         {
             v.as_ref()
-                .map(|s| s.parse::<T>().map_err(|e| format!("{flag} {s}: {e}")))
+                .map(|s| {
+                    s.parse::<T>()
+                        .map_err(|e| Error::from(format!("{flag} {s}: {e}")))
+                })
                 .transpose()
         }
         let cost = CostSpec {
@@ -151,7 +144,7 @@ impl CostArgs {
             fused_mc2: self.fused_mc2,
             link: named::<Link>(&self.link, "link")?,
         };
-        cost.resolve().map_err(|e| e.to_string())?;
+        cost.resolve()?;
         Ok(cost)
     }
 }
@@ -165,19 +158,18 @@ struct TimeArgs {
 }
 
 impl TimeArgs {
-    fn spec(&self) -> Result<TimeSpec, String> {
+    fn spec(&self) -> Result<TimeSpec, Error> {
         let time = TimeSpec {
             hardware: self.hardware.clone(),
             role: self
                 .role
                 .as_deref()
                 .map(eplb_sim::time::parse_role)
-                .transpose()
-                .map_err(|e| e.to_string())?,
+                .transpose()?,
             tokens_per_rank: self.tokens_per_rank,
             ..TimeSpec::default()
         };
-        time.check().map_err(|e| e.to_string())?;
+        time.check()?;
         Ok(time)
     }
 }
@@ -188,29 +180,28 @@ fn run(
     a: &SimArgs,
     cost: &CostArgs,
     time: &TimeArgs,
-    interrupted: &Mutex<Option<PyErr>>,
-) -> Result<(serde_json::Value, Vec<String>), String> {
+    cancel: &Cancel,
+) -> Result<(serde_json::Value, Vec<String>), Error> {
     let mut warnings = Vec::new();
     if a.ranks == 0 {
-        return Err("ranks must be at least 1".to_owned());
+        return Err("ranks must be at least 1".into());
     }
-    let policy = parse_sim_policy(&a.policy).map_err(|e| e.to_string())?;
-    check_params(policy, &a.params).map_err(|e| e.to_string())?;
-    let initial: Initial = a.initial.parse().map_err(|e: SimError| e.to_string())?;
+    let policy = parse_sim_policy(&a.policy)?;
+    check_params(policy, &a.params)?;
+    let initial: Initial = a.initial.parse::<Initial>()?;
     let routing: Routing = a
         .routing
         .parse()
-        .map_err(|e| format!("routing `{}`: {e}", a.routing))?;
+        .map_err(|e| Error::from(format!("routing `{}`: {e}", a.routing)))?;
     let cost = cost.spec()?;
     let time = time.spec()?;
     if let Some(log) = &a.placements_log {
-        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])
-            .map_err(|e| e.to_string())?;
+        eplb_runtime::fsio::refuse_overwrite_input(log, &[a.trace.as_path()])?;
     }
     let source = a.trace.display().to_string();
     let bytes = eplb_runtime::fsio::read_bounded(&a.trace, a.max_input_bytes)
-        .map_err(|e| format!("{source}: {e}"))?;
-    let replay = Replay::load(&bytes, &source, &cost).map_err(|e| e.to_string())?;
+        .map_err(|e| Error::from(format!("{source}: {e}")))?;
+    let replay = Replay::load(&bytes, &source, &cost)?;
     for w in &replay.warnings {
         warnings.push(format!("{source}: {w}"));
     }
@@ -232,42 +223,24 @@ fn run(
         payoff_gate: None,
         events: Vec::new(),
     };
-    let basis = time
-        .resolve(&replay.basis, a.ranks_per_node)
-        .map_err(|e| e.to_string())?;
+    let basis = time.resolve(&replay.basis, a.ranks_per_node)?;
     let cfg = SimConfig {
-        payoff_gate: a
-            .payoff_gate
-            .then(|| basis.gate(&cfg))
-            .transpose()
-            .map_err(|e| e.to_string())?,
+        payoff_gate: a.payoff_gate.then(|| basis.gate(&cfg)).transpose()?,
         ..cfg
     };
-    let mut last = Instant::now();
     let mut check = |_: usize, _: usize| {
-        if last.elapsed() < SIGNAL_CHECK {
-            return;
-        }
-        last = Instant::now();
-        if let Err(e) = Python::attach(|py| py.check_signals()) {
-            if let Ok(mut slot) = interrupted.lock() {
-                *slot = Some(e);
-            }
+        if cancel.is_set() {
             std::panic::resume_unwind(Box::new(Interrupted));
         }
     };
-    let run = replay
-        .run(&cfg, &a.params, &mut check)
-        .map_err(|e| e.to_string())?;
+    let run = replay.run(&cfg, &a.params, &mut check)?;
     if let Some(path) = &a.placements_log {
-        sim_json::write_placements_log(path, &run.result, policy.name(), replay.name.as_deref())
-            .map_err(|e| e.to_string())?;
+        sim_json::write_placements_log(path, &run.result, policy.name(), replay.name.as_deref())?;
     }
-    if let Some(warning) = run.check_plans().map_err(|e| e.to_string())? {
+    if let Some(warning) = run.check_plans()? {
         warnings.push(warning);
     }
-    let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)
-        .map_err(|e| e.to_string())?;
+    let figures = eplb_sim::time::estimate(&replay.trace, &run, &cfg, &basis, None)?;
     let v = sim_json::simulation(
         &run.result,
         &run.costs,

@@ -208,6 +208,28 @@ def test_pickle_round_trip():
     )
 
 
+def test_a_rebalance_is_read_only_and_pickles_and_copies():
+    import copy
+
+    c = golden("dsv3_decode_ep64")
+    r = policy_for(c, "swift").rebalance(c.loads, c.current)
+    assert isinstance(r, eplb.Rebalance)
+    with pytest.raises(AttributeError):
+        r.placement = None
+    fields = ("placement", "par_before", "par_after", "changed", "moves", "par_before_mean",
+              "par_before_max", "par_after_mean", "par_after_max", "colocated_rows",
+              "rust_seconds", "moves_total")
+    for q in (pickle.loads(pickle.dumps(r)), copy.copy(r), copy.deepcopy(r)):
+        assert type(q) is eplb.Rebalance and repr(q) == repr(r)
+        for f in fields:
+            np.testing.assert_array_equal(getattr(q, f), getattr(r, f))
+    assert r.moves_total == int(r.moves.sum()) and isinstance(r.moves_total, int)
+    assert (r.placement.dtype, r.par_after.dtype, r.moves.dtype, r.changed.dtype) == (
+        np.int64, np.float64, np.int64, np.bool_)
+    with pytest.raises(eplb.EplbError, match="moves has 1 entries"):
+        eplb.Rebalance(*r.__getnewargs__()[:4], r.moves[:1], *r.__getnewargs__()[5:])
+
+
 def test_the_gil_is_released_during_a_long_call():
     c = golden("dsv3_decode_ep64")
     reps = 40
@@ -251,10 +273,9 @@ def test_eplb_error_is_a_value_error():
 @pytest.mark.parametrize(
     "loads, match",
     [
-        (np.ones((2, 8), dtype=np.bool_), "dtype bool"),
         (np.ones((2, 8), dtype=np.complex64), "dtype complex64"),
-        (np.ones((2, 8), dtype=np.float16), "dtype float16"),
         (np.ones((2, 8), dtype=object), "dtype object"),
+        (np.array([["1"] * 8] * 2), "dtype <U1"),
         (np.ones(16), "expected 2 dimensions, got 1"),
         (np.ones((1, 2, 8)), "expected 2 dimensions, got 3"),
         (np.ones((2, 9)), r"shape \[2, 9\] does not match"),

@@ -1,9 +1,10 @@
 //! The Python package's step of `cargo xtask test` (`python/`, not a workspace member).
 //!
-//! 1. `cargo fmt --check` and `cargo clippy -D warnings` on `python/Cargo.toml`
+//! 1. `cargo fmt --check`, `cargo clippy -D warnings` and `cargo test` on `python/Cargo.toml`
 //!    (target dir `target/python`);
 //! 2. maturin (from PyPI, in the tools venv `target/python-tools`, made once) builds the wheel
-//!    into `target/python/wheels`;
+//!    into `target/python/wheels`, with the cargo feature `test-panic` (the shipped wheel,
+//!    `pip install ./python`, has not `eplb._native._panic_for_test`);
 //! 3. a fresh venv `target/python-test-venv` gets only numpy and pytest (from PyPI) and the wheel;
 //! 4. pytest runs `python/tests` in it, with `EPLB_BIN` set to the CLI so that the tests compare
 //!    `eplb.simulate` and `eplb.write_map` with it. Any non-zero pytest status fails the gate,
@@ -86,7 +87,8 @@ fn maturin() -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-/// fmt and clippy of the native module.
+/// fmt, clippy and the Rust tests of the native module (the conversions and the guard, in an
+/// interpreter the test binary starts: without `extension-module` it links libpython).
 fn lint() -> Result<(), String> {
     let m = manifest();
     let m = m.to_str().ok_or("python/Cargo.toml: path is not UTF-8")?;
@@ -100,12 +102,20 @@ fn lint() -> Result<(), String> {
             .args([
                 "clippy",
                 "--all-targets",
+                "--features",
+                "test-panic",
                 "--manifest-path",
                 m,
                 "--target-dir",
             ])
             .arg(target_dir())
             .args(["--", "-D", "warnings"]),
+    )?;
+    run(
+        "python: cargo test (python/, the conversions and the guard)",
+        cargo()
+            .args(["test", "--quiet", "--manifest-path", m, "--target-dir"])
+            .arg(target_dir()),
     )
 }
 
@@ -121,6 +131,8 @@ fn build_wheel(maturin: &Path) -> Result<PathBuf, String> {
             .current_dir(root())
             .args(["build", "--release", "--quiet", "-m"])
             .arg(manifest())
+            // `eplb._native._panic_for_test` for the tests; `pip install ./python` leaves it out.
+            .args(["--features", "extension-module,test-panic"])
             .arg("--target-dir")
             .arg(target_dir())
             .arg("-o")
@@ -255,6 +267,7 @@ fn real_torch(wheel: &str, tests: &Path) -> Result<(), String> {
             "test_deepseek.py",
             "test_adapt.py",
             "test_runtime_torch.py",
+            "test_arguments.py",
         ],
         &[("EPLB_TEST_TORCH", "real")],
     )
