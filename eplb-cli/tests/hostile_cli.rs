@@ -515,8 +515,15 @@ fn simulate_refuses_counts_that_do_not_fit_u32() {
         "1",
     ]);
     assert_eq!(o.status.code(), Some(1));
+    // A trace that names no model is priced as DeepSeek-V3, and says so first.
+    let e = stderr(&o);
+    let (warning, error) = e.split_once('\n').unwrap();
+    assert!(
+        warning.starts_with("warning: ") && warning.contains("deepseek-v3"),
+        "{e}"
+    );
     assert_eq!(
-        stderr(&o),
+        error,
         "error: trace window 1, layer 0, expert 1: count 4294967296 does not fit a per-iteration u32 counter (at most 4294967295)\n"
     );
     std::fs::remove_dir_all(dir).unwrap();

@@ -194,7 +194,8 @@ pub struct ModelInfo {
 /// Unset settings come from the deployment facts, else the defaults: the hardware (`A3`), the
 /// role (decode; a colocated node counts as decode), the tokens per rank (the deployment's
 /// `tokens_per_die`, else the role's default), the model (DeepSeek-V3), whose dtype follows
-/// the deployment's quant type (W8A8 by default) and whose expert bytes are that quant type's
+/// the deployment's quant type (by default the model's checkpoint: `none` for the bf16 presets,
+/// else W8A8, [`crate::config::deployment::QuantType::checkpoint`]) and whose expert bytes are that quant type's
 /// payload ([`crate::payload::ExpertPayload::for_quant`]). The rest of the step (attention,
 /// dense layers, host), which an exchange hides behind, is priced once here by the whole-step
 /// model with the role's defaults on `model.ranks` ranks, under the `calibration` file's
@@ -220,14 +221,13 @@ pub fn payoff_gate(
         Some(NodeRole::Prefill) => Role::Prefill,
         Some(NodeRole::Decode | NodeRole::Colocated) | None => Role::Decode,
     });
-    let quant = facts.quant_type.unwrap_or(QuantType::W8A8);
     let mut spec_model = spec.model.unwrap_or(ModelSpec::DEEPSEEK_V3);
+    let quant = facts
+        .quant_type
+        .unwrap_or_else(|| QuantType::checkpoint(&spec_model));
     spec_model.dtype = quant.compute_dtype();
     let payload = crate::payload::ExpertPayload::for_quant(
-        crate::payload::ModelDims {
-            hidden: u64::from(spec_model.hidden),
-            intermediate: u64::from(spec_model.intermediate),
-        },
+        crate::payload::ModelDims::of(&spec_model),
         quant,
         facts.fused_mc2.unwrap_or(false),
     )

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::Run;
 use crate::SimError;
-use crate::cost::{CostBasis, ModelPreset, MoveCost};
+use crate::cost::{CostBasis, MoveCost};
 use crate::simulate::{LogEntry, Router, SimConfig, SimPolicy, SimTrace};
 
 /// The hardware preset when none is given.
@@ -233,12 +233,14 @@ impl TimeSpec {
             set_hw(&mut hardware, k, *v)?;
         }
         let mut model = match cost.preset {
-            Some(p) => p.model_spec(),
+            Some(p) => p,
             None => ModelSpec {
                 name: "custom",
+                label: "custom",
+                aliases: &[],
                 hidden: u32::try_from(cost.dims.hidden).unwrap_or(u32::MAX),
                 intermediate: u32::try_from(cost.dims.intermediate).unwrap_or(u32::MAX),
-                ..ModelPreset::DeepSeekV3.model_spec()
+                ..ModelSpec::DEEPSEEK_V3
             },
         };
         model.dtype = cost.quant.compute_dtype();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use eplb_core::metrics::Routing;
 use eplb_runtime::config::deployment::QuantType;
-use eplb_sim::cost::{CostSpec, Link, ModelPreset};
+use eplb_sim::cost::{CostSpec, Link, parse_model};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
 use eplb_sim::time::TimeSpec;
@@ -144,7 +144,11 @@ impl CostArgs {
                 .transpose()
         }
         let cost = CostSpec {
-            model: named::<ModelPreset>(&self.model, "model")?,
+            model: self
+                .model
+                .as_deref()
+                .map(|s| parse_model(s).map_err(|e| format!("model {s}: {e}")))
+                .transpose()?,
             hidden: self.hidden,
             intermediate: self.intermediate,
             quant: named::<QuantType>(&self.quant, "quant")?,

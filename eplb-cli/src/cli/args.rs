@@ -4,6 +4,7 @@
 use clap::{Args, ValueEnum};
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
+use eplb_core::time::ModelSpec;
 use eplb_core::time::Role;
 use eplb_core::time::step::Overlap;
 use eplb_map::heat::Heat;
@@ -11,7 +12,7 @@ use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_policies::PolicyKind;
 use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::policies::Param;
-use eplb_sim::cost::{CostBasis, CostSpec, Link, ModelPreset};
+use eplb_sim::cost::{CostBasis, CostSpec, Link};
 use eplb_sim::time::TimeSpec;
 use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
 use std::path::{Path, PathBuf};
@@ -47,8 +48,8 @@ pub(super) struct CostArgs {
     /// Model preset sizing an expert and shaping the time model: deepseek-v3 (= deepseek-r1),
     /// qwen3-235b, qwen3-30b, deepseek-v2-lite, kimi-k2, mixtral-8x7b; default: the trace's
     /// model when known (ESFT: deepseek-v2-lite), else deepseek-v3.
-    #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
-    pub(super) model: Option<ModelPreset>,
+    #[arg(long, value_parser = parse_model, conflicts_with_all = ["hidden", "intermediate"])]
+    pub(super) model: Option<ModelSpec>,
     /// Hidden size H (with --intermediate, instead of --model).
     #[arg(long, requires = "intermediate")]
     pub(super) hidden: Option<u64>,
@@ -74,7 +75,7 @@ impl CostArgs {
     /// With no model flags, a trace that names a known model sizes the expert.
     pub(super) fn resolve_for_trace(
         &self,
-        trace_model: Option<ModelPreset>,
+        trace_model: Option<ModelSpec>,
     ) -> Result<CostBasis, String> {
         self.spec()
             .resolve_for_trace(trace_model)
@@ -213,6 +214,11 @@ pub(super) fn parse_key_value(s: &str) -> Result<(String, f64), String> {
         .parse()
         .map_err(|_| format!("{s}: `{v}` is not a number"))?;
     Ok((k.trim().to_owned(), x))
+}
+
+/// A `--model` value: a catalogue model's name or alias.
+pub(super) fn parse_model(s: &str) -> Result<ModelSpec, String> {
+    eplb_sim::cost::parse_model(s).map_err(|e| e.to_string())
 }
 
 pub(super) fn parse_from_str<T>(s: &str) -> Result<T, String>

@@ -177,11 +177,17 @@ impl Hardware {
     }
 }
 
-/// The MoE shape of a model (the numbers of its `config.json`) and its default compute dtype.
+/// The MoE shape of a model (the numbers of its `config.json`) and its default compute dtype:
+/// one entry of the model catalogue ([`ModelSpec::ALL`], the one table every tool and the
+/// runtime read; `docs/time-model.md`'s table is tested against it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ModelSpec {
-    /// Preset name (lower case).
+    /// Preset name (lower case): the name the command line and `eplb_payoff_gate` take.
     pub name: &'static str,
+    /// The model's display name (`DeepSeek-V3/R1`).
+    pub label: &'static str,
+    /// Other names [`ModelSpec::from_name`] accepts (lower case).
+    pub aliases: &'static [&'static str],
     /// Hidden size `H`.
     pub hidden: u32,
     /// Expert intermediate size `I` (`moe_intermediate_size`).
@@ -194,7 +200,10 @@ pub struct ModelSpec {
     pub moe_layers: u16,
     /// Shared experts per MoE layer (same intermediate size as a routed expert).
     pub shared_experts: u16,
-    /// Default compute dtype of the preset's quant type.
+    /// Default compute dtype of the preset's quant type. It also says what the published
+    /// checkpoint is: [`Dtype::Bf16`] for an unquantised checkpoint (quant type `none`), else
+    /// the dtype of W8A8, which Ascend deployments of the large models run
+    /// ([`ModelSpec::checkpoint_unquantised`]).
     pub dtype: Dtype,
 }
 
@@ -219,6 +228,12 @@ impl ModelSpec {
             });
         }
         Ok(())
+    }
+
+    /// Whether the preset's published checkpoint is unquantised (bf16): its experts are then
+    /// priced at quant type `none` unless a quant type is given.
+    pub const fn checkpoint_unquantised(&self) -> bool {
+        matches!(self.dtype, Dtype::Bf16)
     }
 
     /// FLOPs of one token through one expert: `6 * H * I`.

@@ -237,6 +237,17 @@ impl QuantType {
         }
     }
 
+    /// The quant type of `model`'s published checkpoint as the catalogue records it: `none`
+    /// for an unquantised (bf16) checkpoint, else W8A8, what Ascend deployments of the large
+    /// models run ([`eplb_core::time::ModelSpec::checkpoint_unquantised`]).
+    pub fn checkpoint(model: &eplb_core::time::ModelSpec) -> QuantType {
+        if model.checkpoint_unquantised() {
+            QuantType::None
+        } else {
+            QuantType::W8A8
+        }
+    }
+
     /// Every quant type, in table order.
     pub const ALL: [QuantType; 9] = [
         QuantType::None,
