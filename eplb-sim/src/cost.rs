@@ -84,18 +84,15 @@ pub struct Link {
 pub struct LinkError {
     /// The text given.
     pub got: String,
-    /// A rate was given, but it is so small that a transfer would take forever.
-    pub too_slow: bool,
+    /// A rate was given, but it is outside the physical range of a link
+    /// ([`eplb_core::settings::bytes_per_s`]).
+    pub out_of_range: Option<eplb_core::SettingError>,
 }
 
 impl fmt::Display for LinkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.too_slow {
-            return write!(
-                f,
-                "link {:?} is too slow: a transfer time would be infinite; give a rate of at least {MIN_GBPS:e} Gbit/s",
-                self.got
-            );
+        if let Some(e) = &self.out_of_range {
+            return write!(f, "link {:?}: {e}", self.got);
         }
         write!(
             f,
@@ -105,8 +102,9 @@ impl fmt::Display for LinkError {
     }
 }
 
-/// The slowest link rate accepted (Gbit/s): at it, `u64::MAX` bytes take a finite time.
-pub const MIN_GBPS: f64 = 1e-9;
+/// The slowest link rate accepted (Gbit/s): [`eplb_core::settings::MIN_BYTES_PER_S`] (8
+/// Mbit/s).
+pub const MIN_GBPS: f64 = eplb_core::settings::MIN_BYTES_PER_S * 8.0 / 1e9;
 
 impl core::error::Error for LinkError {}
 
@@ -137,12 +135,18 @@ impl Link {
         }
     }
 
-    /// `gbit` Gbit/s; `None` unless finite and at least [`MIN_GBPS`].
+    /// `gbit` Gbit/s; `None` unless its rate passes [`Link::check_gbps`].
     pub fn gbps(gbit: f64) -> Option<Self> {
-        (gbit.is_finite() && gbit >= MIN_GBPS).then(|| Self {
+        Self::check_gbps(gbit).ok().map(|bytes_per_s| Self {
             name: format!("{gbit}gbps"),
-            bytes_per_s: gbit * 1e9 / 8.0,
+            bytes_per_s,
         })
+    }
+
+    /// The bytes/s of `gbit` Gbit/s when it is a link's rate
+    /// ([`eplb_core::settings::bytes_per_s`]: 8 Mbit/s to 8 Pbit/s).
+    pub fn check_gbps(gbit: f64) -> Result<f64, eplb_core::SettingError> {
+        eplb_core::settings::bytes_per_s("link", gbit * 1e9 / 8.0)
     }
 
     /// The name (`10gbps`, `hccs`, `roce`, `<N>gbps`).
@@ -179,7 +183,7 @@ impl FromStr for Link {
         let t = s.trim().to_ascii_lowercase();
         let err = || LinkError {
             got: s.to_owned(),
-            too_slow: false,
+            out_of_range: None,
         };
         match t.as_str() {
             "hccs" => Ok(Link::hccs()),
@@ -187,12 +191,13 @@ impl FromStr for Link {
             _ => {
                 let n = t.strip_suffix("gbps").ok_or_else(err)?;
                 let gbit: f64 = n.trim().parse().map_err(|_| err())?;
-                if gbit > 0.0 && gbit < MIN_GBPS {
-                    return Err(LinkError {
-                        got: s.to_owned(),
-                        too_slow: true,
-                    });
+                if !(gbit.is_finite() && gbit > 0.0) {
+                    return Err(err());
                 }
+                Link::check_gbps(gbit).map_err(|e| LinkError {
+                    got: s.to_owned(),
+                    out_of_range: Some(e),
+                })?;
                 let mut link = Link::gbps(gbit).ok_or_else(err)?;
                 link.name = t;
                 Ok(link)

@@ -21,22 +21,22 @@ pub(super) struct AdviseArgs {
     #[arg(long)]
     trace: PathBuf,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Redundant experts to try, comma-separated (default: the fewest the shape allows, and
     /// one slot per rank more).
-    #[arg(long, value_delimiter = ',')]
-    redundant_list: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    redundant_list: Option<Vec<i128>>,
     /// Policies to try, comma-separated names or numbers (default: every policy but random).
     #[arg(long, value_delimiter = ',', value_parser = super::args::parse_policy)]
     policies: Option<Vec<PolicyKind>>,
     /// Heat intervals to try, comma-separated (default: T/16, T/8, T/4 of the trace's T
     /// windows).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
-    heat_intervals: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    heat_intervals: Option<Vec<i128>>,
     /// Algorithm intervals to try, comma-separated (default: 1 and max(2, T/32)).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
-    algo_intervals: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    algo_intervals: Option<Vec<i128>>,
     #[command(flatten)]
     run: RunArgs,
     /// Also try every setting with the pay-off gate on (`eplb_payoff_gate`): twice the runs.
@@ -66,7 +66,38 @@ fn parse_engine(s: &str) -> Result<Engine, String> {
     })
 }
 
+/// The values of a list flag, each by its one rule.
+fn checked<T>(
+    flag: &str,
+    values: Option<&Vec<i128>>,
+    rule: fn(i128) -> Result<T, eplb_core::SettingError>,
+) -> Result<Option<Vec<T>>, String> {
+    values
+        .map(|v| {
+            v.iter()
+                .map(|&x| super::args::setting(flag, x, rule))
+                .collect()
+        })
+        .transpose()
+}
+
 pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
+    use eplb_core::settings;
+    let redundant_list = checked(
+        "--redundant-list",
+        a.redundant_list.as_ref(),
+        settings::redundant_experts,
+    )?;
+    let heat_intervals = checked(
+        "--heat-intervals",
+        a.heat_intervals.as_ref(),
+        settings::heat_interval,
+    )?;
+    let algo_intervals = checked(
+        "--algo-intervals",
+        a.algo_intervals.as_ref(),
+        settings::algo_interval,
+    )?;
     let (initial, routing) = a.run.check()?;
     let engine = a.engine.unwrap_or_default();
     if a.payoff_gate && !engine.runs_gate() {
@@ -98,14 +129,14 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
         grid.policies = p.clone();
     }
     grid.policies.retain(|p| engine.runs(*p));
-    if let Some(h) = &a.heat_intervals {
-        grid.heat_intervals = h.clone();
+    if let Some(h) = heat_intervals {
+        grid.heat_intervals = h;
     }
-    if let Some(x) = &a.algo_intervals {
-        grid.algo_intervals = x.clone();
+    if let Some(x) = algo_intervals {
+        grid.algo_intervals = x;
     }
-    if let Some(x) = &a.redundant_list {
-        grid.redundant = x.clone();
+    if let Some(x) = redundant_list {
+        grid.redundant = x;
     }
     if a.payoff_gate {
         grid.payoff_gate = vec![false, true];

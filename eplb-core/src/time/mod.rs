@@ -163,16 +163,18 @@ impl Hardware {
         }
     }
 
-    /// Checks every number: rates finite and `> 0` (fp4 may be `0`), times finite and `>= 0`.
+    /// Checks every number by the rules of [`crate::settings`]: peaks in `[1e9, 1e18]` FLOP/s
+    /// (fp4 may be `0`), bandwidths in `[1e6, 1e15]` bytes/s, times in `[0, 60000]` ms.
     pub fn check(&self) -> Result<(), Error> {
-        positive("hardware bf16 peak", self.flops_bf16)?;
-        positive("hardware 8-bit peak", self.flops_8bit)?;
-        non_negative("hardware fp4 peak", self.flops_fp4)?;
-        positive("hardware HBM bandwidth", self.hbm_bytes_per_s)?;
-        positive("hardware intra-node bandwidth", self.intra_node_bytes_per_s)?;
-        positive("hardware inter-node bandwidth", self.inter_node_bytes_per_s)?;
-        non_negative("hardware layer overhead", self.layer_overhead_ms)?;
-        non_negative("hardware collective latency", self.collective_ms)?;
+        use crate::settings::{bytes_per_s, duration_ms, flops};
+        flops("hardware bf16 peak", self.flops_bf16, false)?;
+        flops("hardware 8-bit peak", self.flops_8bit, false)?;
+        flops("hardware fp4 peak", self.flops_fp4, true)?;
+        bytes_per_s("hardware HBM bandwidth", self.hbm_bytes_per_s)?;
+        bytes_per_s("hardware intra-node bandwidth", self.intra_node_bytes_per_s)?;
+        bytes_per_s("hardware inter-node bandwidth", self.inter_node_bytes_per_s)?;
+        duration_ms("hardware layer overhead", self.layer_overhead_ms)?;
+        duration_ms("hardware collective latency", self.collective_ms)?;
         Ok(())
     }
 }
@@ -337,7 +339,7 @@ impl TimeModel {
     pub fn check(&self) -> Result<(), Error> {
         self.hardware.check()?;
         self.model.check()?;
-        positive("tokens per rank", self.tokens_per_rank)?;
+        crate::settings::tokens_per_rank(self.tokens_per_rank)?;
         non_negative("expert bytes", self.expert_bytes)?;
         if self.ranks_per_node == Some(0) {
             return Err(Error::ZeroDimension {
