@@ -37,16 +37,32 @@ pub const MAX_REDUNDANT_EXPERTS: u32 = u16::MAX as u32;
 /// A value as it was given, for a message.
 #[derive(Debug, Clone, Copy)]
 pub enum Number {
-    /// An integer.
-    Int(i128),
-    /// A real number.
+    /// An integer in `i64`.
+    Int(i64),
+    /// An integer above `i64::MAX`.
+    Big(u64),
+    /// A real number (also an integer beyond `u64`, rounded).
     Float(f64),
+}
+
+impl Number {
+    /// `v` as a [`Number`]: exact up to `u64::MAX`.
+    pub fn of_integer(v: i128) -> Number {
+        if let Ok(i) = i64::try_from(v) {
+            Number::Int(i)
+        } else if let Ok(u) = u64::try_from(v) {
+            Number::Big(u)
+        } else {
+            Number::Float(v as f64)
+        }
+    }
 }
 
 impl PartialEq for Number {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Number::Int(a), Number::Int(b)) => a == b,
+            (Number::Big(a), Number::Big(b)) => a == b,
             (Number::Float(a), Number::Float(b)) => a.to_bits() == b.to_bits(),
             _ => false,
         }
@@ -59,6 +75,7 @@ impl fmt::Display for Number {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Number::Int(i) => write!(f, "{i}"),
+            Number::Big(u) => write!(f, "{u}"),
             // Plain between a thousandth and a billion, else in scientific notation: never a
             // 300-digit figure.
             Number::Float(x) if x == 0.0 || (x.abs() >= 1e-3 && x.abs() < 1e9) => write!(f, "{x}"),
@@ -67,17 +84,24 @@ impl fmt::Display for Number {
     }
 }
 
-/// A numeric setting out of its range: which setting, the value, the rule and why.
+/// A rule: what a value must be, and why the bound is there.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// What the value must be (`a number in (0, 1048576]`).
+    pub must_be: &'static str,
+    /// Why the bound is there.
+    pub why: &'static str,
+}
+
+/// A numeric setting out of its range: which setting, the value and the rule it broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SettingError {
     /// The setting in words (`tokens per rank`, `heat interval`, `hardware HBM bandwidth`).
     pub setting: &'static str,
     /// The value refused.
     pub got: Number,
-    /// What it must be (`a number in (0, 1048576]`).
-    pub rule: &'static str,
-    /// Why the bound is there.
-    pub why: &'static str,
+    /// The rule.
+    pub rule: &'static Rule,
 }
 
 impl fmt::Display for SettingError {
@@ -85,10 +109,10 @@ impl fmt::Display for SettingError {
         write!(
             f,
             "{} must be {}, got {}",
-            self.setting, self.rule, self.got
+            self.setting, self.rule.must_be, self.got
         )?;
-        if !self.why.is_empty() {
-            write!(f, " ({})", self.why)?;
+        if !self.rule.why.is_empty() {
+            write!(f, " ({})", self.rule.why)?;
         }
         Ok(())
     }
@@ -96,12 +120,44 @@ impl fmt::Display for SettingError {
 
 impl core::error::Error for SettingError {}
 
+const TOKENS: Rule = Rule {
+    must_be: "a number in (0, 1048576]",
+    why: "no batch puts more than 2^20 tokens on one rank in one iteration",
+};
+const BANDWIDTH: Rule = Rule {
+    must_be: "a rate in [1e6, 1e15] bytes/s (8 Mbit/s to 8 Pbit/s)",
+    why: "beyond any link or memory",
+};
+const FLOPS: Rule = Rule {
+    must_be: "a rate in [1e9, 1e18] FLOP/s",
+    why: "beyond any chip",
+};
+const FLOPS_OR_ZERO: Rule = Rule {
+    must_be: "0 or a rate in [1e9, 1e18] FLOP/s",
+    why: "beyond any chip",
+};
+const DURATION: Rule = Rule {
+    must_be: "a time in [0, 60000] ms",
+    why: "a minute per layer or per collective stops any serving",
+};
+const INTERVAL: Rule = Rule {
+    must_be: "an integer in 1..=4294967295",
+    why: "zero never completes a cycle",
+};
+const REDUNDANT: Rule = Rule {
+    must_be: "an integer in 0..=65535",
+    why: "a layer's slots are numbered in 16 bits",
+};
+const RANKS: Rule = Rule {
+    must_be: "an integer in 1..=65535",
+    why: "ranks are numbered in 16 bits",
+};
+
 fn float(
     setting: &'static str,
     v: f64,
     ok: bool,
-    rule: &'static str,
-    why: &'static str,
+    rule: &'static Rule,
 ) -> Result<f64, SettingError> {
     if ok && v.is_finite() {
         Ok(v)
@@ -110,7 +166,6 @@ fn float(
             setting,
             got: Number::Float(v),
             rule,
-            why,
         })
     }
 }
@@ -121,8 +176,7 @@ pub fn tokens_per_rank(v: f64) -> Result<f64, SettingError> {
         "tokens per rank",
         v,
         v > 0.0 && v <= MAX_TOKENS_PER_RANK,
-        "a number in (0, 1048576]",
-        "no batch puts more than 2^20 tokens on one rank in one iteration",
+        &TOKENS,
     )
 }
 
@@ -132,51 +186,36 @@ pub fn bytes_per_s(setting: &'static str, v: f64) -> Result<f64, SettingError> {
         setting,
         v,
         (MIN_BYTES_PER_S..=MAX_BYTES_PER_S).contains(&v),
-        "a rate in [1e6, 1e15] bytes/s (8 Mbit/s to 8 Pbit/s)",
-        "beyond any link or memory",
+        &BANDWIDTH,
     )
 }
 
 /// A compute peak named `setting`, FLOP/s: `[1e9, 1e18]`, or `0` when `zero_ok` (a chip
 /// without fp4 units).
 pub fn flops(setting: &'static str, v: f64, zero_ok: bool) -> Result<f64, SettingError> {
-    let (ok, rule) = if zero_ok {
-        (
-            v == 0.0 || (MIN_FLOPS..=MAX_FLOPS).contains(&v),
-            "0 or a rate in [1e9, 1e18] FLOP/s",
-        )
+    let in_range = (MIN_FLOPS..=MAX_FLOPS).contains(&v);
+    if zero_ok {
+        float(setting, v, v == 0.0 || in_range, &FLOPS_OR_ZERO)
     } else {
-        (
-            (MIN_FLOPS..=MAX_FLOPS).contains(&v),
-            "a rate in [1e9, 1e18] FLOP/s",
-        )
-    };
-    float(setting, v, ok, rule, "beyond any chip")
+        float(setting, v, in_range, &FLOPS)
+    }
 }
 
 /// A fixed time named `setting` (an overhead, a latency), ms: `[0, 60000]`.
 pub fn duration_ms(setting: &'static str, v: f64) -> Result<f64, SettingError> {
-    float(
-        setting,
-        v,
-        (0.0..=MAX_MS).contains(&v),
-        "a time in [0, 60000] ms",
-        "a minute per layer or per collective stops any serving",
-    )
+    float(setting, v, (0.0..=MAX_MS).contains(&v), &DURATION)
 }
 
 fn integer<T: TryFrom<i128>>(
     setting: &'static str,
     v: i128,
     min: i128,
-    rule: &'static str,
-    why: &'static str,
+    rule: &'static Rule,
 ) -> Result<T, SettingError> {
     let err = SettingError {
         setting,
-        got: Number::Int(v),
+        got: Number::of_integer(v),
         rule,
-        why,
     };
     if v < min {
         return Err(err);
@@ -186,47 +225,23 @@ fn integer<T: TryFrom<i128>>(
 
 /// `H`, the heat interval, iterations: `1..=u32::MAX`.
 pub fn heat_interval(v: i128) -> Result<u32, SettingError> {
-    integer(
-        "heat interval",
-        v,
-        1,
-        "an integer in 1..=4294967295",
-        "zero never completes a cycle",
-    )
+    integer("heat interval", v, 1, &INTERVAL)
 }
 
 /// `A`, the algorithm interval, iterations: `1..=u32::MAX`.
 pub fn algo_interval(v: i128) -> Result<u32, SettingError> {
-    integer(
-        "algorithm interval",
-        v,
-        1,
-        "an integer in 1..=4294967295",
-        "zero never completes a cycle",
-    )
+    integer("algorithm interval", v, 1, &INTERVAL)
 }
 
 /// `X`, redundant experts per layer: `0..=65535`.
 pub fn redundant_experts(v: i128) -> Result<u32, SettingError> {
-    let x: u16 = integer(
-        "redundant experts",
-        v,
-        0,
-        "an integer in 0..=65535",
-        "a layer's slots are numbered in 16 bits",
-    )?;
+    let x: u16 = integer("redundant experts", v, 0, &REDUNDANT)?;
     Ok(u32::from(x))
 }
 
 /// `R`, EP ranks: `1..=65535`.
 pub fn ranks(v: i128) -> Result<u16, SettingError> {
-    integer(
-        "ranks",
-        v,
-        1,
-        "an integer in 1..=65535",
-        "ranks are numbered in 16 bits",
-    )
+    integer("ranks", v, 1, &RANKS)
 }
 
 /// Reads an integer setting from text (a flag's value) for one of the integer rules: the
