@@ -798,6 +798,22 @@ impl Advice {
         }
     }
 
+    /// The `eplb_payoff_gate` object of this advice's time model: what the runtime's gate
+    /// needs to price as the rows were priced (the quant type goes into `deployment`).
+    pub fn gate_object(&self) -> Value {
+        let tm = &self.time.model;
+        let mut g = json!({
+            "model": tm.model.name,
+            "hardware": tm.hardware.name,
+            "role": self.time.role.name(),
+            "tokens_per_rank": tm.tokens_per_rank,
+        });
+        if let Some(src) = &self.time.calibration_source {
+            g["calibration"] = json!(src);
+        }
+        g
+    }
+
     /// `setting`'s `eplb_config`, its gate (when on) with this advice's time model.
     pub fn setting_config(&self, setting: &Setting) -> Value {
         let mut v = setting.eplb_config();

@@ -259,21 +259,6 @@ impl Advice {
             notes: Vec::new(),
         })
     }
-
-    /// The `eplb_payoff_gate` object of this advice's time model.
-    pub fn gate_object(&self) -> Value {
-        let tm = &self.time.model;
-        let mut g = json!({
-            "model": tm.model.name,
-            "hardware": tm.hardware.name,
-            "role": self.time.role.name(),
-            "tokens_per_rank": tm.tokens_per_rank,
-        });
-        if let Some(src) = &self.time.calibration_source {
-            g["calibration"] = json!(src);
-        }
-        g
-    }
 }
 
 fn off(engine: Engine) -> EngineConfig {
