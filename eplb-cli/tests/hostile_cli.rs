@@ -591,10 +591,36 @@ fn degenerate_options_get_their_own_message() {
     let dir = tmp("degenerate");
     let loads = loads_file(&dir);
     let l = loads.to_str().unwrap();
+    // --ranks everywhere follows its one rule (eplb_core::settings::ranks).
+    for args in [
+        vec!["validate", l, "--ranks", "0"],
+        vec!["check-config", l, "--ranks", "0"],
+        vec![
+            "plan",
+            "--loads",
+            l,
+            "--ranks",
+            "0",
+            "--redundant",
+            "0",
+            "--policy",
+            "swift",
+        ],
+    ] {
+        let o = eplb(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&o).contains("invalid value '0'")
+                && stderr(&o).contains(
+                    "ranks must be an integer in 1..=65535, got 0 (ranks are numbered in 16 bits)"
+                ),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     for args in [
         vec!["validate", l, "--experts", "0"],
         vec!["check-config", l, "--experts", "0"],
-        vec!["validate", l, "--ranks", "0"],
     ] {
         let o = eplb(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

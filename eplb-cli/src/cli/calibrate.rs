@@ -37,7 +37,7 @@ pub(super) struct CalibrateArgs {
     #[arg(long, value_parser = parse_hardware)]
     hardware: String,
     /// EP ranks (points without a `ranks` column).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Ranks per node (default: the hardware preset's node).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]

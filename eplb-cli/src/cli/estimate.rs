@@ -23,7 +23,7 @@ pub(super) struct EstimateArgs {
     #[arg(long, value_parser = parse_hardware)]
     hardware: String,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Ranks per node (default: the hardware preset's node, printed).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
