@@ -112,6 +112,18 @@ fn tokens_per_rank_1e300_is_refused_alike_everywhere() {
     let prefix = "eplb_config.eplb_payoff_gate.tokens_per_rank";
     refused(&o, 1, prefix, &msg);
     assert_eq!(runtime, vec![format!("{prefix}: {msg}")]);
+    // The deployment's tokens per die stand in for the gate's tokens per rank: the same rule,
+    // when check-config builds the gate as start-up does.
+    let (o, _) = config(
+        "rule-tokens-die",
+        r#"{"eplb_config": {"dynamic_eplb": true, "eplb_payoff_gate": true}, "deployment": {"tokens_per_die": 0}}"#,
+    );
+    refused(
+        &o,
+        1,
+        "eplb_payoff_gate",
+        &settings::tokens_per_rank(0.0).unwrap_err().to_string(),
+    );
     // Just inside the rule: accepted everywhere.
     let (o, runtime) = config(
         "rule-tokens-ok",

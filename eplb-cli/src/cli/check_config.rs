@@ -118,7 +118,7 @@ pub(super) fn run(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> 
     let gate = match eplb_runtime::startup::resolve_payoff_gate(&cfg) {
         Ok(g) => g,
         Err(e) => {
-            errln!("error: {}: eplb_payoff_gate: {e}", a.file.display());
+            errln!("error: {}: {e}", a.file.display());
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -137,7 +137,7 @@ pub(super) fn run(a: &CheckConfigArgs, io: &mut Io) -> Result<ExitCode, String> 
             match eplb_runtime::startup::payoff_gate(&cfg, &info) {
                 Ok(g) => g,
                 Err(e) => {
-                    errln!("error: {}: eplb_payoff_gate: {e}", a.file.display());
+                    errln!("error: {}: {e}", a.file.display());
                     return Ok(ExitCode::FAILURE);
                 }
             }
