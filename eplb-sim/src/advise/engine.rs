@@ -251,12 +251,20 @@ impl Advice {
                 ),
             ));
         }
+        let mut notes = Vec::new();
+        if s.payoff_gate && self.time.model.ranks_per_node.is_none() {
+            notes.push(format!(
+                "the gate was estimated with {} ranks per node (the {} preset's node; --ranks-per-node not given): the runtime takes the engine's ranks per node",
+                self.time.ranks_per_node_for(usize::from(self.ranks)),
+                self.time.model.hardware.name
+            ));
+        }
         Ok(EngineConfig {
             engine: Engine::Eplb,
             document,
             env: vec![(DYNAMIC_EPLB, "1".to_owned())],
             flags: None,
-            notes: Vec::new(),
+            notes,
         })
     }
 }
