@@ -55,4 +55,4 @@ pub use placement::{ExpertId, LayerPlacement, NOT_HERE, Placement, ReplicaChoice
 pub use settings::SettingError;
 pub use shape::Shape;
 pub use stage::{HeatStage, IterationStage, StageClassifier};
-pub use time::{Dtype, Hardware, LayerTime, ModelSpec, Role, TimeModel};
+pub use time::{Dtype, Hardware, LayerTime, ModelSpec, QuantType, Role, TimeModel};

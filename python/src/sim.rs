@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use eplb_core::metrics::Routing;
-use eplb_runtime::config::deployment::QuantType;
+use eplb_runtime::config::deployment::parse_quant;
 use eplb_sim::cost::{CostSpec, Link, parse_model};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
@@ -152,7 +152,11 @@ impl CostArgs {
                 .transpose()?,
             hidden: self.hidden,
             intermediate: self.intermediate,
-            quant: named::<QuantType>(&self.quant, "quant")?,
+            quant: self
+                .quant
+                .as_deref()
+                .map(|s| parse_quant(s).map_err(|e| format!("quant {s}: {e}")))
+                .transpose()?,
             fused_mc2: self.fused_mc2,
             link: named::<Link>(&self.link, "link")?,
         };

@@ -58,7 +58,7 @@ pub(super) struct CostArgs {
     #[arg(long, requires = "hidden")]
     pub(super) intermediate: Option<u64>,
     /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8.
-    #[arg(long, value_parser = parse_from_str::<QuantType>)]
+    #[arg(long, value_parser = parse_quant)]
     pub(super) quant: Option<QuantType>,
     /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
     #[arg(long)]
@@ -230,6 +230,11 @@ pub(super) fn parse_key_value(s: &str) -> Result<(String, f64), String> {
         .parse()
         .map_err(|_| format!("{s}: `{v}` is not a number"))?;
     Ok((k.trim().to_owned(), x))
+}
+
+/// A `--quant` value: a quant type's name (case-insensitive; `_` counts as `-`).
+pub(super) fn parse_quant(s: &str) -> Result<QuantType, String> {
+    eplb_runtime::config::deployment::parse_quant(s).map_err(|e| e.to_string())
 }
 
 /// A `--model` value: a catalogue model's name or alias.

@@ -9,7 +9,7 @@ use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_runtime::config::deployment::{Deployment, Hardware, QuantType, Role};
 use eplb_runtime::config::{EplbConfig, MapRejected, ProcessEnv};
 
-use super::args::{Io, parse_from_str};
+use super::args::{Io, parse_from_str, parse_quant};
 
 /// The deployment facts of `check-config` (override the file's `deployment` object).
 #[derive(Debug, Args)]
@@ -18,7 +18,7 @@ pub(super) struct DeploymentArgs {
     #[arg(long, value_parser = parse_from_str::<Hardware>)]
     hardware: Option<Hardware>,
     /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8, W4A8MXFP4, W4A16, W4A16MXFP4.
-    #[arg(long = "quant", alias = "quant-type", value_parser = parse_from_str::<QuantType>)]
+    #[arg(long = "quant", alias = "quant-type", value_parser = parse_quant)]
     quant_type: Option<QuantType>,
     /// Fused MC2 is enabled.
     #[arg(long)]

@@ -125,6 +125,108 @@ impl Dtype {
     }
 }
 
+/// The quantisation of the MoE expert weights: with the [`ModelSpec`] it sets an expert's
+/// bytes (the std side's payload table) and the compute dtype ([`QuantType::compute_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    /// Unquantised (bf16 / fp16) weights.
+    None,
+    /// Static W8A8: int8 weights, fp32 per-channel scales.
+    W8A8,
+    /// Dynamic W8A8: int8 weights, fp32 per-channel scales.
+    W8A8Dynamic,
+    /// W4A8: int4 weights, fp32 per-channel scales and scale biases.
+    W4A8,
+    /// MXFP4: fp4 weights, one 8-bit block scale per 32 elements.
+    Mxfp4,
+    /// MXFP8: fp8 weights, one 8-bit block scale per 32 elements.
+    Mxfp8,
+    /// W4A8 with MXFP4 weights (not supported by EPLB).
+    W4A8Mxfp4,
+    /// W4A16 (not supported by EPLB).
+    W4A16,
+    /// W4A16 with MXFP4 weights (not supported by EPLB).
+    W4A16Mxfp4,
+}
+
+impl QuantType {
+    /// Every quant type, in table order.
+    pub const ALL: [QuantType; 9] = [
+        QuantType::None,
+        QuantType::W8A8,
+        QuantType::W8A8Dynamic,
+        QuantType::W4A8,
+        QuantType::Mxfp4,
+        QuantType::Mxfp8,
+        QuantType::W4A8Mxfp4,
+        QuantType::W4A16,
+        QuantType::W4A16Mxfp4,
+    ];
+
+    /// `none`, `W8A8`, `W8A8-Dynamic`, `W4A8`, `MXFP4`, `MXFP8`, `W4A8MXFP4`, `W4A16` or
+    /// `W4A16MXFP4`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantType::None => "none",
+            QuantType::W8A8 => "W8A8",
+            QuantType::W8A8Dynamic => "W8A8-Dynamic",
+            QuantType::W4A8 => "W4A8",
+            QuantType::Mxfp4 => "MXFP4",
+            QuantType::Mxfp8 => "MXFP8",
+            QuantType::W4A8Mxfp4 => "W4A8MXFP4",
+            QuantType::W4A16 => "W4A16",
+            QuantType::W4A16Mxfp4 => "W4A16MXFP4",
+        }
+    }
+
+    /// The quant type named `name` (ASCII case-insensitive, trimmed; `_` counts as `-`, as
+    /// in vLLM's `W8A8_DYNAMIC`).
+    pub fn from_name(name: &str) -> Option<QuantType> {
+        let n = name.trim().as_bytes();
+        let same = |a: &[u8], b: &[u8]| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    let x = if *x == b'_' { b'-' } else { *x };
+                    x.eq_ignore_ascii_case(y)
+                })
+        };
+        QuantType::ALL
+            .into_iter()
+            .find(|q| same(n, q.name().as_bytes()))
+    }
+
+    /// The dtype the expert matmuls run in, for the time model: the activation side of the
+    /// quant type (int8 for the W8A8 and W4A8 families, fp8 for MXFP8, fp4 for MXFP4, bf16 for
+    /// unquantised and weight-only types).
+    pub const fn compute_dtype(self) -> Dtype {
+        match self {
+            QuantType::W8A8 | QuantType::W8A8Dynamic | QuantType::W4A8 | QuantType::W4A8Mxfp4 => {
+                Dtype::Int8
+            }
+            QuantType::Mxfp8 => Dtype::Fp8,
+            QuantType::Mxfp4 => Dtype::Fp4,
+            QuantType::None | QuantType::W4A16 | QuantType::W4A16Mxfp4 => Dtype::Bf16,
+        }
+    }
+
+    /// The quant type of `model`'s published checkpoint as the catalogue records it: `none`
+    /// for an unquantised (bf16) checkpoint, else W8A8, what Ascend deployments of the large
+    /// models run ([`ModelSpec::checkpoint_unquantised`]).
+    pub const fn checkpoint(model: &ModelSpec) -> QuantType {
+        if model.checkpoint_unquantised() {
+            QuantType::None
+        } else {
+            QuantType::W8A8
+        }
+    }
+}
+
+impl core::fmt::Display for QuantType {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One rank's chip (a die on A2 and A3, a device on 950 and NVIDIA): peak rates and latencies.
 /// Bandwidths are bytes per second per rank per direction; every field can be overridden.
 #[derive(Debug, Clone, Copy, PartialEq)]
