@@ -515,8 +515,15 @@ fn simulate_refuses_counts_that_do_not_fit_u32() {
         "1",
     ]);
     assert_eq!(o.status.code(), Some(1));
+    // A trace that names no model is priced as DeepSeek-V3, and says so first.
+    let e = stderr(&o);
+    let (warning, error) = e.split_once('\n').unwrap();
+    assert!(
+        warning.starts_with("warning: ") && warning.contains("deepseek-v3"),
+        "{e}"
+    );
     assert_eq!(
-        stderr(&o),
+        error,
         "error: trace window 1, layer 0, expert 1: count 4294967296 does not fit a per-iteration u32 counter (at most 4294967295)\n"
     );
     std::fs::remove_dir_all(dir).unwrap();
@@ -584,10 +591,36 @@ fn degenerate_options_get_their_own_message() {
     let dir = tmp("degenerate");
     let loads = loads_file(&dir);
     let l = loads.to_str().unwrap();
+    // --ranks everywhere follows its one rule (eplb_core::settings::ranks).
+    for args in [
+        vec!["validate", l, "--ranks", "0"],
+        vec!["check-config", l, "--ranks", "0"],
+        vec![
+            "plan",
+            "--loads",
+            l,
+            "--ranks",
+            "0",
+            "--redundant",
+            "0",
+            "--policy",
+            "swift",
+        ],
+    ] {
+        let o = eplb(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&o).contains("invalid value '0'")
+                && stderr(&o).contains(
+                    "ranks must be an integer in 1..=65535, got 0 (ranks are numbered in 16 bits)"
+                ),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     for args in [
         vec!["validate", l, "--experts", "0"],
         vec!["check-config", l, "--experts", "0"],
-        vec!["validate", l, "--ranks", "0"],
     ] {
         let o = eplb(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
@@ -604,7 +637,7 @@ fn degenerate_options_get_their_own_message() {
     fails_with(
         &o,
         2,
-        "link \"1e-300gbps\" is too slow: a transfer time would be infinite",
+        "link \"1e-300gbps\": link must be a rate in [1e6, 1e15] bytes/s (8 Mbit/s to 8 Pbit/s), got 1.25e-292",
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -151,6 +151,14 @@ pub enum Error {
         /// What it must be (`a finite number > 0`, ...).
         requirement: &'static str,
     },
+    /// A numeric setting out of its physical range ([`crate::settings`]).
+    Setting(crate::settings::SettingError),
+}
+
+impl From<crate::settings::SettingError> for Error {
+    fn from(e: crate::settings::SettingError) -> Self {
+        Error::Setting(e)
+    }
 }
 
 impl fmt::Display for Error {
@@ -262,6 +270,7 @@ impl fmt::Display for Error {
             Error::BadParameter { what, requirement } => {
                 write!(f, "time model: {what} must be {requirement}")
             }
+            Error::Setting(e) => write!(f, "{e}"),
         }
     }
 }

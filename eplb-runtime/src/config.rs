@@ -14,7 +14,7 @@
 //! | `expert_map_record_path` | `null` | path ending with `.json` in an existing directory |
 //! | `expert_heat_collection_interval` | 600 | integer `1..=u32::MAX` (`H`) |
 //! | `algorithm_execution_interval` | 50 | integer `1..=u32::MAX` (`A`) |
-//! | `num_redundant_experts` | 0 | integer `0..=u32::MAX` (`X`, used only when dynamic) |
+//! | `num_redundant_experts` | 0 | integer `0..=65535` (`X`, used only when dynamic) |
 //! | `eplb_policy_type` | 2 | integer `0..=4` or a name: `random`, `default`, `swift`, `flashlb`, `incremental`, `deepseek` |
 //! | `eplb_policy_seed` | 0 | integer `0..=u64::MAX` (extension: seeds the random policy) |
 //! | `eplb_policy_params` | `{}` | object of numbers: the policy's parameters by name (extension; `DESIGN.md`, "Policy parameters"), checked by the policy's own parser |
@@ -22,7 +22,7 @@
 //! | `eplb_metrics` | `true` | boolean, or an object with any of `enabled` (boolean), `prefix` (a metric name prefix, default `"eplb"`) and `per_layer` (boolean, default `false`: `3 L` more series): the Prometheus metrics exported into the engine's registry (extension; [`crate::metrics`]) |
 //! | `eplb_heat_record_path` | `null` | path of a file in an existing directory: rank 0 appends each cycle's heat there as an `eplb-trace/v1` line recording (extension; [`crate::heat_record`]) |
 //! | `eplb_heat_record_max_bytes` | 1073741824 | integer `>= 1`: the recording stops growing at this size, with one log line (extension) |
-//! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`), `tokens_per_rank` (a number > 0) and `calibration` (the path of an `eplb-calibration/v1` file, as `eplb calibrate --out` writes it; read with the config): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
+//! | `eplb_payoff_gate` | `false` | boolean, or an object with any of `model` (a time-model preset: `deepseek-v3`, `kimi-k2`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`, `mixtral-8x7b`), `hardware` (`A2`, `A3`, `950PR`, `950DT`, `H100`, `H200`, `B200`), `role` (`decode`, `prefill`), `tokens_per_rank` (a number in `(0, 2^20]`) and `calibration` (the path of an `eplb-calibration/v1` file, as `eplb calibrate --out` writes it; read with the config): moves a changed layer only when the time model says it pays over the next cycle (extension; [`PayoffGate`]) |
 //!
 //! Beside `eplb_config`, only `deployment` is accepted: the deployment facts of
 //! [`crate::config::deployment`] (hardware, quant type, role, ...). It is kept raw
@@ -61,7 +61,9 @@
 //! - Types are strict: `true` is not an integer (Python's `bool` is an `int`), `600.0` is not an
 //!   integer, `"false"` is not a boolean (Python would take any truthy value for
 //!   `dynamic_eplb`).
-//! - Intervals below 1 are errors (vLLM-Ascend accepts 0, which hangs the cycle).
+//! - Intervals below 1 are errors (vLLM-Ascend accepts 0, which hangs the cycle), and more
+//!   than 65535 redundant experts too. Every numeric key is checked by its one rule in
+//!   [`eplb_core::settings`], the rule the CLI flags and the Python package use.
 //! - The env guard is a returned error, not an `assert` that `python -O` skips.
 //! - A bare record file name works (vLLM-Ascend calls `os.makedirs("")`, which fails). The
 //!   parent directory must exist (vLLM-Ascend creates it): validation has no side effect, and
@@ -791,15 +793,26 @@ impl Parser {
             }
         }
 
-        if let Some(h) = self.interval("expert_heat_collection_interval", obj) {
+        if let Some(h) = self.setting(
+            "expert_heat_collection_interval",
+            obj,
+            eplb_core::settings::heat_interval,
+        ) {
             self.cfg.heat_interval = h;
         }
-        if let Some(a) = self.interval("algorithm_execution_interval", obj) {
+        if let Some(a) = self.setting(
+            "algorithm_execution_interval",
+            obj,
+            eplb_core::settings::algo_interval,
+        ) {
             self.cfg.algo_interval = a;
         }
-        if let Some(x) = self.count("num_redundant_experts", obj, u64::from(u32::MAX)) {
-            // In range by the bound just checked.
-            self.cfg.num_redundant_experts = u32::try_from(x).unwrap_or(u32::MAX);
+        if let Some(x) = self.setting(
+            "num_redundant_experts",
+            obj,
+            eplb_core::settings::redundant_experts,
+        ) {
+            self.cfg.num_redundant_experts = x;
         }
         if let Some(v) = obj.get("eplb_policy_type") {
             self.policy(v);
@@ -921,28 +934,22 @@ impl Parser {
             .or_else(|| n.as_i64().map(i128::from))
     }
 
-    /// `expert_heat_collection_interval` or `algorithm_execution_interval`: `1..=u32::MAX`.
-    fn interval(&mut self, key: &'static str, obj: &Map<String, Value>) -> Option<u32> {
+    /// An integer key checked by its one rule ([`eplb_core::settings`]).
+    fn setting<T>(
+        &mut self,
+        key: &'static str,
+        obj: &Map<String, Value>,
+        rule: fn(i128) -> Result<T, eplb_core::SettingError>,
+    ) -> Option<T> {
         let v = obj.get(key)?;
         let Some(n) = Self::integer(v) else {
             self.wrong_type(key, "an integer", v);
             return None;
         };
-        if n < 1 {
-            self.errs.push(ConfigError::IntervalTooSmall {
-                key,
-                got: i64::try_from(n).unwrap_or(i64::MIN),
-            });
-            return None;
-        }
-        match u32::try_from(n) {
-            Ok(n) => Some(n),
-            Err(_) => {
-                self.errs.push(ConfigError::TooLarge {
-                    key,
-                    max: u64::from(u32::MAX),
-                    got: render(v),
-                });
+        match rule(n) {
+            Ok(x) => Some(x),
+            Err(error) => {
+                self.errs.push(ConfigError::Setting { key, error });
                 None
             }
         }
@@ -1047,10 +1054,16 @@ impl Parser {
                         render(x)
                     ))),
                 },
-                "tokens_per_rank" => match x.as_f64().filter(|t| t.is_finite() && *t > 0.0) {
-                    Some(t) => gate.tokens_per_rank = Some(t),
+                "tokens_per_rank" => match x.as_f64() {
+                    Some(t) => match eplb_core::settings::tokens_per_rank(t) {
+                        Ok(t) => gate.tokens_per_rank = Some(t),
+                        Err(error) => errs.push(ConfigError::Setting {
+                            key: "eplb_payoff_gate.tokens_per_rank",
+                            error,
+                        }),
+                    },
                     None => errs.push(bad(format!(
-                        "tokens_per_rank: expected a number > 0, got {}",
+                        "tokens_per_rank: expected a number, got {}",
                         render(x)
                     ))),
                 },

@@ -383,3 +383,13 @@ pub struct ModelDims {
     /// Expert intermediate size `I`.
     pub intermediate: u64,
 }
+
+impl ModelDims {
+    /// `H` and `I` of a catalogue model.
+    pub fn of(model: &eplb_core::time::ModelSpec) -> ModelDims {
+        ModelDims {
+            hidden: u64::from(model.hidden),
+            intermediate: u64::from(model.intermediate),
+        }
+    }
+}

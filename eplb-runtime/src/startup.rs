@@ -194,7 +194,8 @@ pub struct ModelInfo {
 /// Unset settings come from the deployment facts, else the defaults: the hardware (`A3`), the
 /// role (decode; a colocated node counts as decode), the tokens per rank (the deployment's
 /// `tokens_per_die`, else the role's default), the model (DeepSeek-V3), whose dtype follows
-/// the deployment's quant type (W8A8 by default) and whose expert bytes are that quant type's
+/// the deployment's quant type (by default the model's checkpoint: `none` for the bf16 presets,
+/// else W8A8, [`crate::config::deployment::QuantType::checkpoint`]) and whose expert bytes are that quant type's
 /// payload ([`crate::payload::ExpertPayload::for_quant`]). The rest of the step (attention,
 /// dense layers, host), which an exchange hides behind, is priced once here by the whole-step
 /// model with the role's defaults on `model.ranks` ranks, under the `calibration` file's
@@ -204,6 +205,71 @@ pub fn payoff_gate(
     cfg: &EplbConfig,
     model: &ModelInfo,
 ) -> Result<Option<eplb_core::time::gate::Gate>, StartError> {
+    let Some(g) = resolve_payoff_gate(cfg)? else {
+        return Ok(None);
+    };
+    let mut time = g.time;
+    time.ranks_per_node = (model.ranks_per_node > 0 && model.ranks_per_node < model.ranks)
+        .then_some(model.ranks_per_node);
+    let mut step = eplb_core::time::step::StepModel::new(time, g.role);
+    if let Some(c) = &g.calibration {
+        step.calibration = *c;
+    }
+    eplb_core::time::gate::Gate::for_step(
+        &step,
+        usize::from(model.ranks),
+        g.iterations,
+        eplb_core::metrics::Routing::Log2Phy,
+    )
+    .map(Some)
+    .map_err(StartError::Gate)
+}
+
+/// The settings of the gate `eplb_payoff_gate` turns on, with every default applied, before
+/// the ranks are known ([`payoff_gate`] adds them): what `eplb check-config` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PayoffGateSettings {
+    /// The time model (hardware, model with the quant type's dtype, tokens per rank, expert
+    /// bytes; no node split yet).
+    pub time: eplb_core::time::TimeModel,
+    /// The role.
+    pub role: eplb_core::time::Role,
+    /// The experts' quant type.
+    pub quant: crate::config::deployment::QuantType,
+    /// Whether fused MC2 is on.
+    pub fused_mc2: bool,
+    /// The cycle a move must pay back over: heat interval plus algorithm interval.
+    pub iterations: u64,
+    /// The calibration's multipliers, when a file was named.
+    pub calibration: Option<eplb_core::time::step::Calibration>,
+}
+
+impl PayoffGateSettings {
+    /// One line: `model M (QUANT, B bytes per expert), hardware H, role R, tokens per rank T,
+    /// over N iterations[, calibrated]`.
+    pub fn summary(&self) -> String {
+        format!(
+            "model {} ({}{}, {} bytes per expert), hardware {}, role {}, tokens per rank {}, over {} iterations{}",
+            self.time.model.name,
+            self.quant,
+            if self.fused_mc2 { " fused MC2" } else { "" },
+            self.time.expert_bytes,
+            self.time.hardware.name,
+            self.role.name(),
+            eplb_core::settings::Number::Float(self.time.tokens_per_rank),
+            self.iterations,
+            if self.calibration.is_some() {
+                ", calibrated"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// [`PayoffGateSettings`] of `cfg` (`None`: the gate is off). Every number passes its rule
+/// ([`eplb_core::settings`]) or is a [`StartError::Gate`].
+pub fn resolve_payoff_gate(cfg: &EplbConfig) -> Result<Option<PayoffGateSettings>, StartError> {
     use crate::config::deployment::{Hardware as Family, QuantType, Role as NodeRole};
     use eplb_core::time::{Hardware, ModelSpec, Role, TimeModel};
     let Some(spec) = cfg.payoff_gate() else {
@@ -220,36 +286,31 @@ pub fn payoff_gate(
         Some(NodeRole::Prefill) => Role::Prefill,
         Some(NodeRole::Decode | NodeRole::Colocated) | None => Role::Decode,
     });
-    let quant = facts.quant_type.unwrap_or(QuantType::W8A8);
     let mut spec_model = spec.model.unwrap_or(ModelSpec::DEEPSEEK_V3);
+    let quant = facts
+        .quant_type
+        .unwrap_or_else(|| QuantType::checkpoint(&spec_model));
     spec_model.dtype = quant.compute_dtype();
+    let fused_mc2 = facts.fused_mc2.unwrap_or(false);
     let payload = crate::payload::ExpertPayload::for_quant(
-        crate::payload::ModelDims {
-            hidden: u64::from(spec_model.hidden),
-            intermediate: u64::from(spec_model.intermediate),
-        },
+        crate::payload::ModelDims::of(&spec_model),
         quant,
-        facts.fused_mc2.unwrap_or(false),
+        fused_mc2,
     )
     .map_err(StartError::Payload)?;
     let mut time = TimeModel::new(hardware, spec_model, role, payload.total_bytes() as f64);
     if let Some(t) = spec.tokens_per_rank.or(facts.tokens_per_die.map(f64::from)) {
         time.tokens_per_rank = t;
     }
-    time.ranks_per_node = (model.ranks_per_node > 0 && model.ranks_per_node < model.ranks)
-        .then_some(model.ranks_per_node);
-    let mut step = eplb_core::time::step::StepModel::new(time, role);
-    if let Some(c) = &spec.calibration {
-        step.calibration = c.multipliers;
-    }
-    eplb_core::time::gate::Gate::for_step(
-        &step,
-        usize::from(model.ranks),
-        u64::from(cfg.heat_interval()) + u64::from(cfg.algo_interval()),
-        eplb_core::metrics::Routing::Log2Phy,
-    )
-    .map(Some)
-    .map_err(StartError::Gate)
+    time.check().map_err(StartError::Gate)?;
+    Ok(Some(PayoffGateSettings {
+        time,
+        role,
+        quant,
+        fused_mc2,
+        iterations: u64::from(cfg.heat_interval()) + u64::from(cfg.algo_interval()),
+        calibration: spec.calibration.as_ref().map(|c| c.multipliers),
+    }))
 }
 
 /// The shape and placement a rank starts from.

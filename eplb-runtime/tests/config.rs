@@ -293,7 +293,7 @@ fn malformed_configs_name_key_and_value() {
             "{\"expert_heat_collection_interval\": 0}",
             &GUARD,
             vec![
-                "eplb_config.expert_heat_collection_interval: must be at least 1, got 0 (zero hangs the cycle)"
+                "eplb_config.expert_heat_collection_interval: heat interval must be an integer in 1..=4294967295, got 0 (zero never completes a cycle)"
                     .into(),
             ],
         ),
@@ -301,33 +301,33 @@ fn malformed_configs_name_key_and_value() {
             "{\"algorithm_execution_interval\": 0}",
             &GUARD,
             vec![
-                "eplb_config.algorithm_execution_interval: must be at least 1, got 0 (zero hangs the cycle)"
+                "eplb_config.algorithm_execution_interval: algorithm interval must be an integer in 1..=4294967295, got 0 (zero never completes a cycle)"
                     .into(),
             ],
         ),
         (
             "{\"algorithm_execution_interval\": -3}",
             &GUARD,
-            vec!["eplb_config.algorithm_execution_interval: must be at least 1, got -3".into()],
+            vec!["eplb_config.algorithm_execution_interval: algorithm interval must be an integer in 1..=4294967295, got -3 (zero never completes a cycle)".into()],
         ),
         (
             "{\"expert_heat_collection_interval\": 4294967296}",
             &GUARD,
             vec![
-                "eplb_config.expert_heat_collection_interval: must be at most 4294967295, got 4294967296"
+                "eplb_config.expert_heat_collection_interval: heat interval must be an integer in 1..=4294967295, got 4294967296 (zero never completes a cycle)"
                     .into(),
             ],
         ),
         (
             "{\"num_redundant_experts\": -1}",
             &GUARD,
-            vec!["eplb_config.num_redundant_experts: must be at least 0, got -1".into()],
+            vec!["eplb_config.num_redundant_experts: redundant experts must be an integer in 0..=65535, got -1 (a layer's slots are numbered in 16 bits)".into()],
         ),
         (
             "{\"num_redundant_experts\": 5000000000}",
             &GUARD,
             vec![
-                "eplb_config.num_redundant_experts: must be at most 4294967295, got 5000000000"
+                "eplb_config.num_redundant_experts: redundant experts must be an integer in 0..=65535, got 5000000000 (a layer's slots are numbered in 16 bits)"
                     .into(),
             ],
         ),
@@ -458,7 +458,7 @@ fn malformed_configs_name_key_and_value() {
             vec![
                 "eplb_config: unknown key \"dynamic_epbl\"; did you mean \"dynamic_eplb\"?".into(),
                 unknown_foo.clone(),
-                "eplb_config.expert_heat_collection_interval: must be at least 1, got 0 (zero hangs the cycle)"
+                "eplb_config.expert_heat_collection_interval: heat interval must be an integer in 1..=4294967295, got 0 (zero never completes a cycle)"
                     .into(),
                 policy("9", ""),
                 stage("Decode", "; did you mean \"decode\"?"),
@@ -471,7 +471,7 @@ fn malformed_configs_name_key_and_value() {
             vec![
                 "unknown top-level key \"extra\"; expected \"eplb_config\" or \"deployment\"".into(),
                 tmp.msg("eplb_config.expert_map_path: cannot read \"{TMP}/missing.json\": *"),
-                "eplb_config.algorithm_execution_interval: must be at least 1, got 0 (zero hangs the cycle)"
+                "eplb_config.algorithm_execution_interval: algorithm interval must be an integer in 1..=4294967295, got 0 (zero never completes a cycle)"
                     .into(),
                 format!("eplb_config.dynamic_eplb = true{}", guard_tail("unset", "unset")),
             ],
@@ -959,7 +959,7 @@ fn payoff_gate_is_off_by_default_and_on_with_true_or_its_settings() {
     );
     assert!(
         m.iter()
-            .any(|e| e.contains("tokens_per_rank: expected a number > 0, got 0")),
+            .any(|e| e.contains("eplb_config.eplb_payoff_gate.tokens_per_rank: tokens per rank must be a number in (0, 1048576], got 0")),
         "{m:?}"
     );
 }

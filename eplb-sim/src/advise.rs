@@ -24,6 +24,10 @@ use serde_json::{Value, json};
 use crate::time::{TimeBasis, TimeSpec, WindowTimes, estimate, saving_pct, window_ms};
 use crate::{Replay, SimConfig, SimError, SimPolicy, SimTrace};
 
+mod engine;
+
+pub use engine::{Engine, EngineConfig};
+
 /// The smallest net saving, percent of the whole step (TPOT in decode, the iteration in
 /// prefill), for which `advise` recommends EPLB: it says **enable** only when the low end of
 /// the saving's band clears it, **do not enable** when the high end misses it, and otherwise
@@ -412,6 +416,28 @@ pub fn advise(
         };
         key(b).total_cmp(&key(a)).then(a.index.cmp(&b.index))
     });
+    // Nothing to recommend from: an error, not a "do not enable" verdict.
+    if let Some(first) = rows.iter().min_by_key(|r| r.index)
+        && rows
+            .iter()
+            .all(|r| r.error.is_some() || !r.net_saving_pct.is_finite())
+    {
+        return Err(SimError::Setting {
+            what: "advise".to_owned(),
+            why: format!(
+                "no setting could be estimated ({} tried); the first ({}, H {}, A {}, {} redundant) failed: {}",
+                rows.len(),
+                first.setting.label(),
+                first.setting.heat_interval,
+                first.setting.algo_interval,
+                first.setting.redundant,
+                first
+                    .error
+                    .as_deref()
+                    .unwrap_or("its saving is not a finite number")
+            ),
+        });
+    }
     let band = Band::of(
         &rows,
         replay,
@@ -763,12 +789,38 @@ impl Advice {
             .filter(|r| r.error.is_none() && r.net_saving_pct.is_finite())
     }
 
-    /// The `eplb_config` to use: the winner's, or `{"dynamic_eplb": false}`.
+    /// The `eplb_config` to use: the winner's, or `{"dynamic_eplb": false}`; a gated row's
+    /// `eplb_payoff_gate` is the object of this advice's time model ([`Advice::gate_object`]).
     pub fn eplb_config(&self) -> Value {
         match self.winner() {
-            Some(r) => r.setting.eplb_config(),
+            Some(r) => self.setting_config(&r.setting),
             None => json!({"dynamic_eplb": false}),
         }
+    }
+
+    /// The `eplb_payoff_gate` object of this advice's time model: what the runtime's gate
+    /// needs to price as the rows were priced (the quant type goes into `deployment`).
+    pub fn gate_object(&self) -> Value {
+        let tm = &self.time.model;
+        let mut g = json!({
+            "model": tm.model.name,
+            "hardware": tm.hardware.name,
+            "role": self.time.role.name(),
+            "tokens_per_rank": tm.tokens_per_rank,
+        });
+        if let Some(src) = &self.time.calibration_source {
+            g["calibration"] = json!(src);
+        }
+        g
+    }
+
+    /// `setting`'s `eplb_config`, its gate (when on) with this advice's time model.
+    pub fn setting_config(&self, setting: &Setting) -> Value {
+        let mut v = setting.eplb_config();
+        if setting.payoff_gate {
+            v["eplb_payoff_gate"] = self.gate_object();
+        }
+        v
     }
 
     fn band_text(&self) -> String {
@@ -824,7 +876,7 @@ impl Advice {
         Some(format!(
             "A/B: serve the same load twice for at least {} steps after warm-up, (A) with EPLB off ({{\"dynamic_eplb\": false}}) and (B) with EPLB on ({}); or, as an upper bound of any EPLB gain, (B) with the engine's forced-balanced routing (SGLang --ep-dispatch-algorithm fake). Enable EPLB if {step} improves by at least {MIN_SAVING_PCT}% (the model expects {:.1}%, between {:.1}% and {:.1}%).",
             (10 * (r.setting.heat_interval + r.setting.algo_interval)).max(1000),
-            r.setting.eplb_config(),
+            self.setting_config(&r.setting),
             self.saving_pct.1,
             self.saving_pct.0,
             self.saving_pct.2
@@ -861,7 +913,7 @@ impl Advice {
                 .map(|(i, r)| r.to_json(i + 1))
                 .collect::<Vec<_>>(),
             "eplb_config": self.eplb_config(),
-            "candidate_eplb_config": self.best().map(|r| r.setting.eplb_config()),
+            "candidate_eplb_config": self.best().map(|r| self.setting_config(&r.setting)),
             "time_model": self.time.to_json(),
             "topology": self.time.topology_json(Some(usize::from(self.ranks))),
         })

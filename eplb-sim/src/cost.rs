@@ -6,177 +6,69 @@
 //! bandwidth per rank, a layer's exchange takes the busiest rank's bytes over the bandwidth
 //! (the links work in parallel and in both directions); layers are updated one after another,
 //! so a rebalance takes the sum over layers ([`MoveCost::transfer_ms`]). One expert's bytes are
-//! its payload's ([`eplb_runtime::payload::ExpertPayload`]) for a [`ModelPreset`] or custom
+//! its payload's ([`eplb_runtime::payload::ExpertPayload`]) for a catalogue model ([`ModelSpec`]) or custom
 //! dimensions and a quant type ([`CostSpec`]).
 
 use core::fmt;
 use core::str::FromStr;
 
 use eplb_core::Shape;
+use eplb_core::time::ModelSpec;
 use eplb_runtime::config::deployment::{QuantType, UnknownName};
 use eplb_runtime::payload::{ExpertPayload, ModelDims, PayloadError};
 use eplb_runtime::transfer::{PlanError, plan_transfers};
 use serde_json::{Value, json};
 
-/// A model whose expert dimensions are known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ModelPreset {
-    /// DeepSeek-V3 / R1: `H = 7168`, `I = 2048`.
-    DeepSeekV3,
-    /// Qwen3-235B-A22B: `H = 4096`, `I = 1536`.
-    Qwen3_235B,
-    /// Qwen3-30B-A3B: `H = 2048`, `I = 768`.
-    Qwen3_30B,
-    /// DeepSeek-V2-Lite (and the ESFT models built on it): `H = 2048`, `I = 1408`, bf16.
-    DeepSeekV2Lite,
-    /// Kimi-K2: `H = 7168`, `I = 2048` (DeepSeek-V3's expert shape, 384 routed experts).
-    KimiK2,
-    /// Mixtral-8x7B: `H = 4096`, `I = 14336` (8 experts, top-2).
-    Mixtral8x7B,
+/// The catalogue model named `name` or one of its aliases ([`ModelSpec::from_name`]); an
+/// unknown name lists the presets and suggests the closest.
+pub fn parse_model(name: &str) -> Result<ModelSpec, UnknownName> {
+    ModelSpec::from_name(name).ok_or_else(|| {
+        let names = model_names();
+        UnknownName {
+            what: "model",
+            got: name.to_owned(),
+            expected: names,
+            suggestion: eplb_runtime::config::suggest::closest(name, names),
+        }
+    })
 }
 
-const MODEL_NAMES: [&str; 6] = [
-    "deepseek-v3",
-    "qwen3-235b",
-    "qwen3-30b",
-    "deepseek-v2-lite",
-    "kimi-k2",
-    "mixtral-8x7b",
-];
-
-impl ModelPreset {
-    /// Every preset.
-    pub const ALL: [ModelPreset; 6] = [
-        ModelPreset::DeepSeekV3,
-        ModelPreset::Qwen3_235B,
-        ModelPreset::Qwen3_30B,
-        ModelPreset::DeepSeekV2Lite,
-        ModelPreset::KimiK2,
-        ModelPreset::Mixtral8x7B,
-    ];
-
-    /// The command-line name: `deepseek-v3`, `qwen3-235b`, `qwen3-30b`, `deepseek-v2-lite`,
-    /// `kimi-k2` or `mixtral-8x7b`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelPreset::DeepSeekV3 => "deepseek-v3",
-            ModelPreset::Qwen3_235B => "qwen3-235b",
-            ModelPreset::Qwen3_30B => "qwen3-30b",
-            ModelPreset::DeepSeekV2Lite => "deepseek-v2-lite",
-            ModelPreset::KimiK2 => "kimi-k2",
-            ModelPreset::Mixtral8x7B => "mixtral-8x7b",
+/// The catalogue's preset names, in [`ModelSpec::ALL`] order.
+pub fn model_names() -> &'static [&'static str] {
+    const NAMES: [&str; ModelSpec::ALL.len()] = {
+        let mut out = [""; ModelSpec::ALL.len()];
+        let mut i = 0;
+        while i < out.len() {
+            out[i] = ModelSpec::ALL[i].name;
+            i += 1;
         }
-    }
-
-    /// The time model's shape of this model (`eplb_core::time::ModelSpec`, the same numbers
-    /// as [`ModelPreset::dims`] plus experts, top-k, MoE layers, shared experts and the
-    /// default compute dtype).
-    pub fn model_spec(self) -> eplb_core::time::ModelSpec {
-        use eplb_core::time::ModelSpec;
-        match self {
-            ModelPreset::DeepSeekV3 => ModelSpec::DEEPSEEK_V3,
-            ModelPreset::Qwen3_235B => ModelSpec::QWEN3_235B,
-            ModelPreset::Qwen3_30B => ModelSpec::QWEN3_30B,
-            ModelPreset::DeepSeekV2Lite => ModelSpec::DEEPSEEK_V2_LITE,
-            ModelPreset::KimiK2 => ModelSpec::KIMI_K2,
-            ModelPreset::Mixtral8x7B => ModelSpec::MIXTRAL_8X7B,
-        }
-    }
-
-    /// The model's display name.
-    pub fn title(self) -> &'static str {
-        match self {
-            ModelPreset::DeepSeekV3 => "DeepSeek-V3/R1",
-            ModelPreset::Qwen3_235B => "Qwen3-235B-A22B",
-            ModelPreset::Qwen3_30B => "Qwen3-30B-A3B",
-            ModelPreset::DeepSeekV2Lite => "DeepSeek-V2-Lite",
-            ModelPreset::KimiK2 => "Kimi-K2",
-            ModelPreset::Mixtral8x7B => "Mixtral-8x7B",
-        }
-    }
-
-    /// `H` and `I`.
-    pub fn dims(self) -> ModelDims {
-        let (hidden, intermediate) = match self {
-            ModelPreset::DeepSeekV3 => (7168, 2048),
-            ModelPreset::Qwen3_235B => (4096, 1536),
-            ModelPreset::Qwen3_30B => (2048, 768),
-            // deepseek-ai/DeepSeek-V2-Lite `config.json`: `hidden_size` 2048,
-            // `moe_intermediate_size` 1408 (64 routed experts, top-6, `torch_dtype` bfloat16).
-            ModelPreset::DeepSeekV2Lite => (2048, 1408),
-            // moonshotai/Kimi-K2-Instruct `config.json`: `hidden_size` 7168,
-            // `moe_intermediate_size` 2048 (384 routed experts, top-8, one shared).
-            ModelPreset::KimiK2 => (7168, 2048),
-            // mistralai/Mixtral-8x7B-v0.1 `config.json`: `hidden_size` 4096,
-            // `intermediate_size` 14336 (8 local experts, 2 per token).
-            ModelPreset::Mixtral8x7B => (4096, 14336),
-        };
-        ModelDims {
-            hidden,
-            intermediate,
-        }
-    }
+        out
+    };
+    &NAMES
 }
 
-impl ModelPreset {
-    /// The quant type of the model's published checkpoint, when it is not what an Ascend
-    /// deployment of it usually runs (W8A8): DeepSeek-V2-Lite and Mixtral-8x7B ship in bf16.
-    pub fn checkpoint_quant(self) -> Option<QuantType> {
-        match self {
-            ModelPreset::DeepSeekV2Lite | ModelPreset::Mixtral8x7B => Some(QuantType::None),
-            _ => None,
+/// The catalogue model an `eplb-trace/v1` trace names in its `model` object (`name`, `arch`,
+/// `num_experts`), when it is not the DeepSeek-V3 default: `deepseek_v2` with 64 experts (or
+/// "lite" in the name) is DeepSeek-V2-Lite (the ESFT traces). `None` for anything else,
+/// `deepseek_v3` included (the default already is DeepSeek-V3), except Kimi-K2 (`kimi_k2`, or
+/// `deepseek_v3` with 384 experts or "kimi" in the name) and Mixtral (`mixtral` with 8
+/// experts or none given).
+pub fn model_from_trace(model: &Value) -> Option<ModelSpec> {
+    let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
+    let name = model
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let experts = model.get("num_experts").and_then(Value::as_u64);
+    match arch.as_str() {
+        "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
+            Some(ModelSpec::DEEPSEEK_V2_LITE)
         }
-    }
-
-    /// The preset of the model an `eplb-trace/v1` trace names in its `model` object (`name`,
-    /// `arch`, `num_experts`), when it is not the DeepSeek-V3 default: `deepseek_v2` with 64
-    /// experts (or "lite" in the name) is DeepSeek-V2-Lite (the ESFT traces). `None` for
-    /// anything else, `deepseek_v3` included (the default already is DeepSeek-V3), except
-    /// Kimi-K2 (`kimi_k2`, or `deepseek_v3` with 384 experts or "kimi" in the name) and
-    /// Mixtral (`mixtral` with 8 experts or none given).
-    pub fn from_trace_model(model: &Value) -> Option<Self> {
-        let arch = model.get("arch")?.as_str()?.to_ascii_lowercase();
-        let name = model
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let experts = model.get("num_experts").and_then(Value::as_u64);
-        match arch.as_str() {
-            "deepseek_v2" if experts == Some(64) || name.contains("lite") => {
-                Some(ModelPreset::DeepSeekV2Lite)
-            }
-            "kimi_k2" => Some(ModelPreset::KimiK2),
-            "deepseek_v3" if experts == Some(384) || name.contains("kimi") => {
-                Some(ModelPreset::KimiK2)
-            }
-            "mixtral" if experts.is_none_or(|e| e == 8) => Some(ModelPreset::Mixtral8x7B),
-            _ => None,
-        }
-    }
-}
-
-impl FromStr for ModelPreset {
-    type Err = UnknownName;
-
-    /// Case-insensitive; also `deepseek-r1`, `dsv3`, `dsr1`, `qwen3-235b-a22b`,
-    /// `qwen3-30b-a3b`, `dsv2-lite`, `kimi`, `mixtral`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "deepseek-v3" | "deepseek-r1" => Ok(ModelPreset::DeepSeekV3),
-            "qwen3-235b" | "qwen3-235b-a22b" => Ok(ModelPreset::Qwen3_235B),
-            "qwen3-30b" | "qwen3-30b-a3b" => Ok(ModelPreset::Qwen3_30B),
-            "deepseek-v2-lite" | "dsv2-lite" => Ok(ModelPreset::DeepSeekV2Lite),
-            "kimi-k2" | "kimi" => Ok(ModelPreset::KimiK2),
-            "mixtral-8x7b" | "mixtral" => Ok(ModelPreset::Mixtral8x7B),
-            "dsv3" | "dsr1" => Ok(ModelPreset::DeepSeekV3),
-            _ => Err(UnknownName {
-                what: "model",
-                got: s.to_owned(),
-                expected: &MODEL_NAMES,
-                suggestion: eplb_runtime::config::suggest::closest(s, &MODEL_NAMES),
-            }),
-        }
+        "kimi_k2" => Some(ModelSpec::KIMI_K2),
+        "deepseek_v3" if experts == Some(384) || name.contains("kimi") => Some(ModelSpec::KIMI_K2),
+        "mixtral" if experts.is_none_or(|e| e == 8) => Some(ModelSpec::MIXTRAL_8X7B),
+        _ => None,
     }
 }
 
@@ -192,18 +84,15 @@ pub struct Link {
 pub struct LinkError {
     /// The text given.
     pub got: String,
-    /// A rate was given, but it is so small that a transfer would take forever.
-    pub too_slow: bool,
+    /// A rate was given, but it is outside the physical range of a link
+    /// ([`eplb_core::settings::bytes_per_s`]).
+    pub out_of_range: Option<eplb_core::SettingError>,
 }
 
 impl fmt::Display for LinkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.too_slow {
-            return write!(
-                f,
-                "link {:?} is too slow: a transfer time would be infinite; give a rate of at least {MIN_GBPS:e} Gbit/s",
-                self.got
-            );
+        if let Some(e) = &self.out_of_range {
+            return write!(f, "link {:?}: {e}", self.got);
         }
         write!(
             f,
@@ -213,8 +102,9 @@ impl fmt::Display for LinkError {
     }
 }
 
-/// The slowest link rate accepted (Gbit/s): at it, `u64::MAX` bytes take a finite time.
-pub const MIN_GBPS: f64 = 1e-9;
+/// The slowest link rate accepted (Gbit/s): [`eplb_core::settings::MIN_BYTES_PER_S`] (8
+/// Mbit/s).
+pub const MIN_GBPS: f64 = eplb_core::settings::MIN_BYTES_PER_S * 8.0 / 1e9;
 
 impl core::error::Error for LinkError {}
 
@@ -245,12 +135,18 @@ impl Link {
         }
     }
 
-    /// `gbit` Gbit/s; `None` unless finite and at least [`MIN_GBPS`].
+    /// `gbit` Gbit/s; `None` unless its rate passes [`Link::check_gbps`].
     pub fn gbps(gbit: f64) -> Option<Self> {
-        (gbit.is_finite() && gbit >= MIN_GBPS).then(|| Self {
+        Self::check_gbps(gbit).ok().map(|bytes_per_s| Self {
             name: format!("{gbit}gbps"),
-            bytes_per_s: gbit * 1e9 / 8.0,
+            bytes_per_s,
         })
+    }
+
+    /// The bytes/s of `gbit` Gbit/s when it is a link's rate
+    /// ([`eplb_core::settings::bytes_per_s`]: 8 Mbit/s to 8 Pbit/s).
+    pub fn check_gbps(gbit: f64) -> Result<f64, eplb_core::SettingError> {
+        eplb_core::settings::bytes_per_s("link", gbit * 1e9 / 8.0)
     }
 
     /// The name (`10gbps`, `hccs`, `roce`, `<N>gbps`).
@@ -287,7 +183,7 @@ impl FromStr for Link {
         let t = s.trim().to_ascii_lowercase();
         let err = || LinkError {
             got: s.to_owned(),
-            too_slow: false,
+            out_of_range: None,
         };
         match t.as_str() {
             "hccs" => Ok(Link::hccs()),
@@ -295,12 +191,13 @@ impl FromStr for Link {
             _ => {
                 let n = t.strip_suffix("gbps").ok_or_else(err)?;
                 let gbit: f64 = n.trim().parse().map_err(|_| err())?;
-                if gbit > 0.0 && gbit < MIN_GBPS {
-                    return Err(LinkError {
-                        got: s.to_owned(),
-                        too_slow: true,
-                    });
+                if !(gbit.is_finite() && gbit > 0.0) {
+                    return Err(err());
                 }
+                Link::check_gbps(gbit).map_err(|e| LinkError {
+                    got: s.to_owned(),
+                    out_of_range: Some(e),
+                })?;
                 let mut link = Link::gbps(gbit).ok_or_else(err)?;
                 link.name = t;
                 Ok(link)
@@ -434,8 +331,8 @@ pub fn sequence_cost<'p>(
 /// DeepSeek-V3, W8A8, the 10 Gbit/s link.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CostSpec {
-    /// A model preset.
-    pub model: Option<ModelPreset>,
+    /// A catalogue model.
+    pub model: Option<ModelSpec>,
     /// `H`, given with `intermediate` instead of a preset.
     pub hidden: Option<u64>,
     /// `I`, given with `hidden` instead of a preset.
@@ -465,9 +362,9 @@ pub struct CostBasis {
     pub link: Link,
     /// Which of `model`, `quant`, `link` were defaulted.
     pub defaulted: Vec<&'static str>,
-    /// The preset the model is (given, from the trace, or the DeepSeek-V3 default); `None`
-    /// for custom dimensions (`--hidden`/`--intermediate`).
-    pub preset: Option<ModelPreset>,
+    /// The catalogue model (given, from the trace, or the DeepSeek-V3 default); `None` for
+    /// custom dimensions (`--hidden`/`--intermediate`).
+    pub preset: Option<ModelSpec>,
 }
 
 /// `n` bytes in binary units (`42.04 MiB`).
@@ -531,19 +428,16 @@ impl CostSpec {
         self.resolve_for_trace(None)
     }
 
-    /// [`CostSpec::resolve`] for a trace of `trace_model` (see
-    /// [`ModelPreset::from_trace_model`]): with no `model`, `hidden` or `intermediate` given,
-    /// the expert is sized by the trace's model instead of the DeepSeek-V3 default, and an
-    /// unset quant type is the model's checkpoint type ([`ModelPreset::checkpoint_quant`]).
+    /// [`CostSpec::resolve`] for a trace of `trace_model` (see [`model_from_trace`]): with no
+    /// `model`, `hidden` or `intermediate` given, the expert is sized by the trace's model
+    /// instead of the DeepSeek-V3 default. An unset quant type is the catalogue model's
+    /// checkpoint type ([`QuantType::checkpoint`]) whether the model was named or inferred, so
+    /// naming the trace's own model prices it exactly as inferring it does.
     pub fn resolve_for_trace(
         &self,
-        trace_model: Option<ModelPreset>,
+        trace_model: Option<ModelSpec>,
     ) -> Result<CostBasis, CostError> {
         let mut defaulted = Vec::new();
-        let from_trace = match (self.model, self.hidden, self.intermediate, trace_model) {
-            (None, None, None, Some(m)) => Some(m),
-            _ => None,
-        };
         let mut preset = None;
         let (model, dims) = match (self.model, self.hidden, self.intermediate) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
@@ -561,26 +455,24 @@ impl CostSpec {
             }
             (Some(m), None, None) => {
                 preset = Some(m);
-                (m.title().to_owned(), m.dims())
+                (m.label.to_owned(), ModelDims::of(&m))
             }
-            (None, None, None) => match from_trace {
+            (None, None, None) => match trace_model {
                 Some(m) => {
                     preset = Some(m);
-                    (format!("{} (from the trace)", m.title()), m.dims())
+                    (format!("{} (from the trace)", m.label), ModelDims::of(&m))
                 }
                 None => {
                     defaulted.push("model");
-                    let m = ModelPreset::DeepSeekV3;
+                    let m = ModelSpec::DEEPSEEK_V3;
                     preset = Some(m);
-                    (m.title().to_owned(), m.dims())
+                    (m.label.to_owned(), ModelDims::of(&m))
                 }
             },
         };
         let quant = self.quant.unwrap_or_else(|| {
             defaulted.push("quant");
-            from_trace
-                .and_then(ModelPreset::checkpoint_quant)
-                .unwrap_or(QuantType::W8A8)
+            preset.map_or(QuantType::W8A8, |m| QuantType::checkpoint(&m))
         });
         let link = self.link.clone().unwrap_or_else(|| {
             defaulted.push("link");

@@ -5,10 +5,11 @@
 //! trace's own model (its `model` object) sizes an expert when the cost settings name none.
 
 use crate::SimError;
-use crate::cost::{CostBasis, CostSpec, ModelPreset, MoveCost, sequence_cost};
+use crate::cost::{CostBasis, CostSpec, MoveCost, model_from_trace, sequence_cost};
 use crate::simulate::{
     Initial, SimConfig, SimPolicy, SimResult, SimTrace, simulate, simulate_with,
 };
+use eplb_core::time::ModelSpec;
 use eplb_map::heat::load_heat;
 use eplb_policies::PolicyKind;
 use eplb_runtime::policies::{Param, policy_with};
@@ -55,6 +56,16 @@ impl Replay {
         let heat = load_heat(bytes, None).map_err(|e| trace_err(e.to_string()))?;
         let (preset, model) = trace_model(bytes);
         let basis = cost.resolve_for_trace(preset).map_err(setting)?;
+        let mut warnings: Vec<String> = heat.warnings().iter().map(ToString::to_string).collect();
+        if let Some(m) = basis.preset {
+            let named = cost.model.is_some();
+            check_model_shape(&m, named, &heat, &mut warnings).map_err(|why| {
+                SimError::Setting {
+                    what: format!("--model {}", m.name),
+                    why: format!("{source}: {why}"),
+                }
+            })?;
+        }
         let counts = heat
             .counts_u64()
             .ok_or_else(|| trace_err("counts must be whole token counts".to_owned()))?;
@@ -68,7 +79,7 @@ impl Replay {
             name: heat.name().map(str::to_owned),
             model,
             basis,
-            warnings: heat.warnings().iter().map(ToString::to_string).collect(),
+            warnings,
         })
     }
 
@@ -213,13 +224,68 @@ impl core::str::FromStr for Initial {
     }
 }
 
+/// Checks the catalogue model `m` against the trace `heat`: routed experts and top-k (when the
+/// trace gives it) that differ are an error when the model was `named` (`--model`) and a
+/// warning when it was inferred or defaulted (a trace that names no model is priced as
+/// DeepSeek-V3); MoE layers that differ are a warning (a trace may hold one pipeline stage).
+fn check_model_shape(
+    m: &ModelSpec,
+    named: bool,
+    heat: &eplb_map::heat::Heat,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    let how = if named {
+        ""
+    } else {
+        " (the default or the trace's own; give --model)"
+    };
+    let mut hard = Vec::new();
+    if heat.experts() != usize::from(m.experts) {
+        hard.push(format!(
+            "the trace has {} routed experts per layer, {}{how} has {}",
+            heat.experts(),
+            m.name,
+            m.experts
+        ));
+    }
+    if let Some(k) = heat.top_k()
+        && k != u64::from(m.top_k)
+    {
+        hard.push(format!(
+            "the trace routes top-{k}, {}{how} routes top-{}",
+            m.name, m.top_k
+        ));
+    }
+    if named && !hard.is_empty() {
+        return Err(format!(
+            "{}; the model does not match the trace (name the trace's model, or give --hidden/--intermediate with --model-param)",
+            hard.join("; ")
+        ));
+    }
+    if heat.layers() != usize::from(m.moe_layers) {
+        hard.push(format!(
+            "the trace has {} MoE layers, {} has {} (the step is scaled from the trace's layers to the model's)",
+            heat.layers(),
+            m.name,
+            m.moe_layers
+        ));
+    }
+    if !hard.is_empty() {
+        warnings.push(format!(
+            "{}: the time figures use the model's shape",
+            hard.join("; ")
+        ));
+    }
+    Ok(())
+}
+
 /// The model preset a trace names in its `model` object, and that object's `name`.
 ///
 /// It reads the document without building it: only the `model` object's `arch`, `name` and
 /// `num_experts` are kept, everything else (the counts) is skipped as it is scanned
 /// ([`serde::de::IgnoredAny`]), so it takes no memory for the counts. A document that is not
 /// an object, or not JSON, names no model.
-pub fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
+pub fn trace_model(bytes: &[u8]) -> (Option<ModelSpec>, Option<String>) {
     use serde::Deserialize as _;
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let parse = |b: &[u8]| {
@@ -244,7 +310,7 @@ pub fn trace_model(bytes: &[u8]) -> (Option<ModelPreset>, Option<String>) {
         head::Field::Str(s) => Some(s.clone()),
         _ => None,
     };
-    (ModelPreset::from_trace_model(&m.to_value()), name)
+    (model_from_trace(&m.to_value()), name)
 }
 
 /// The typed read of [`trace_model`].
@@ -268,7 +334,7 @@ mod head {
     }
 
     impl Model {
-        /// As the `Value` that `ModelPreset::from_trace_model` reads.
+        /// As the `Value` that [`crate::cost::model_from_trace`] reads.
         pub(super) fn to_value(&self) -> Value {
             let mut m = serde_json::Map::new();
             for (k, f) in [
@@ -454,13 +520,13 @@ mod tests {
         assert_eq!(
             trace_model(t),
             (
-                Some(ModelPreset::Mixtral8x7B),
+                Some(ModelSpec::MIXTRAL_8X7B),
                 Some("Mixtral-8x7B".to_owned())
             )
         );
         // The last `model` counts; fields of another type are absent.
         let t = br#"{"model": {"arch": "kimi_k2"}, "model": {"arch": "deepseek_v2", "name": 3, "num_experts": 64}}"#;
-        assert_eq!(trace_model(t), (Some(ModelPreset::DeepSeekV2Lite), None));
+        assert_eq!(trace_model(t), (Some(ModelSpec::DEEPSEEK_V2_LITE), None));
         let t = br#"{"model": {"arch": "deepseek_v2", "num_experts": -64, "name": "x"}}"#;
         assert_eq!(trace_model(t), (None, Some("x".to_owned())));
         // Not an object, not JSON, no model, a model that is no object.
@@ -475,6 +541,6 @@ mod tests {
         }
         // A byte order mark is skipped, as the trace reader does.
         let t = b"\xEF\xBB\xBF{\"model\": {\"arch\": \"mixtral\"}}";
-        assert_eq!(trace_model(t).0, Some(ModelPreset::Mixtral8x7B));
+        assert_eq!(trace_model(t).0, Some(ModelSpec::MIXTRAL_8X7B));
     }
 }

@@ -15,6 +15,7 @@
 //! trace's `window_tokens`. Totals over windows are totals over iterations.
 
 use eplb_core::Shape;
+use eplb_core::settings::Number;
 use eplb_core::time::step::{Calibration, MoeTerms, Overlap, StepModel, Topology};
 use eplb_core::time::{Hardware, ModelSpec, Role, TimeModel, cycle_overhead_ms, layer_stall_ms};
 use eplb_runtime::transfer::plan_transfers;
@@ -22,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::Run;
 use crate::SimError;
-use crate::cost::{CostBasis, ModelPreset, MoveCost};
+use crate::cost::{CostBasis, MoveCost};
 use crate::simulate::{LogEntry, Router, SimConfig, SimPolicy, SimTrace};
 
 /// The hardware preset when none is given.
@@ -167,13 +168,9 @@ impl TimeSpec {
         if let Some(h) = &self.hardware {
             parse_hardware(h)?;
         }
-        if let Some(t) = self.tokens_per_rank
-            && !(t.is_finite() && t > 0.0)
-        {
-            return Err(setting(
-                "--tokens-per-rank",
-                format!("{t} is not a finite number > 0"),
-            ));
+        if let Some(t) = self.tokens_per_rank {
+            eplb_core::settings::tokens_per_rank(t)
+                .map_err(|e| setting("--tokens-per-rank", e.to_string()))?;
         }
         let mut hw = DEFAULT_HARDWARE;
         for (k, v) in &self.hw_params {
@@ -233,12 +230,14 @@ impl TimeSpec {
             set_hw(&mut hardware, k, *v)?;
         }
         let mut model = match cost.preset {
-            Some(p) => p.model_spec(),
+            Some(p) => p,
             None => ModelSpec {
                 name: "custom",
+                label: "custom",
+                aliases: &[],
                 hidden: u32::try_from(cost.dims.hidden).unwrap_or(u32::MAX),
                 intermediate: u32::try_from(cost.dims.intermediate).unwrap_or(u32::MAX),
-                ..ModelPreset::DeepSeekV3.model_spec()
+                ..ModelSpec::DEEPSEEK_V3
             },
         };
         model.dtype = cost.quant.compute_dtype();
@@ -324,19 +323,17 @@ impl TimeSpec {
             .rev()
             .find(|(k, _)| k == "reload_bytes_per_s")
             .map_or(DEFAULT_RELOAD_BYTES_PER_S, |(_, v)| *v);
-        if v.is_finite() && v > 0.0 {
-            Ok(v)
-        } else {
-            Err(setting(
-                &format!("--hw-param reload_bytes_per_s={v}"),
-                "expected a finite number of bytes/s > 0".to_owned(),
-            ))
-        }
+        eplb_core::settings::bytes_per_s("reload bandwidth", v).map_err(|e| {
+            setting(
+                &format!("--hw-param reload_bytes_per_s={}", Number::Float(v)),
+                e.to_string(),
+            )
+        })
     }
 }
 
 fn set_topology(t: &mut Topology, key: &str, v: f64) -> Result<(), SimError> {
-    let bad = |why: String| setting(&format!("--hw-param {key}={v}"), why);
+    let bad = |why: String| setting(&format!("--hw-param {key}={}", Number::Float(v)), why);
     match key {
         "domain_ranks" => {
             if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= f64::from(u16::MAX)) {
@@ -387,12 +384,21 @@ fn set_hw(hw: &mut Hardware, key: &str, v: f64) -> Result<(), SimError> {
         }
     };
     *slot = v;
-    hw.check()
-        .map_err(|e| setting(&format!("--hw-param {key}={v}"), e.to_string()))
+    hw.check().map_err(|e| {
+        setting(
+            &format!("--hw-param {key}={}", Number::Float(v)),
+            e.to_string(),
+        )
+    })
 }
 
 fn set_model(m: &mut ModelSpec, key: &str, v: f64) -> Result<(), SimError> {
-    let bad = |why: &str| setting(&format!("--model-param {key}={v}"), why.to_owned());
+    let bad = |why: &str| {
+        setting(
+            &format!("--model-param {key}={}", Number::Float(v)),
+            why.to_owned(),
+        )
+    };
     if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0) {
         return Err(bad("expected a whole number >= 0"));
     }

@@ -2,8 +2,9 @@
 //! seed's links.
 
 use eplb_core::Shape;
+use eplb_core::time::ModelSpec;
 use eplb_runtime::config::deployment::QuantType;
-use eplb_sim::cost::{CostError, CostSpec, Link, ModelPreset, move_cost, sequence_cost};
+use eplb_sim::cost::{CostError, CostSpec, Link, move_cost, sequence_cost};
 
 #[test]
 fn move_cost_counts_fetched_copies_and_the_busiest_rank() {
@@ -61,7 +62,7 @@ fn one_deepseek_w8a8_expert_at_the_seed_links() {
     };
     assert_eq!(spec.resolve().unwrap_err(), CostError::SizesApart);
     let spec = CostSpec {
-        model: Some(ModelPreset::Qwen3_30B),
+        model: Some(ModelSpec::QWEN3_30B),
         quant: Some(QuantType::W4A8),
         ..CostSpec::default()
     };

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use eplb_core::metrics::Routing;
-use eplb_runtime::config::deployment::QuantType;
-use eplb_sim::cost::{CostSpec, Link, ModelPreset};
+use eplb_runtime::config::deployment::parse_quant;
+use eplb_sim::cost::{CostSpec, Link, parse_model};
 use eplb_sim::json as sim_json;
 use eplb_sim::replay::{check_params, parse_sim_policy};
 use eplb_sim::time::TimeSpec;
@@ -34,11 +34,11 @@ struct Interrupted;
 pub(crate) fn simulate<'py>(
     py: Python<'py>,
     trace: PathBuf,
-    ranks: u16,
-    redundant: u32,
+    ranks: i64,
+    redundant: i64,
     policy: String,
-    heat_interval: u32,
-    algo_interval: u32,
+    heat_interval: i64,
+    algo_interval: i64,
     ranks_per_node: Option<u16>,
     groups: Option<u16>,
     initial: String,
@@ -94,14 +94,15 @@ pub(crate) fn simulate<'py>(
     Ok((to_py(py, &v)?, warnings))
 }
 
-/// The replay's settings, as `eplb simulate`'s flags name them.
+/// The replay's settings, as `eplb simulate`'s flags name them; the numbers as given, checked
+/// by their one rule ([`eplb_core::settings`]) when the replay starts.
 struct SimArgs {
     trace: PathBuf,
-    ranks: u16,
-    redundant: u32,
+    ranks: i64,
+    redundant: i64,
     policy: String,
-    heat_interval: u32,
-    algo_interval: u32,
+    heat_interval: i64,
+    algo_interval: i64,
     ranks_per_node: Option<u16>,
     groups: Option<u16>,
     initial: String,
@@ -137,10 +138,18 @@ impl CostArgs {
                 .transpose()
         }
         let cost = CostSpec {
-            model: named::<ModelPreset>(&self.model, "model")?,
+            model: self
+                .model
+                .as_deref()
+                .map(|s| parse_model(s).map_err(|e| format!("model {s}: {e}")))
+                .transpose()?,
             hidden: self.hidden,
             intermediate: self.intermediate,
-            quant: named::<QuantType>(&self.quant, "quant")?,
+            quant: self
+                .quant
+                .as_deref()
+                .map(|s| parse_quant(s).map_err(|e| format!("quant {s}: {e}")))
+                .transpose()?,
             fused_mc2: self.fused_mc2,
             link: named::<Link>(&self.link, "link")?,
         };
@@ -182,10 +191,15 @@ fn run(
     time: &TimeArgs,
     cancel: &Cancel,
 ) -> Result<(serde_json::Value, Vec<String>), Error> {
+    use eplb_core::settings;
     let mut warnings = Vec::new();
-    if a.ranks == 0 {
-        return Err("ranks must be at least 1".into());
-    }
+    let rule = |name: &str, v: i64, r: fn(i128) -> Result<u32, eplb_core::SettingError>| {
+        r(i128::from(v)).map_err(|e| Error::from(format!("{name}: {e}")))
+    };
+    let ranks = settings::ranks(i128::from(a.ranks)).map_err(|e| format!("ranks: {e}"))?;
+    let redundant = rule("redundant", a.redundant, settings::redundant_experts)?;
+    let heat_interval = rule("heat_interval", a.heat_interval, settings::heat_interval)?;
+    let algo_interval = rule("algo_interval", a.algo_interval, settings::algo_interval)?;
     let policy = parse_sim_policy(&a.policy)?;
     check_params(policy, &a.params)?;
     let initial: Initial = a.initial.parse::<Initial>()?;
@@ -205,17 +219,17 @@ fn run(
     for w in &replay.warnings {
         warnings.push(format!("{source}: {w}"));
     }
-    if let Some(w) = replay.short_trace_warning(a.heat_interval, a.algo_interval) {
+    if let Some(w) = replay.short_trace_warning(heat_interval, algo_interval) {
         warnings.push(format!("{source}: {w}"));
     }
     let cfg = SimConfig {
-        ranks: a.ranks,
-        redundant: a.redundant,
+        ranks,
+        redundant,
         ranks_per_node: a.ranks_per_node,
         groups: a.groups,
         policy,
-        heat_interval: a.heat_interval,
-        algo_interval: a.algo_interval,
+        heat_interval,
+        algo_interval,
         initial,
         routing,
         seed: a.seed,

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use clap::Args;
 use eplb_policies::PolicyKind;
-use eplb_sim::advise::{Grid, advise};
+use eplb_sim::advise::{Engine, Grid, advise};
 use eplb_sim::{Replay, SimConfig, SimPolicy};
 
 use super::args::{Io, RunArgs};
@@ -21,22 +21,22 @@ pub(super) struct AdviseArgs {
     #[arg(long)]
     trace: PathBuf,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Redundant experts to try, comma-separated (default: the fewest the shape allows, and
     /// one slot per rank more).
-    #[arg(long, value_delimiter = ',')]
-    redundant_list: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    redundant_list: Option<Vec<i128>>,
     /// Policies to try, comma-separated names or numbers (default: every policy but random).
     #[arg(long, value_delimiter = ',', value_parser = super::args::parse_policy)]
     policies: Option<Vec<PolicyKind>>,
     /// Heat intervals to try, comma-separated (default: T/16, T/8, T/4 of the trace's T
     /// windows).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
-    heat_intervals: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    heat_intervals: Option<Vec<i128>>,
     /// Algorithm intervals to try, comma-separated (default: 1 and max(2, T/32)).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
-    algo_intervals: Option<Vec<u32>>,
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    algo_intervals: Option<Vec<i128>>,
     #[command(flatten)]
     run: RunArgs,
     /// Also try every setting with the pay-off gate on (`eplb_payoff_gate`): twice the runs.
@@ -45,16 +45,74 @@ pub(super) struct AdviseArgs {
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     threads: Option<u32>,
-    /// Write the recommended `eplb_config` object here (atomically).
+    /// Write the recommended configuration here (atomically), in the words of `--engine`.
     #[arg(long)]
     config_out: Option<PathBuf>,
+    /// The engine the configuration is for: eplb (eplb's own runtime, the default: an
+    /// `eplb_config`), vllm, vllm-ascend or sglang (with eplb's plugin).
+    #[arg(long, value_parser = parse_engine)]
+    engine: Option<Engine>,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
 }
 
+fn parse_engine(s: &str) -> Result<Engine, String> {
+    Engine::from_name(s).ok_or_else(|| {
+        format!(
+            "{s}: unknown engine; expected one of {}",
+            Engine::ALL.map(Engine::name).join(", ")
+        )
+    })
+}
+
+/// The values of a list flag, each by its one rule.
+fn checked<T>(
+    flag: &str,
+    values: Option<&Vec<i128>>,
+    rule: fn(i128) -> Result<T, eplb_core::SettingError>,
+) -> Result<Option<Vec<T>>, String> {
+    values
+        .map(|v| {
+            v.iter()
+                .map(|&x| super::args::setting(flag, x, rule))
+                .collect()
+        })
+        .transpose()
+}
+
 pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
+    use eplb_core::settings;
+    let redundant_list = checked(
+        "--redundant-list",
+        a.redundant_list.as_ref(),
+        settings::redundant_experts,
+    )?;
+    let heat_intervals = checked(
+        "--heat-intervals",
+        a.heat_intervals.as_ref(),
+        settings::heat_interval,
+    )?;
+    let algo_intervals = checked(
+        "--algo-intervals",
+        a.algo_intervals.as_ref(),
+        settings::algo_interval,
+    )?;
     let (initial, routing) = a.run.check()?;
+    let engine = a.engine.unwrap_or_default();
+    if a.payoff_gate && !engine.runs_gate() {
+        return Err(format!(
+            "--payoff-gate with --engine {}: only eplb's runtime runs the pay-off gate",
+            engine.name()
+        ));
+    }
+    if let Some(p) = a.policies.iter().flatten().find(|p| !engine.runs(**p)) {
+        return Err(format!(
+            "--policies {}: eplb's plugin does not serve it on --engine {}",
+            p.name(),
+            engine.name()
+        ));
+    }
     if let Some(out) = &a.config_out {
         eplb_runtime::fsio::refuse_overwrite_input(out, &[a.trace.as_path()])
             .map_err(|e| e.to_string())?;
@@ -70,14 +128,15 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
     if let Some(p) = &a.policies {
         grid.policies = p.clone();
     }
-    if let Some(h) = &a.heat_intervals {
-        grid.heat_intervals = h.clone();
+    grid.policies.retain(|p| engine.runs(*p));
+    if let Some(h) = heat_intervals {
+        grid.heat_intervals = h;
     }
-    if let Some(x) = &a.algo_intervals {
-        grid.algo_intervals = x.clone();
+    if let Some(x) = algo_intervals {
+        grid.algo_intervals = x;
     }
-    if let Some(x) = &a.redundant_list {
-        grid.redundant = x.clone();
+    if let Some(x) = redundant_list {
+        grid.redundant = x;
     }
     if a.payoff_gate {
         grid.payoff_gate = vec![false, true];
@@ -119,26 +178,25 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
             *shown = true;
         }
     };
-    let advice = advise(
-        &replay,
-        &base,
-        &a.run.time.spec_with(io)?,
-        &grid,
-        threads,
-        &progress,
-    )
-    .map_err(|e| e.to_string())?;
+    let spec = a.run.time.spec_with(io)?;
+    let advice = advise(&replay, &base, &spec, &grid, threads, &progress);
     if shown.into_inner().unwrap_or(false) {
         errln!();
     }
+    let advice = advice.map_err(|e| e.to_string())?;
+    let written = advice
+        .engine_config(engine, &spec, &replay.basis, routing)
+        .map_err(|e| e.to_string())?;
     if let Some(out) = &a.config_out {
-        let text = serde_json::to_string_pretty(&advice.eplb_config())
+        let text = serde_json::to_string_pretty(&written.document)
             .map_err(|e| format!("{}: {e}", out.display()))?;
         eplb_runtime::fsio::write_atomic(out, format!("{text}\n").as_bytes())
             .map_err(|e| format!("{}: {e}", out.display()))?;
     }
     if a.json {
-        outln!(io, "{}", advice.to_json());
+        let mut v = advice.to_json();
+        v["engine_config"] = written.to_json();
+        outln!(io, "{v}");
     } else {
         outln!(io, "{}", replay.basis.describe());
         outln!(io, "{}", advice.time.describe());
@@ -168,7 +226,30 @@ pub(super) fn run(a: &AdviseArgs, io: &mut Io) -> Result<ExitCode, String> {
             outln!(io, "{ab}");
         }
         if let Some(out) = &a.config_out {
-            outln!(io, "wrote {}", out.display());
+            outln!(
+                io,
+                "wrote {} (for {})",
+                out.display(),
+                written.engine.name()
+            );
+            if !written.env.is_empty() {
+                let env: Vec<String> = written
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                outln!(
+                    io,
+                    "run it with {} in the engine's environment",
+                    env.join(" ")
+                );
+            }
+            if let Some(f) = written.flags.as_deref().filter(|f| !f.is_empty()) {
+                outln!(io, "engine flags: {f}");
+            }
+            for n in &written.notes {
+                outln!(io, "note: {n}");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -4,6 +4,8 @@
 use clap::{Args, ValueEnum};
 use eplb_core::Shape;
 use eplb_core::metrics::Routing;
+use eplb_core::settings;
+use eplb_core::time::ModelSpec;
 use eplb_core::time::Role;
 use eplb_core::time::step::Overlap;
 use eplb_map::heat::Heat;
@@ -11,7 +13,7 @@ use eplb_map::map::{ReadOptions, read_map_json};
 use eplb_policies::PolicyKind;
 use eplb_runtime::config::deployment::QuantType;
 use eplb_runtime::policies::Param;
-use eplb_sim::cost::{CostBasis, CostSpec, Link, ModelPreset};
+use eplb_sim::cost::{CostBasis, CostSpec, Link};
 use eplb_sim::time::TimeSpec;
 use eplb_sim::{Initial, Replay, SimConfig, SimPolicy};
 use std::path::{Path, PathBuf};
@@ -47,8 +49,8 @@ pub(super) struct CostArgs {
     /// Model preset sizing an expert and shaping the time model: deepseek-v3 (= deepseek-r1),
     /// qwen3-235b, qwen3-30b, deepseek-v2-lite, kimi-k2, mixtral-8x7b; default: the trace's
     /// model when known (ESFT: deepseek-v2-lite), else deepseek-v3.
-    #[arg(long, value_parser = parse_from_str::<ModelPreset>, conflicts_with_all = ["hidden", "intermediate"])]
-    pub(super) model: Option<ModelPreset>,
+    #[arg(long, value_parser = parse_model, conflicts_with_all = ["hidden", "intermediate"])]
+    pub(super) model: Option<ModelSpec>,
     /// Hidden size H (with --intermediate, instead of --model).
     #[arg(long, requires = "intermediate")]
     pub(super) hidden: Option<u64>,
@@ -56,7 +58,7 @@ pub(super) struct CostArgs {
     #[arg(long, requires = "hidden")]
     pub(super) intermediate: Option<u64>,
     /// MoE quant type: none, W8A8, W8A8-Dynamic, W4A8, MXFP4, MXFP8.
-    #[arg(long, value_parser = parse_from_str::<QuantType>)]
+    #[arg(long, value_parser = parse_quant)]
     pub(super) quant: Option<QuantType>,
     /// Fused MC2 is on (W4A8 needs it; W8A8 then moves the fused scales too).
     #[arg(long)]
@@ -74,7 +76,7 @@ impl CostArgs {
     /// With no model flags, a trace that names a known model sizes the expert.
     pub(super) fn resolve_for_trace(
         &self,
-        trace_model: Option<ModelPreset>,
+        trace_model: Option<ModelSpec>,
     ) -> Result<CostBasis, String> {
         self.spec()
             .resolve_for_trace(trace_model)
@@ -203,6 +205,21 @@ pub(super) fn parse_role(s: &str) -> Result<Role, String> {
     })
 }
 
+/// `value` of `flag` by its one rule; the message names the flag, then the rule.
+pub(super) fn setting<T>(
+    flag: &str,
+    value: i128,
+    rule: fn(i128) -> Result<T, eplb_core::SettingError>,
+) -> Result<T, String> {
+    rule(value).map_err(|e| format!("{flag}: {e}"))
+}
+
+/// A `--ranks` value: `1..=65535` ([`settings::ranks`]).
+pub(super) fn parse_ranks(s: &str) -> Result<u16, String> {
+    let n = settings::parse_integer(s).ok_or_else(|| format!("`{s}` is not an integer"))?;
+    settings::ranks(n).map_err(|e| e.to_string())
+}
+
 /// A `KEY=VALUE` argument with a numeric value.
 pub(super) fn parse_key_value(s: &str) -> Result<(String, f64), String> {
     let (k, v) = s
@@ -213,6 +230,16 @@ pub(super) fn parse_key_value(s: &str) -> Result<(String, f64), String> {
         .parse()
         .map_err(|_| format!("{s}: `{v}` is not a number"))?;
     Ok((k.trim().to_owned(), x))
+}
+
+/// A `--quant` value: a quant type's name (case-insensitive; `_` counts as `-`).
+pub(super) fn parse_quant(s: &str) -> Result<QuantType, String> {
+    eplb_runtime::config::deployment::parse_quant(s).map_err(|e| e.to_string())
+}
+
+/// A `--model` value: a catalogue model's name or alias.
+pub(super) fn parse_model(s: &str) -> Result<ModelSpec, String> {
+    eplb_sim::cost::parse_model(s).map_err(|e| e.to_string())
 }
 
 pub(super) fn parse_from_str<T>(s: &str) -> Result<T, String>
@@ -275,17 +302,17 @@ pub(super) struct ReplayArgs {
     #[arg(long)]
     pub(super) trace: PathBuf,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = parse_ranks)]
     pub(super) ranks: u16,
-    /// Redundant experts.
-    #[arg(long)]
-    pub(super) redundant: u32,
+    /// Redundant experts (0..=65535).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(super) redundant: i128,
     /// Heat windows per cycle (H >= 1).
-    #[arg(long)]
-    pub(super) heat_interval: u32,
+    #[arg(long, allow_negative_numbers = true)]
+    pub(super) heat_interval: i128,
     /// Windows between the snapshot and the new placement (A >= 1).
-    #[arg(long)]
-    pub(super) algo_interval: u32,
+    #[arg(long, allow_negative_numbers = true)]
+    pub(super) algo_interval: i128,
     #[command(flatten)]
     pub(super) run: RunArgs,
     /// Move a changed layer only when the time model says its saving over the next cycle
@@ -304,7 +331,26 @@ pub(super) struct ReplayArgs {
 impl ReplayArgs {
     /// Reads the trace (bounded) and builds the settings for `policy`; the trace reader's
     /// warnings go to standard error.
+    /// `--redundant`, `--heat-interval` and `--algo-interval`, each checked by its one rule
+    /// ([`eplb_core::settings`]).
+    pub(super) fn cycle(&self) -> Result<(u32, u32, u32), String> {
+        Ok((
+            setting("--redundant", self.redundant, settings::redundant_experts)?,
+            setting(
+                "--heat-interval",
+                self.heat_interval,
+                settings::heat_interval,
+            )?,
+            setting(
+                "--algo-interval",
+                self.algo_interval,
+                settings::algo_interval,
+            )?,
+        ))
+    }
+
     pub(super) fn load(&self, io: &Io, policy: SimPolicy) -> Result<(Replay, SimConfig), String> {
+        let (redundant, heat_interval, algo_interval) = self.cycle()?;
         let (initial, routing) = self.run.check()?;
         let events = self.events()?;
         let bytes = io.read(&self.trace)?;
@@ -317,17 +363,17 @@ impl ReplayArgs {
             }
         }
         let replay = replay?;
-        if let Some(w) = replay.short_trace_warning(self.heat_interval, self.algo_interval) {
+        if let Some(w) = replay.short_trace_warning(heat_interval, algo_interval) {
             errln!("warning: {source}: {w}");
         }
         let cfg = SimConfig {
             ranks: self.ranks,
-            redundant: self.redundant,
+            redundant,
             ranks_per_node: self.run.topo.ranks_per_node,
             groups: self.run.topo.groups,
             policy,
-            heat_interval: self.heat_interval,
-            algo_interval: self.algo_interval,
+            heat_interval,
+            algo_interval,
             initial,
             routing,
             seed: self.run.seed,
@@ -337,7 +383,7 @@ impl ReplayArgs {
         };
         // The events against the trace and shape, before any window is replayed.
         if !cfg.events.is_empty() {
-            let slots = (replay.trace.experts + self.redundant as usize)
+            let slots = (replay.trace.experts + redundant as usize)
                 .checked_div(usize::from(self.ranks))
                 .unwrap_or(0);
             eplb_sim::simulate::validate_events(

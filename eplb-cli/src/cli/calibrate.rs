@@ -5,15 +5,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use eplb_core::time::ModelSpec;
 use eplb_core::time::step::{Calibration, Overlap};
 use eplb_sim::calibrate::{
     RecordingDefaults, calibration_json, fit, read_measured, read_recording,
 };
-use eplb_sim::cost::{CostSpec, ModelPreset};
+use eplb_sim::cost::CostSpec;
 use eplb_sim::time::TimeSpec;
 use serde_json::json;
 
-use super::args::{Io, parse_from_str, parse_hardware, parse_overlap, parse_role};
+use super::args::{Io, parse_hardware, parse_overlap, parse_role};
 
 #[derive(Debug, Args)]
 pub(super) struct CalibrateArgs {
@@ -30,13 +31,13 @@ pub(super) struct CalibrateArgs {
     #[arg(long)]
     out: PathBuf,
     /// Model preset of the measured deployment.
-    #[arg(long, value_parser = parse_from_str::<ModelPreset>)]
-    model: ModelPreset,
+    #[arg(long, value_parser = super::args::parse_model)]
+    model: ModelSpec,
     /// Hardware preset of the measured deployment.
     #[arg(long, value_parser = parse_hardware)]
     hardware: String,
     /// EP ranks (points without a `ranks` column).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Ranks per node (default: the hardware preset's node).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
@@ -57,7 +58,7 @@ pub(super) fn run(a: &CalibrateArgs, io: &mut Io) -> Result<ExitCode, String> {
     let defaults = RecordingDefaults {
         role: a.role,
         ranks: a.ranks,
-        top_k: a.model.model_spec().top_k,
+        top_k: a.model.top_k,
     };
     let points = match read_recording(&bytes, &src, defaults).map_err(|e| e.to_string())? {
         Some(points) => points,

@@ -4,27 +4,26 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use eplb_core::time::ModelSpec;
 use eplb_core::time::Role;
 use eplb_core::time::step::Overlap;
-use eplb_sim::cost::{CostSpec, ModelPreset};
+use eplb_sim::cost::CostSpec;
 use eplb_sim::estimate::estimate_step;
 use eplb_sim::time::TimeSpec;
 
-use super::args::{
-    Io, parse_from_str, parse_hardware, parse_overlap, parse_role, read_calibration_arg,
-};
+use super::args::{Io, parse_hardware, parse_overlap, parse_role, read_calibration_arg};
 
 #[derive(Debug, Args)]
 pub(super) struct EstimateArgs {
     /// Model preset: deepseek-v3 (= deepseek-r1), qwen3-235b, qwen3-30b, deepseek-v2-lite,
     /// kimi-k2, mixtral-8x7b.
-    #[arg(long, value_parser = parse_from_str::<ModelPreset>)]
-    model: ModelPreset,
+    #[arg(long, value_parser = super::args::parse_model)]
+    model: ModelSpec,
     /// Hardware preset: a2, a3, 950pr, 950dt, h100, h200, b200, h800, gb200.
     #[arg(long, value_parser = parse_hardware)]
     hardware: String,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
     /// Ranks per node (default: the hardware preset's node, printed).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]

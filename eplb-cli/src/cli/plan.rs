@@ -24,11 +24,11 @@ pub(super) struct PlanArgs {
     #[arg(long)]
     loads: PathBuf,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: u16,
-    /// Redundant experts.
-    #[arg(long)]
-    redundant: u32,
+    /// Redundant experts (0..=65535).
+    #[arg(long, allow_negative_numbers = true)]
+    redundant: i128,
     #[command(flatten)]
     topo: Topology,
     /// Policy: 0..4 or random, default, swift, flashlb, incremental, deepseek.
@@ -80,7 +80,12 @@ pub(super) fn run(a: &PlanArgs, io: &mut Io) -> Result<ExitCode, String> {
         .resolve_for_trace(eplb_sim::replay::trace_model(&bytes).0)?;
     drop(bytes);
     warn_heat(&heat, &a.loads);
-    let shape = layout_shape(&heat, a.ranks, a.redundant, &a.topo)?;
+    let redundant = super::args::setting(
+        "--redundant",
+        a.redundant,
+        eplb_core::settings::redundant_experts,
+    )?;
+    let shape = layout_shape(&heat, a.ranks, redundant, &a.topo)?;
     let mut default = vec![0u16; shape.placement_len()];
     Layout::Default
         .fill(&shape, &mut default)

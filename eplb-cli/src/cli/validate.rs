@@ -16,7 +16,7 @@ pub(super) struct ValidateArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     experts: Option<u16>,
     /// EP ranks.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = super::args::parse_ranks)]
     ranks: Option<u16>,
     /// Accept an expert held twice on one device.
     #[arg(long)]

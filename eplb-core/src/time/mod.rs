@@ -125,6 +125,108 @@ impl Dtype {
     }
 }
 
+/// The quantisation of the MoE expert weights: with the [`ModelSpec`] it sets an expert's
+/// bytes (the std side's payload table) and the compute dtype ([`QuantType::compute_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    /// Unquantised (bf16 / fp16) weights.
+    None,
+    /// Static W8A8: int8 weights, fp32 per-channel scales.
+    W8A8,
+    /// Dynamic W8A8: int8 weights, fp32 per-channel scales.
+    W8A8Dynamic,
+    /// W4A8: int4 weights, fp32 per-channel scales and scale biases.
+    W4A8,
+    /// MXFP4: fp4 weights, one 8-bit block scale per 32 elements.
+    Mxfp4,
+    /// MXFP8: fp8 weights, one 8-bit block scale per 32 elements.
+    Mxfp8,
+    /// W4A8 with MXFP4 weights (not supported by EPLB).
+    W4A8Mxfp4,
+    /// W4A16 (not supported by EPLB).
+    W4A16,
+    /// W4A16 with MXFP4 weights (not supported by EPLB).
+    W4A16Mxfp4,
+}
+
+impl QuantType {
+    /// Every quant type, in table order.
+    pub const ALL: [QuantType; 9] = [
+        QuantType::None,
+        QuantType::W8A8,
+        QuantType::W8A8Dynamic,
+        QuantType::W4A8,
+        QuantType::Mxfp4,
+        QuantType::Mxfp8,
+        QuantType::W4A8Mxfp4,
+        QuantType::W4A16,
+        QuantType::W4A16Mxfp4,
+    ];
+
+    /// `none`, `W8A8`, `W8A8-Dynamic`, `W4A8`, `MXFP4`, `MXFP8`, `W4A8MXFP4`, `W4A16` or
+    /// `W4A16MXFP4`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantType::None => "none",
+            QuantType::W8A8 => "W8A8",
+            QuantType::W8A8Dynamic => "W8A8-Dynamic",
+            QuantType::W4A8 => "W4A8",
+            QuantType::Mxfp4 => "MXFP4",
+            QuantType::Mxfp8 => "MXFP8",
+            QuantType::W4A8Mxfp4 => "W4A8MXFP4",
+            QuantType::W4A16 => "W4A16",
+            QuantType::W4A16Mxfp4 => "W4A16MXFP4",
+        }
+    }
+
+    /// The quant type named `name` (ASCII case-insensitive, trimmed; `_` counts as `-`, as
+    /// in vLLM's `W8A8_DYNAMIC`).
+    pub fn from_name(name: &str) -> Option<QuantType> {
+        let n = name.trim().as_bytes();
+        let same = |a: &[u8], b: &[u8]| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    let x = if *x == b'_' { b'-' } else { *x };
+                    x.eq_ignore_ascii_case(y)
+                })
+        };
+        QuantType::ALL
+            .into_iter()
+            .find(|q| same(n, q.name().as_bytes()))
+    }
+
+    /// The dtype the expert matmuls run in, for the time model: the activation side of the
+    /// quant type (int8 for the W8A8 and W4A8 families, fp8 for MXFP8, fp4 for MXFP4, bf16 for
+    /// unquantised and weight-only types).
+    pub const fn compute_dtype(self) -> Dtype {
+        match self {
+            QuantType::W8A8 | QuantType::W8A8Dynamic | QuantType::W4A8 | QuantType::W4A8Mxfp4 => {
+                Dtype::Int8
+            }
+            QuantType::Mxfp8 => Dtype::Fp8,
+            QuantType::Mxfp4 => Dtype::Fp4,
+            QuantType::None | QuantType::W4A16 | QuantType::W4A16Mxfp4 => Dtype::Bf16,
+        }
+    }
+
+    /// The quant type of `model`'s published checkpoint as the catalogue records it: `none`
+    /// for an unquantised (bf16) checkpoint, else W8A8, what Ascend deployments of the large
+    /// models run ([`ModelSpec::checkpoint_unquantised`]).
+    pub const fn checkpoint(model: &ModelSpec) -> QuantType {
+        if model.checkpoint_unquantised() {
+            QuantType::None
+        } else {
+            QuantType::W8A8
+        }
+    }
+}
+
+impl core::fmt::Display for QuantType {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One rank's chip (a die on A2 and A3, a device on 950 and NVIDIA): peak rates and latencies.
 /// Bandwidths are bytes per second per rank per direction; every field can be overridden.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,25 +265,33 @@ impl Hardware {
         }
     }
 
-    /// Checks every number: rates finite and `> 0` (fp4 may be `0`), times finite and `>= 0`.
+    /// Checks every number by the rules of [`crate::settings`]: peaks in `[1e9, 1e18]` FLOP/s
+    /// (fp4 may be `0`), bandwidths in `[1e6, 1e15]` bytes/s, times in `[0, 60000]` ms.
     pub fn check(&self) -> Result<(), Error> {
-        positive("hardware bf16 peak", self.flops_bf16)?;
-        positive("hardware 8-bit peak", self.flops_8bit)?;
-        non_negative("hardware fp4 peak", self.flops_fp4)?;
-        positive("hardware HBM bandwidth", self.hbm_bytes_per_s)?;
-        positive("hardware intra-node bandwidth", self.intra_node_bytes_per_s)?;
-        positive("hardware inter-node bandwidth", self.inter_node_bytes_per_s)?;
-        non_negative("hardware layer overhead", self.layer_overhead_ms)?;
-        non_negative("hardware collective latency", self.collective_ms)?;
+        use crate::settings::{bytes_per_s, duration_ms, flops};
+        flops("hardware bf16 peak", self.flops_bf16, false)?;
+        flops("hardware 8-bit peak", self.flops_8bit, false)?;
+        flops("hardware fp4 peak", self.flops_fp4, true)?;
+        bytes_per_s("hardware HBM bandwidth", self.hbm_bytes_per_s)?;
+        bytes_per_s("hardware intra-node bandwidth", self.intra_node_bytes_per_s)?;
+        bytes_per_s("hardware inter-node bandwidth", self.inter_node_bytes_per_s)?;
+        duration_ms("hardware layer overhead", self.layer_overhead_ms)?;
+        duration_ms("hardware collective latency", self.collective_ms)?;
         Ok(())
     }
 }
 
-/// The MoE shape of a model (the numbers of its `config.json`) and its default compute dtype.
+/// The MoE shape of a model (the numbers of its `config.json`) and its default compute dtype:
+/// one entry of the model catalogue ([`ModelSpec::ALL`], the one table every tool and the
+/// runtime read; `docs/time-model.md`'s table is tested against it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ModelSpec {
-    /// Preset name (lower case).
+    /// Preset name (lower case): the name the command line and `eplb_payoff_gate` take.
     pub name: &'static str,
+    /// The model's display name (`DeepSeek-V3/R1`).
+    pub label: &'static str,
+    /// Other names [`ModelSpec::from_name`] accepts (lower case).
+    pub aliases: &'static [&'static str],
     /// Hidden size `H`.
     pub hidden: u32,
     /// Expert intermediate size `I` (`moe_intermediate_size`).
@@ -194,7 +304,10 @@ pub struct ModelSpec {
     pub moe_layers: u16,
     /// Shared experts per MoE layer (same intermediate size as a routed expert).
     pub shared_experts: u16,
-    /// Default compute dtype of the preset's quant type.
+    /// Default compute dtype of the preset's quant type. It also says what the published
+    /// checkpoint is: [`Dtype::Bf16`] for an unquantised checkpoint (quant type `none`), else
+    /// the dtype of W8A8, which Ascend deployments of the large models run
+    /// ([`ModelSpec::checkpoint_unquantised`]).
     pub dtype: Dtype,
 }
 
@@ -219,6 +332,12 @@ impl ModelSpec {
             });
         }
         Ok(())
+    }
+
+    /// Whether the preset's published checkpoint is unquantised (bf16): its experts are then
+    /// priced at quant type `none` unless a quant type is given.
+    pub const fn checkpoint_unquantised(&self) -> bool {
+        matches!(self.dtype, Dtype::Bf16)
     }
 
     /// FLOPs of one token through one expert: `6 * H * I`.
@@ -322,7 +441,7 @@ impl TimeModel {
     pub fn check(&self) -> Result<(), Error> {
         self.hardware.check()?;
         self.model.check()?;
-        positive("tokens per rank", self.tokens_per_rank)?;
+        crate::settings::tokens_per_rank(self.tokens_per_rank)?;
         non_negative("expert bytes", self.expert_bytes)?;
         if self.ranks_per_node == Some(0) {
             return Err(Error::ZeroDimension {

@@ -160,6 +160,8 @@ impl ModelSpec {
     /// dense), 1 shared expert; W8A8 on Ascend (int8).
     pub const DEEPSEEK_V3: ModelSpec = ModelSpec {
         name: "deepseek-v3",
+        label: "DeepSeek-V3/R1",
+        aliases: &["deepseek-r1", "dsv3", "dsr1"],
         hidden: 7168,
         intermediate: 2048,
         experts: 256,
@@ -173,6 +175,8 @@ impl ModelSpec {
     /// 1 shared expert; W8A8 (int8).
     pub const KIMI_K2: ModelSpec = ModelSpec {
         name: "kimi-k2",
+        label: "Kimi-K2",
+        aliases: &["kimi"],
         hidden: 7168,
         intermediate: 2048,
         experts: 384,
@@ -186,6 +190,8 @@ impl ModelSpec {
     /// W8A8 (int8).
     pub const QWEN3_235B: ModelSpec = ModelSpec {
         name: "qwen3-235b",
+        label: "Qwen3-235B-A22B",
+        aliases: &["qwen3-235b-a22b"],
         hidden: 4096,
         intermediate: 1536,
         experts: 128,
@@ -199,6 +205,8 @@ impl ModelSpec {
     /// W8A8 (int8).
     pub const QWEN3_30B: ModelSpec = ModelSpec {
         name: "qwen3-30b",
+        label: "Qwen3-30B-A3B",
+        aliases: &["qwen3-30b-a3b"],
         hidden: 2048,
         intermediate: 768,
         experts: 128,
@@ -212,6 +220,8 @@ impl ModelSpec {
     /// dense), 2 shared experts; bf16 checkpoint.
     pub const DEEPSEEK_V2_LITE: ModelSpec = ModelSpec {
         name: "deepseek-v2-lite",
+        label: "DeepSeek-V2-Lite",
+        aliases: &["dsv2-lite"],
         hidden: 2048,
         intermediate: 1408,
         experts: 64,
@@ -224,6 +234,8 @@ impl ModelSpec {
     /// Mixtral-8x7B: H 4096, I 14336, 8 experts, top-2, 32 MoE layers, no shared expert; bf16.
     pub const MIXTRAL_8X7B: ModelSpec = ModelSpec {
         name: "mixtral-8x7b",
+        label: "Mixtral-8x7B",
+        aliases: &["mixtral", "mixtral-8x7b-v0.1"],
         hidden: 4096,
         intermediate: 14336,
         experts: 8,
@@ -243,23 +255,13 @@ impl ModelSpec {
         ModelSpec::MIXTRAL_8X7B,
     ];
 
-    /// The preset named `name` or one of its aliases (ASCII case-insensitive, trimmed):
-    /// `deepseek-v3` (`deepseek-r1`, `dsv3`, `dsr1`), `kimi-k2` (`kimi`), `qwen3-235b`
-    /// (`qwen3-235b-a22b`), `qwen3-30b` (`qwen3-30b-a3b`), `deepseek-v2-lite` (`dsv2-lite`),
-    /// `mixtral-8x7b` (`mixtral`).
+    /// The preset named `name` or one of its aliases (ASCII case-insensitive, trimmed): the
+    /// names and aliases of [`ModelSpec::ALL`].
     pub fn from_name(name: &str) -> Option<ModelSpec> {
-        const ALIASES: [(&str, ModelSpec); 9] = [
-            ("deepseek-r1", ModelSpec::DEEPSEEK_V3),
-            ("dsv3", ModelSpec::DEEPSEEK_V3),
-            ("dsr1", ModelSpec::DEEPSEEK_V3),
-            ("kimi", ModelSpec::KIMI_K2),
-            ("qwen3-235b-a22b", ModelSpec::QWEN3_235B),
-            ("qwen3-30b-a3b", ModelSpec::QWEN3_30B),
-            ("dsv2-lite", ModelSpec::DEEPSEEK_V2_LITE),
-            ("mixtral", ModelSpec::MIXTRAL_8X7B),
-            ("mixtral-8x7b-v0.1", ModelSpec::MIXTRAL_8X7B),
-        ];
-        lookup(name, ModelSpec::ALL.iter().map(|m| (m.name, *m)), ALIASES)
+        let n = name.trim();
+        ModelSpec::ALL.into_iter().find(|m| {
+            m.name.eq_ignore_ascii_case(n) || m.aliases.iter().any(|a| a.eq_ignore_ascii_case(n))
+        })
     }
 }
 

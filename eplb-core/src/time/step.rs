@@ -469,7 +469,7 @@ impl Topology {
                 what: "scale-up domain ranks",
             });
         }
-        positive("scale-up domain bandwidth", self.domain_bytes_per_s)?;
+        crate::settings::bytes_per_s("scale-up domain bandwidth", self.domain_bytes_per_s)?;
         positive("link efficiency", self.link_efficiency)?;
         if self.link_efficiency > 1.0 {
             return Err(Error::BadParameter {
@@ -477,12 +477,12 @@ impl Topology {
                 requirement: "at most 1",
             });
         }
-        non_negative(
+        crate::settings::duration_ms(
             "all-to-all latency inside a node",
             self.a2a_latency_intra_ms,
         )?;
-        non_negative("all-to-all latency across nodes", self.a2a_latency_inter_ms)?;
-        non_negative("host overhead", self.host_ms)?;
+        crate::settings::duration_ms("all-to-all latency across nodes", self.a2a_latency_inter_ms)?;
+        crate::settings::duration_ms("host overhead", self.host_ms)?;
         non_negative("communication SM share", self.comm_sm_share)?;
         if self.comm_sm_share >= 1.0 {
             return Err(Error::BadParameter {

@@ -310,7 +310,7 @@ fn bad_inputs_are_errors() {
             } = bad;
             let got = b.layer_time(0, 32, 8, &w);
             assert!(
-                matches!(got, Err(Error::BadParameter { .. })),
+                matches!(got, Err(Error::BadParameter { .. } | Error::Setting(_))),
                 "{field}: {got:?}"
             );
         }

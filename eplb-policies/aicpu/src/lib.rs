@@ -1131,6 +1131,8 @@ fn gate_of(g: &EplbAicpuGate, shape: &Shape) -> Result<Gate, Fail> {
         hardware,
         model: ModelSpec {
             name: "aicpu",
+            label: "aicpu",
+            aliases: &[],
             hidden: g.hidden,
             intermediate: g.intermediate,
             experts,

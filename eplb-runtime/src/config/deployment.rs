@@ -186,28 +186,9 @@ impl FromStr for Hardware {
     }
 }
 
-/// The quantisation of the MoE expert weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuantType {
-    /// Unquantised (bf16 / fp16) weights.
-    None,
-    /// Static W8A8: int8 weights, fp32 per-channel scales.
-    W8A8,
-    /// Dynamic W8A8: int8 weights, fp32 per-channel scales.
-    W8A8Dynamic,
-    /// W4A8: int4 weights, fp32 per-channel scales and scale biases.
-    W4A8,
-    /// MXFP4: fp4 weights, one 8-bit block scale per 32 elements.
-    Mxfp4,
-    /// MXFP8: fp8 weights, one 8-bit block scale per 32 elements.
-    Mxfp8,
-    /// W4A8 with MXFP4 weights (not supported by EPLB).
-    W4A8Mxfp4,
-    /// W4A16 (not supported by EPLB).
-    W4A16,
-    /// W4A16 with MXFP4 weights (not supported by EPLB).
-    W4A16Mxfp4,
-}
+/// The MoE quant type: one of the model facts of the time model's catalogue
+/// ([`eplb_core::time::QuantType`]), re-exported where the deployment facts name it.
+pub use eplb_core::time::QuantType;
 
 const QUANT_NAMES: [&str; 9] = [
     "none",
@@ -221,77 +202,18 @@ const QUANT_NAMES: [&str; 9] = [
     "W4A16MXFP4",
 ];
 
-impl QuantType {
-    /// The dtype the expert matmuls run in, for the time model: the activation side of the
-    /// quant type (int8 for the W8A8 and W4A8 families, fp8 for MXFP8, fp4 for MXFP4, bf16 for
-    /// unquantised and weight-only types).
-    pub fn compute_dtype(self) -> eplb_core::time::Dtype {
-        use eplb_core::time::Dtype;
-        match self {
-            QuantType::W8A8 | QuantType::W8A8Dynamic | QuantType::W4A8 | QuantType::W4A8Mxfp4 => {
-                Dtype::Int8
-            }
-            QuantType::Mxfp8 => Dtype::Fp8,
-            QuantType::Mxfp4 => Dtype::Fp4,
-            QuantType::None | QuantType::W4A16 | QuantType::W4A16Mxfp4 => Dtype::Bf16,
-        }
-    }
-
-    /// Every quant type, in table order.
-    pub const ALL: [QuantType; 9] = [
-        QuantType::None,
-        QuantType::W8A8,
-        QuantType::W8A8Dynamic,
-        QuantType::W4A8,
-        QuantType::Mxfp4,
-        QuantType::Mxfp8,
-        QuantType::W4A8Mxfp4,
-        QuantType::W4A16,
-        QuantType::W4A16Mxfp4,
-    ];
-
-    /// `none`, `W8A8`, `W8A8-Dynamic`, `W4A8`, `MXFP4`, `MXFP8`, `W4A8MXFP4`, `W4A16` or
-    /// `W4A16MXFP4`.
-    pub fn name(self) -> &'static str {
-        match self {
-            QuantType::None => "none",
-            QuantType::W8A8 => "W8A8",
-            QuantType::W8A8Dynamic => "W8A8-Dynamic",
-            QuantType::W4A8 => "W4A8",
-            QuantType::Mxfp4 => "MXFP4",
-            QuantType::Mxfp8 => "MXFP8",
-            QuantType::W4A8Mxfp4 => "W4A8MXFP4",
-            QuantType::W4A16 => "W4A16",
-            QuantType::W4A16Mxfp4 => "W4A16MXFP4",
-        }
-    }
-
-    /// Whether EPLB is explicitly unsupported with this type on the 950 products.
-    pub fn unsupported_on_950(self) -> bool {
-        matches!(
-            self,
-            QuantType::W4A8Mxfp4 | QuantType::W4A16 | QuantType::W4A16Mxfp4
-        )
-    }
+/// The quant type named `s` ([`QuantType::from_name`]: case-insensitive, `_` counts as `-`,
+/// vLLM's `W8A8_DYNAMIC`); an unknown name lists the quant types and suggests the closest.
+pub fn parse_quant(s: &str) -> Result<QuantType, UnknownName> {
+    QuantType::from_name(s).ok_or_else(|| UnknownName::new("quant type", s, &QUANT_NAMES))
 }
 
-impl fmt::Display for QuantType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for QuantType {
-    type Err = UnknownName;
-
-    /// Case-insensitive; `_` counts as `-` (vLLM's `W8A8_DYNAMIC`).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().replace('_', "-");
-        QuantType::ALL
-            .into_iter()
-            .find(|q| q.name().eq_ignore_ascii_case(&t))
-            .ok_or_else(|| UnknownName::new("quant type", s, &QUANT_NAMES))
-    }
+/// Whether EPLB is explicitly unsupported with `q` on the 950 products.
+pub fn unsupported_on_950(q: QuantType) -> bool {
+    matches!(
+        q,
+        QuantType::W4A8Mxfp4 | QuantType::W4A16 | QuantType::W4A16Mxfp4
+    )
 }
 
 /// What a node does in a disaggregated (or co-located) deployment.
@@ -440,7 +362,7 @@ impl fmt::Display for DeploymentError {
                     )?,
                 }
                 let why = match quant {
-                    q if q.unsupported_on_950() => {
+                    q if unsupported_on_950(*q) => {
                         " (W4A8MXFP4, W4A16 and W4A16MXFP4 are explicitly unsupported on the 950 products and not supported on A2/A3)"
                     }
                     QuantType::W4A8 if !fused_mc2 => {
@@ -553,14 +475,15 @@ fn render(v: &Value) -> String {
     }
 }
 
-fn name_of<T: FromStr<Err = UnknownName>>(
+fn name_of<T>(
     key: &'static str,
     expected: &'static str,
+    parse: fn(&str) -> Result<T, UnknownName>,
     v: &Value,
     errs: &mut Vec<DeploymentError>,
 ) -> Option<T> {
     match v {
-        Value::String(s) => match s.parse::<T>() {
+        Value::String(s) => match parse(s) {
             Ok(t) => Some(t),
             Err(name) => {
                 errs.push(DeploymentError::UnknownValue { key, name });
@@ -631,12 +554,19 @@ impl Deployment {
             d.hardware = name_of(
                 "hardware",
                 "a string (\"A2\", \"A3\", \"950PR\" or \"950DT\")",
+                str::parse::<Hardware>,
                 v,
                 &mut errs,
             );
         }
         if let Some(v) = get("quant_type") {
-            d.quant_type = name_of("quant_type", "a quant type string", v, &mut errs);
+            d.quant_type = name_of(
+                "quant_type",
+                "a quant type string",
+                parse_quant,
+                v,
+                &mut errs,
+            );
         }
         if let Some(v) = get("fused_mc2") {
             match v {
@@ -652,6 +582,7 @@ impl Deployment {
             d.role = name_of(
                 "role",
                 "a string (\"prefill\", \"decode\" or \"colocated\")",
+                str::parse::<Role>,
                 v,
                 &mut errs,
             );
@@ -934,12 +865,9 @@ mod tests {
         }
         assert_eq!("Ascend950DT".parse::<Hardware>(), Ok(Hardware::Ascend950Dt));
         for q in QuantType::ALL {
-            assert_eq!(q.name().parse::<QuantType>(), Ok(q));
+            assert_eq!(parse_quant(q.name()), Ok(q));
         }
-        assert_eq!(
-            "W8A8_DYNAMIC".parse::<QuantType>(),
-            Ok(QuantType::W8A8Dynamic)
-        );
+        assert_eq!(parse_quant("W8A8_DYNAMIC"), Ok(QuantType::W8A8Dynamic));
         for r in Role::ALL {
             assert_eq!(r.name().parse::<Role>(), Ok(r));
         }

@@ -64,12 +64,14 @@ pub enum ConfigError {
         /// The value given, as JSON (shortened when long).
         got: String,
     },
-    /// `expert_heat_collection_interval` or `algorithm_execution_interval` below 1.
-    IntervalTooSmall {
-        /// The key.
+    /// A numeric setting out of the range its one rule allows
+    /// ([`eplb_core::settings`]: the CLI, `check-config`, the runtime and the Python package
+    /// refuse the same value with the same words).
+    Setting {
+        /// The key's path (`expert_heat_collection_interval`, `eplb_payoff_gate.tokens_per_rank`).
         key: &'static str,
-        /// The value given.
-        got: i64,
+        /// The rule broken.
+        error: eplb_core::SettingError,
     },
     /// A negative value for a count (`num_redundant_experts`, `eplb_policy_seed`).
     Negative {
@@ -260,13 +262,7 @@ impl fmt::Display for ConfigError {
             ConfigError::WrongType { key, expected, got } => {
                 write!(f, "eplb_config.{key}: expected {expected}, got {got}")
             }
-            ConfigError::IntervalTooSmall { key, got } => {
-                write!(f, "eplb_config.{key}: must be at least 1, got {got}")?;
-                if *got == 0 {
-                    write!(f, " (zero hangs the cycle)")?;
-                }
-                Ok(())
-            }
+            ConfigError::Setting { key, error } => write!(f, "eplb_config.{key}: {error}"),
             ConfigError::Negative { key, got } => {
                 write!(f, "eplb_config.{key}: must be at least 0, got {got}")
             }
