@@ -230,12 +230,14 @@ _SIMULATE_OPTIONS = frozenset({
 })
 
 
-#: simulate's integer options and their largest values (the native layer's types).
+#: simulate's counts that have one rule each (`eplb_core::settings`): only checked to be
+#: integers here (of the native layer's i64); their range is the rule's, applied by the native
+#: layer with the CLI's words.
+_SIMULATE_RULED = {
+    k: (-(2**63), 2**63 - 1) for k in ("ranks", "redundant", "heat_interval", "algo_interval")
+}
+#: simulate's other integer options and their largest values (the native layer's types).
 _SIMULATE_COUNTS = {
-    "ranks": 2**16 - 1,
-    "redundant": 2**32 - 1,
-    "heat_interval": 2**32 - 1,
-    "algo_interval": 2**32 - 1,
     "ranks_per_node": 2**16 - 1,
     "groups": 2**16 - 1,
     "seed": MAX_SEED,
@@ -287,6 +289,9 @@ def simulate(trace, **options) -> dict:
     kw["params"] = [(str(k), _param(k, v)) for k, v in params.items()]
     if isinstance(kw["policy"], int) and not isinstance(kw["policy"], bool):
         kw["policy"] = str(kw["policy"])  # 0..4, as `Policy(4, ...)` and `--policy 4`
+    for key, (lo, hi) in _SIMULATE_RULED.items():
+        if key in kw:
+            kw[key] = integer(kw[key], f"simulate: {key}", lo=lo, hi=hi)
     for key, hi in _SIMULATE_COUNTS.items():
         if key in kw:
             kw[key] = integer(kw[key], f"simulate: {key}", hi=hi)
