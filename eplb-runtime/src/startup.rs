@@ -597,4 +597,50 @@ mod tests {
         assert!(dir.is_dir());
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    #[test]
+    fn a_joining_rank_starts_from_its_peers_placement_with_empty_rows() {
+        use crate::transport::host::{HostTransport, HostWorld};
+        use eplb_core::{EMPTY, LiveSet};
+        let cfg = EplbConfig::from_json_str(
+            r#"{"dynamic_eplb": true, "num_redundant_experts": 2}"#,
+            &env(),
+        )
+        .unwrap();
+        let (shape, mut p) = startup(&cfg, &model()).unwrap();
+        let s = shape.slots_per_rank();
+        // The peers retired rank 1's rows when it left.
+        for layer in p.chunks_exact_mut(shape.slots_per_layer()) {
+            layer[s..2 * s].fill(EMPTY);
+        }
+        let without = LiveSet::all(2).unwrap().without(&[1]).unwrap();
+        let endpoint = || {
+            let rows = vec![vec![EMPTY; s]; shape.layers()];
+            HostTransport::new(
+                HostWorld::new(2, std::time::Duration::from_secs(1)),
+                1,
+                &rows,
+                8,
+            )
+        };
+        let c = joining_controller(&cfg, &model(), endpoint(), &p, &without).unwrap();
+        assert_eq!(c.placement(), p.as_slice());
+        assert_eq!(c.live().iter().collect::<Vec<_>>(), [0]);
+        assert!(c.expert_map(0).iter().all(|&slot| slot == -1));
+        // Handed a live set that holds it, or a placement that keeps its rows: refused.
+        let all = LiveSet::all(2).unwrap();
+        let e = joining_controller(&cfg, &model(), endpoint(), &p, &all)
+            .err()
+            .unwrap();
+        assert!(matches!(e, StartError::AlreadyLive { rank: 1 }), "{e}");
+        let (_, kept) = startup(&cfg, &model()).unwrap();
+        let e = joining_controller(&cfg, &model(), endpoint(), &kept, &without)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("rank 1 is not live but holds expert"),
+            "{e}"
+        );
+    }
 }

@@ -470,15 +470,14 @@ class Runtime:
             group = dist.group.WORLD
         text, is_path = _config_arg(config)
         ws, device, expert_bytes = _check_weights(weights, int(layers))
-        joining = placement is not None or live is not None
-        if joining:
+        peers: Optional[list[int]] = None
+        if placement is not None or live is not None:
             rank, ranks, placement, peers = _joiner(placement, live, rank, ws, group)
         else:
             ranks = dist.get_world_size(group)
             rank = dist.get_rank(group)
             if rank < 0:
                 raise EplbError("this process is not a member of the group")
-            peers = None
         self._transport = _TorchTransport(rank, ranks, int(experts), group, ws, device, timeout)
         if peers is not None:
             # The group spans the new live set; the controller adopts it at add_ranks.
