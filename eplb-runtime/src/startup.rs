@@ -52,6 +52,11 @@ pub enum StartError {
     Gate(eplb_core::Error),
     /// The controller refused its start (a transport that does not match the shape).
     Controller(MachineError),
+    /// A rank that joins ([`joining_controller`]) was handed a live set that holds it.
+    AlreadyLive {
+        /// The joining rank.
+        rank: usize,
+    },
 }
 
 impl fmt::Display for StartError {
@@ -65,6 +70,11 @@ impl fmt::Display for StartError {
             StartError::Payload(e) => write!(f, "eplb_payoff_gate: {e}"),
             StartError::Gate(e) => write!(f, "eplb_payoff_gate: {e}"),
             StartError::Controller(e) => e.fmt(f),
+            StartError::AlreadyLive { rank } => write!(
+                f,
+                "rank {rank} joins, but the live set it was handed holds it already (hand over \
+                 the peers' live ranks, without the joining one)"
+            ),
         }
     }
 }
@@ -80,6 +90,7 @@ impl std::error::Error for StartError {
             StartError::Payload(e) => Some(e),
             StartError::Gate(e) => Some(e),
             StartError::Controller(e) => Some(e),
+            StartError::AlreadyLive { .. } => None,
         }
     }
 }
@@ -112,13 +123,46 @@ pub fn controller<T: Transport>(
     transport: T,
 ) -> Result<Controller<T>, StartError> {
     let (shape, placement) = startup(cfg, model)?;
+    let placement = eplb_core::Placement::new(shape, &placement).map_err(MachineError::from)?;
+    build(cfg, model, transport, placement)
+}
+
+/// The controller of a rank that comes back (elastic EP): as [`controller`], but it starts from
+/// `placement`, the placement its peers hold at the iteration it joins (the engine hands it
+/// over: a live rank's `Controller::placement`, `EMPTY` in the rows of every rank outside
+/// `live`, this one's included), with `live` the peers' live set (without this rank). Its slots
+/// hold nothing routable until a walk fills them; the engine then tells every rank of the new
+/// set, this one too, `Controller::add_ranks(&[rank])` at the same iteration.
+pub fn joining_controller<T: Transport>(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+    transport: T,
+    placement: &[u16],
+    live: &eplb_core::LiveSet,
+) -> Result<Controller<T>, StartError> {
+    let (shape, _) = startup(cfg, model)?;
+    let rank = transport.rank();
+    if live.contains(rank) {
+        return Err(StartError::AlreadyLive { rank });
+    }
+    let placement =
+        eplb_core::Placement::with_live(shape, placement, live).map_err(MachineError::from)?;
+    build(cfg, model, transport, placement)
+}
+
+fn build<T: Transport>(
+    cfg: &EplbConfig,
+    model: &ModelInfo,
+    transport: T,
+    placement: eplb_core::Placement<'_>,
+) -> Result<Controller<T>, StartError> {
+    let shape = *placement.shape();
     let ccfg = controller_config(cfg, model)?;
     let policy = crate::policies::policy_for(cfg.policy());
     let gate = payoff_gate(cfg, model)?;
     let planner = Arc::new(Planner::with_gate(policy, shape, gate));
     let rank = transport.rank();
     let record = ccfg.machine.mode == RunMode::Record;
-    let placement = eplb_core::Placement::new(shape, &placement).map_err(MachineError::from)?;
     let mut c = Controller::new(placement, ccfg, transport, planner)?;
     if record
         && rank == 0
@@ -552,5 +596,51 @@ mod tests {
         assert!(e.to_string().contains("a directory"), "{e}");
         assert!(dir.is_dir());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_joining_rank_starts_from_its_peers_placement_with_empty_rows() {
+        use crate::transport::host::{HostTransport, HostWorld};
+        use eplb_core::{EMPTY, LiveSet};
+        let cfg = EplbConfig::from_json_str(
+            r#"{"dynamic_eplb": true, "num_redundant_experts": 2}"#,
+            &env(),
+        )
+        .unwrap();
+        let (shape, mut p) = startup(&cfg, &model()).unwrap();
+        let s = shape.slots_per_rank();
+        // The peers retired rank 1's rows when it left.
+        for layer in p.chunks_exact_mut(shape.slots_per_layer()) {
+            layer[s..2 * s].fill(EMPTY);
+        }
+        let without = LiveSet::all(2).unwrap().without(&[1]).unwrap();
+        let endpoint = || {
+            let rows = vec![vec![EMPTY; s]; shape.layers()];
+            HostTransport::new(
+                HostWorld::new(2, std::time::Duration::from_secs(1)),
+                1,
+                &rows,
+                8,
+            )
+        };
+        let c = joining_controller(&cfg, &model(), endpoint(), &p, &without).unwrap();
+        assert_eq!(c.placement(), p.as_slice());
+        assert_eq!(c.live().iter().collect::<Vec<_>>(), [0]);
+        assert!(c.expert_map(0).iter().all(|&slot| slot == -1));
+        // Handed a live set that holds it, or a placement that keeps its rows: refused.
+        let all = LiveSet::all(2).unwrap();
+        let e = joining_controller(&cfg, &model(), endpoint(), &p, &all)
+            .err()
+            .unwrap();
+        assert!(matches!(e, StartError::AlreadyLive { rank: 1 }), "{e}");
+        let (_, kept) = startup(&cfg, &model()).unwrap();
+        let e = joining_controller(&cfg, &model(), endpoint(), &kept, &without)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("rank 1 is not live but holds expert"),
+            "{e}"
+        );
     }
 }

@@ -219,6 +219,8 @@ class NativeRuntime:
         max_num_seqs: int = 256,
         speculative_tokens: int = 0,
         tp_size: int = 1,
+        placement: Optional[Any] = None,
+        live: Optional[list[int]] = None,
     ) -> NativeRuntime: ...
     @property
     def mode(self) -> str: ...

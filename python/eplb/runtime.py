@@ -144,6 +144,15 @@ class _TorchTransport:
         self.group_rank = {q: i for i, q in enumerate(ranks)}
         self.pending_groups.clear()
 
+    def gather_on(self, group: Any, size: int, words: np.ndarray) -> np.ndarray:
+        """``words`` of every rank of ``group`` (``size`` ranks), ``[size, len(words)]``."""
+        torch = _torch()
+        dist = _dist()
+        t = torch.from_numpy(np.ascontiguousarray(words).view(np.int64)).to(self.coll_device)
+        out = torch.empty(size * t.numel(), dtype=torch.int64, device=self.coll_device)
+        dist.all_gather_into_tensor(out, t, group=group)
+        return np.ascontiguousarray(out.cpu().numpy()).view(np.uint64).reshape(size, -1)
+
     def replace_group(self, group: Any) -> None:
         dist = _dist()
         size, me = dist.get_world_size(group), dist.get_rank(group)
@@ -284,6 +293,59 @@ class _TorchTransport:
         self.launched_at.pop(plan.layer, None)
 
 
+def _joiner(
+    placement: Any, live: Optional[Sequence[int]], rank: Optional[int], ws: list[list[Any]],
+    group: Any,
+) -> tuple[int, int, np.ndarray, list[int]]:
+    """A rank that comes back: its EP rank, the number of EP ranks (the placement's width over
+    this rank's slots), the placement as an int64 array, and its peers' live ranks."""
+    dist = _dist()
+    if placement is None or live is None:
+        raise EplbError(
+            "placement and live go together: a rank that comes back is given both (the peers' "
+            "placement() and live())"
+        )
+    p = np.asarray(placement)
+    if p.ndim != 2:
+        raise EplbError(
+            f"placement: expected [layers, ranks * slots] (the peers' placement()), got shape "
+            f"{list(p.shape)}"
+        )
+    slots = int(ws[0][0].shape[0])
+    if slots <= 0 or p.shape[1] % slots:
+        raise EplbError(
+            f"placement: {p.shape[1]} slots per layer is not a multiple of this rank's {slots} "
+            "slots (the weights' first dimension)"
+        )
+    ranks = p.shape[1] // slots
+    peers = sorted(int(q) for q in live)
+    if rank is None:
+        missing = [q for q in range(ranks) if q not in peers]
+        if len(missing) != 1:
+            raise EplbError(
+                f"rank: the live ranks {peers} of {ranks} leave {missing} out; pass rank= (this "
+                "process's EP rank)"
+            )
+        rank = missing[0]
+    rank = int(rank)
+    if not 0 <= rank < ranks:
+        raise EplbError(f"rank {rank} is not below the number of ranks {ranks}")
+    if rank in peers:
+        raise EplbError(
+            f"live: {peers} holds rank {rank}, the one that joins (hand over the peers' live "
+            "ranks, without it)"
+        )
+    new = sorted(peers + [rank])
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    if size != len(new) or me != new.index(rank):
+        raise EplbError(
+            f"rank {rank}: the group has {size} ranks and this process is its rank {me}; the "
+            f"live EP ranks after the join are {new} (expected {len(new)} ranks, this one at "
+            f"{new.index(rank)})"
+        )
+    return rank, ranks, np.ascontiguousarray(p, dtype=np.int64), peers
+
+
 def _config_arg(config: Any) -> tuple[str, bool]:
     if isinstance(config, dict):
         return json.dumps(config), False
@@ -372,6 +434,16 @@ class Runtime:
     Construction checks the config, the weights and the group, then runs one handshake
     collective: every rank must start from the same shape and placement. Any mismatch raises
     :class:`eplb.EplbError`.
+
+    A rank that comes back (a restarted process, elastic EP) passes ``placement``: the
+    ``[layers, ranks * slots]`` array its peers' :meth:`placement` returns at the iteration it
+    joins (the engine hands it over), and ``live``: the peers' :meth:`live` ranks, without this
+    one; ``rank``: its EP rank (by default the one EP rank missing from ``live``). ``group`` is
+    then the process group of the new live set (``live`` and this rank, EP order). It starts
+    from that placement with empty rows of its own (nothing is routed to its slots until a walk
+    fills them), runs no construction handshake (its peers are not constructing), and every
+    rank of the new set, this one included, calls :meth:`add_ranks` at the same iteration, where
+    the handshake runs on the new group. ``docs/torch.md`` shows the whole sequence.
     """
 
     def __init__(
@@ -387,19 +459,30 @@ class Runtime:
         speculative_tokens: int = 0,
         tp_size: int = 1,
         timeout: Optional[float] = None,
+        placement: Any = None,
+        live: Optional[Sequence[int]] = None,
+        rank: Optional[int] = None,
     ) -> None:
         dist = _dist()
         if not dist.is_available() or not dist.is_initialized():
             raise EplbError("torch.distributed is not initialized (init_process_group first)")
         if group is None:
             group = dist.group.WORLD
-        ranks = dist.get_world_size(group)
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise EplbError("this process is not a member of the group")
         text, is_path = _config_arg(config)
         ws, device, expert_bytes = _check_weights(weights, int(layers))
+        peers: Optional[list[int]] = None
+        if placement is not None or live is not None:
+            rank, ranks, placement, peers = _joiner(placement, live, rank, ws, group)
+        else:
+            ranks = dist.get_world_size(group)
+            rank = dist.get_rank(group)
+            if rank < 0:
+                raise EplbError("this process is not a member of the group")
         self._transport = _TorchTransport(rank, ranks, int(experts), group, ws, device, timeout)
+        if peers is not None:
+            # The group spans the new live set; the controller adopts it at add_ranks.
+            self._transport.live = sorted(peers + [rank])
+            self._transport.group_rank = {q: i for i, q in enumerate(self._transport.live)}
         self._native = NativeRuntime(
             text,
             is_path,
@@ -413,6 +496,8 @@ class Runtime:
             max_num_seqs=int(max_num_seqs),
             speculative_tokens=int(speculative_tokens),
             tp_size=int(tp_size),
+            placement=placement,
+            live=peers,
         )
         try:
             _, _, _, slots = self._native.shape_info
@@ -424,32 +509,42 @@ class Runtime:
                             f"dimension; the config gives this rank {slots} (experts {experts} "
                             f"+ redundant over {ranks} ranks)"
                         )
-            self._handshake(int(expert_bytes), len(ws[0]))
+            self._layout = (int(expert_bytes), len(ws[0]))
+            if peers is None:
+                self._handshake()
         except BaseException:
             self._native.close()
             raise
         self._slots = slots
-        self._proposed = list(range(ranks))
+        self._proposed = list(range(ranks)) if peers is None else sorted(peers)
 
-    def _handshake(self, expert_bytes: int, tensors: int) -> None:
+    def _handshake(self, group: Any = None, size: Optional[int] = None) -> None:
+        """Every rank of ``group`` (default: this runtime's, at construction) holds the same
+        shape, placement and weight layout; an ``EplbError`` on every rank otherwise."""
         layers, experts, ranks, slots = self._native.shape_info
+        expert_bytes, tensors = self._layout
         mine = np.array(
             [layers, experts, ranks, slots, self._native.placement_hash(), expert_bytes, tensors],
             dtype=np.uint64,
         )
+        what = "start-up" if group is None else "join"
         try:
-            rows = self._transport.all_gather(mine).reshape(ranks, -1)
+            if group is None:
+                rows = self._transport.all_gather(mine).reshape(ranks, -1)
+            else:
+                rows = self._transport.gather_on(group, size or 0, mine)
         except Exception as e:
             raise EplbError(
-                f"rank {self._transport.rank}: the start-up handshake failed ({e}); a rank did "
+                f"rank {self._transport.rank}: the {what} handshake failed ({e}); a rank did "
                 "not start (its own error says why) or the group is not the EP group"
             ) from e
-        bad = [q for q in range(ranks) if not (rows[q] == mine).all()]
+        bad = [q for q in range(rows.shape[0]) if not (rows[q] == mine).all()]
         if bad:
             raise EplbError(
-                f"rank {self._transport.rank}: ranks {bad} start from another shape, placement "
-                "or weight layout (layers, experts, ranks, slots, placement hash, expert bytes, "
-                f"tensors): {rows[bad[0]].tolist()} against this rank's {mine.tolist()}"
+                f"rank {self._transport.rank}: the {what} handshake: group ranks {bad} hold "
+                "another shape, placement or weight layout (layers, experts, ranks, slots, "
+                f"placement hash, expert bytes, tensors): {rows[bad[0]].tolist()} against this "
+                f"rank's {mine.tolist()}"
             )
 
     # --- the serving path ----------------------------------------------------------------
@@ -499,9 +594,23 @@ class Runtime:
         self._proposed = live
 
     def add_ranks(self, ranks: Sequence[int], *, group: Any) -> None:
-        """Adds ``ranks`` back; ``group`` spans the new live set (EP rank order)."""
+        """Adds ``ranks`` back; ``group`` spans the new live set (EP rank order). Call it on
+        every rank of the new set at the same iteration, before its ``after_forward``: the
+        peers and each rank that comes back (built with ``placement=`` and ``live=``). It first
+        runs the join handshake on ``group`` (every rank holds the same shape, placement and
+        weight layout; an ``EplbError`` on every rank otherwise, and nothing changes)."""
         back = sorted(int(q) for q in ranks)
         live = sorted(set(self._proposed) | set(back))
+        dist = _dist()
+        size, me = dist.get_world_size(group), dist.get_rank(group)
+        mine = self._transport.rank
+        if size != len(live) or me != live.index(mine):
+            raise EplbError(
+                f"rank {mine}: add_ranks: the group has {size} ranks and this process is its "
+                f"rank {me}; the new live EP ranks are {live} (expected {len(live)} ranks, this "
+                f"one at {live.index(mine)})"
+            )
+        self._handshake(group, size)
         self._native.add_ranks(back)
         self._transport.pending_groups[tuple(live)] = group
         self._proposed = live

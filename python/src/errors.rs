@@ -135,10 +135,12 @@ pub(crate) fn guarded_short<T: Send>(
     py: Python<'_>,
     f: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
-    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
-        Ok(r) => r.map_err(PyErr::from),
-        Err(panic) => Err(err(panic_message(panic.as_ref()))),
-    }
+    crate::logs::around(py, || {
+        match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+            Ok(r) => r.map_err(PyErr::from),
+            Err(panic) => Err(err(panic_message(panic.as_ref()))),
+        }
+    })
 }
 
 /// Runs `f` off the GIL ([`guarded_cancel`] for work that never looks at the cancel flag).
@@ -157,7 +159,15 @@ pub(crate) fn guarded<T: Send + 'static>(
 /// returns that exception at once, sets `f`'s [`Cancel`] flag, and leaves the worker to finish
 /// (or stop at its next look at the flag) in the background; its result is dropped. Hence
 /// `'static`: `f` owns what it reads (move the buffers in; share a lock through an `Arc`).
+/// The `log` records of the call reach Python's `logging` before it returns.
 pub(crate) fn guarded_cancel<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce(&Cancel) -> Result<T, Error> + Send + 'static,
+) -> PyResult<T> {
+    crate::logs::around(py, || run_guarded(py, f))
+}
+
+fn run_guarded<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce(&Cancel) -> Result<T, Error> + Send + 'static,
 ) -> PyResult<T> {

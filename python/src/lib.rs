@@ -6,7 +6,10 @@
 //! and maps every error to `eplb.EplbError` (a `ValueError`) carrying the Rust message, which
 //! names the layer, rank and expert where it can.
 //!
-//! Nothing here keeps a thread, a global or a clock: results are a pure function of the inputs
+//! The Rust crates' `log` records go to Python's `logging`, under the `eplb` logger
+//! ([`logs`]).
+//!
+//! Nothing here keeps a thread, a global (but the log bridge's queue) or a clock: results are a pure function of the inputs
 //! and the policy's settings and state, so every rank of an engine computes the same placement.
 //! A call's worker thread ends with the call (an interrupted call's, when its work stops).
 #![forbid(unsafe_code)]
@@ -14,6 +17,7 @@
 mod adapt;
 mod convert;
 mod errors;
+mod logs;
 mod maps;
 mod policy;
 mod runtime;
@@ -54,6 +58,7 @@ mod _native {
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        crate::logs::install(m.py());
         // An attribute, not an export: it stays out of `__all__`, so that the stubs (the
         // shipped module's) match the test build too.
         #[cfg(feature = "test-panic")]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use eplb_core::{EMPTY, LayerPlacement, LiveSet, Placement, ReplicaChoice, Shape};
 use eplb_runtime::config::{EplbConfig, Mode, ProcessEnv};
 use eplb_runtime::controller::{Controller, Events, Health};
-use eplb_runtime::startup::{ModelInfo, attach_metrics, controller, startup};
+use eplb_runtime::startup::{ModelInfo, attach_metrics, controller, joining_controller, startup};
 use eplb_runtime::transfer::{RankPlan, SlotSource};
 use eplb_runtime::transport::{Op, Site, Transport, TransportError};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
@@ -159,7 +159,8 @@ fn failure(py: Python<'_>, at: Site, e: &PyErr) -> TransportError {
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".into());
     let detail = format!("{kind}: {}", e.value(py));
-    // The engine's log sees it (the Rust runtime's own log lines do not reach Python's).
+    // The engine's log sees it at once, with the Python exception (the Rust runtime's own line
+    // about the fault follows, through `crate::logs`, when the call returns).
     let _ = py
         .import("logging")
         .and_then(|m| m.call_method1("getLogger", ("eplb.runtime",)))
@@ -303,6 +304,46 @@ enum Engine {
     Dynamic(Box<Controller<PyTransport>>),
     Fixed(Fixed),
     Closed,
+}
+
+/// The placement handed to a rank that comes back, `[layers, ranks * slots]` (-1: an empty
+/// slot), as `shape`'s ids.
+fn join_placement(shape: &Shape, dims: &[usize], ids: &[i64]) -> PyResult<Vec<u16>> {
+    let (l, per, n) = (shape.layers(), shape.slots_per_layer(), shape.experts());
+    if dims != [l, per] {
+        return Err(err(format!(
+            "placement: shape {dims:?}, expected [{l}, {per}] ([layers, ranks * slots]: what \
+             the peers' placement() returns)"
+        )));
+    }
+    let s = shape.slots_per_rank();
+    ids.iter()
+        .enumerate()
+        .map(|(i, &e)| match e {
+            -1 => Ok(EMPTY),
+            e if (0..n as i64).contains(&e) => Ok(e as u16),
+            e => Err(err(format!(
+                "placement: layer {}, rank {}, slot {}: {e} is neither an expert id (0..{n}) \
+                 nor -1 (an empty slot)",
+                i / per,
+                i % per / s,
+                i % s
+            ))),
+        })
+        .collect()
+}
+
+/// The peers' live ranks handed to a rank that comes back.
+fn live_set(shape: &Shape, ranks: &[usize]) -> PyResult<LiveSet> {
+    let r = shape.ranks();
+    if let Some(&q) = ranks.iter().find(|&&q| q >= r) {
+        return Err(err(format!(
+            "live: rank {q} is not below the number of ranks {r}"
+        )));
+    }
+    LiveSet::none(r)
+        .and_then(|l| l.with(ranks))
+        .map_err(|e| err(format!("live: {e}")))
 }
 
 /// The runtime of one rank (`eplb.runtime.Runtime` wraps it).
@@ -471,10 +512,11 @@ impl NativeRuntime {
     #[pyo3(signature = (
         config, config_is_path, *, layers, experts, ranks, rank, transport, expert_bytes,
         ranks_per_node = None, groups = 1, max_num_seqs = 256, speculative_tokens = 0,
-        tp_size = 1,
+        tp_size = 1, placement = None, live = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         config: &str,
         config_is_path: bool,
         layers: u16,
@@ -488,8 +530,21 @@ impl NativeRuntime {
         max_num_seqs: u32,
         speculative_tokens: u32,
         tp_size: u16,
+        placement: Option<&Bound<'_, PyAny>>,
+        live: Option<Vec<usize>>,
     ) -> PyResult<Self> {
-        no_panic(|| {
+        crate::logs::begin(py);
+        let join = match (placement, live) {
+            (None, None) => None,
+            (Some(p), Some(l)) => Some((crate::convert::read_ids(p, "placement", &[2])?, l)),
+            _ => {
+                return Err(err(
+                    "placement and live go together: a rank that comes back is given both \
+                     (the peers' placement and live ranks)",
+                ));
+            }
+        };
+        let made = no_panic(|| {
             let cfg = if config_is_path {
                 EplbConfig::from_file(&PathBuf::from(config), &ProcessEnv, None)
             } else {
@@ -524,12 +579,28 @@ impl NativeRuntime {
                         seq: 0,
                         cycle: Arc::clone(&cycle),
                     };
-                    let mut c = controller(&cfg, &model, t).map_err(|e| err(e.to_string()))?;
+                    let mut c = match &join {
+                        None => controller(&cfg, &model, t),
+                        Some(((dims, ids), live)) => {
+                            let (shape, _) =
+                                startup(&cfg, &model).map_err(|e| err(e.to_string()))?;
+                            let p = join_placement(&shape, dims, ids)?;
+                            let live = live_set(&shape, live)?;
+                            joining_controller(&cfg, &model, t, &p, &live)
+                        }
+                    }
+                    .map_err(|e| err(e.to_string()))?;
                     let mut reg = Registry::default();
                     if attach_metrics(&mut c, &cfg, &mut reg, expert_bytes).is_some() {
                         registry = Some(reg);
                     }
                     Engine::Dynamic(Box::new(c))
+                }
+                _ if join.is_some() => {
+                    return Err(err(format!(
+                        "placement/live: a rank joins only in a dynamic mode (this config's \
+                         mode is {mode}, where every rank serves the start-up placement)"
+                    )));
                 }
                 _ => {
                     let (shape, placement) =
@@ -553,7 +624,9 @@ impl NativeRuntime {
                 cycle,
                 moves: 0,
             })
-        })
+        });
+        crate::logs::flush(py);
+        made
     }
 
     /// The run mode: `off`, `static`, `dynamic` or `record`.
@@ -586,22 +659,26 @@ impl NativeRuntime {
     }
 
     /// Before a forward: launches the due layer's exchange, if any.
-    fn before_forward(&mut self) -> PyResult<()> {
+    fn before_forward(&mut self, py: Python<'_>) -> PyResult<()> {
+        crate::logs::begin(py);
+        let mut r = Ok(());
         if let Engine::Dynamic(c) = &mut self.engine {
             self.cycle
                 .store(c.machine().cycle_number(), Ordering::Relaxed);
-            no_panic(|| {
+            r = no_panic(|| {
                 c.before_forward();
                 Ok(())
-            })?;
+            });
         }
-        Ok(())
+        crate::logs::flush(py);
+        r
     }
 
     /// After a forward: this rank's tokens per local slot `[layers, slots]` (an integer numpy
     /// array) and the batch's padded token count.
     fn after_forward(
         &mut self,
+        py: Python<'_>,
         slot_counts: &Bound<'_, PyAny>,
         padded_tokens: u64,
     ) -> PyResult<()> {
@@ -611,13 +688,15 @@ impl NativeRuntime {
             return Ok(());
         };
         let counts = &self.counts;
+        crate::logs::begin(py);
         self.cycle
             .store(c.machine().cycle_number(), Ordering::Relaxed);
         let ev = no_panic(|| {
             c.after_forward(counts, padded_tokens)
                 .map_err(|e| err(format!("rank {}: {e}", c.rank())))
-        })?;
-        self.note_events(ev);
+        });
+        crate::logs::flush(py);
+        self.note_events(ev?);
         Ok(())
     }
 
@@ -692,16 +771,22 @@ impl NativeRuntime {
     }
 
     /// Removes `ranks` from the live set (call on every survivor at the same iteration).
-    fn remove_ranks(&mut self, ranks: Vec<usize>) -> PyResult<()> {
+    fn remove_ranks(&mut self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<()> {
         let c = self.dynamic()?;
-        no_panic(|| c.remove_ranks(&ranks).map_err(|e| err(e.to_string())))
+        crate::logs::begin(py);
+        let r = no_panic(|| c.remove_ranks(&ranks).map_err(|e| err(e.to_string())));
+        crate::logs::flush(py);
+        r
     }
 
     /// Adds `ranks` back to the live set (call on every rank of the new set at the same
     /// iteration).
-    fn add_ranks(&mut self, ranks: Vec<usize>) -> PyResult<()> {
+    fn add_ranks(&mut self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<()> {
         let c = self.dynamic()?;
-        no_panic(|| c.add_ranks(&ranks).map_err(|e| err(e.to_string())))
+        crate::logs::begin(py);
+        let r = no_panic(|| c.add_ranks(&ranks).map_err(|e| err(e.to_string())));
+        crate::logs::flush(py);
+        r
     }
 
     /// Resumes balancing after a suspension.
@@ -790,14 +875,21 @@ impl NativeRuntime {
             return Ok(true);
         };
         let planner = std::sync::Arc::clone(c.planner());
-        Ok(py.detach(move || planner.wait_result(cycle, t).is_some()))
+        crate::logs::begin(py);
+        let answered = py.detach(move || planner.wait_result(cycle, t).is_some());
+        crate::logs::flush(py);
+        Ok(answered)
     }
 
     /// Stops balancing and the planner thread; an exchange in flight is aborted.
-    fn close(&mut self) {
+    fn close(&mut self, py: Python<'_>) {
+        crate::logs::begin(py);
         if let Engine::Dynamic(c) = std::mem::replace(&mut self.engine, Engine::Closed) {
+            // Joins the planner thread and the heat recorder's writer with the GIL held: they
+            // never wait for it (their log records queue, `crate::logs`).
             let _ = catch_unwind(AssertUnwindSafe(move || drop(c.into_transport())));
         }
+        crate::logs::flush(py);
     }
 
     /// Whether `close()` ran.
@@ -823,7 +915,8 @@ pub(crate) fn startup_placement<'py>(
     ranks_per_node: Option<u16>,
     groups: u16,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let (shape, p) = no_panic(|| {
+    crate::logs::begin(py);
+    let made = no_panic(|| {
         let cfg = if config_is_path {
             EplbConfig::from_file(&PathBuf::from(config), &ProcessEnv, None)
         } else {
@@ -841,7 +934,9 @@ pub(crate) fn startup_placement<'py>(
             tp_size: 1,
         };
         startup(&cfg, &model).map_err(|e| err(e.to_string()))
-    })?;
+    });
+    crate::logs::flush(py);
+    let (shape, p) = made?;
     let v: Vec<i64> = p.iter().map(|&e| i64::from(e)).collect();
     PyArray1::from_vec(py, v)
         .reshape([shape.layers(), shape.slots_per_layer()])

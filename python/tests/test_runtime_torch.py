@@ -77,8 +77,12 @@ def config(redundant: int, policy: str = "swift", **extra) -> dict:
     return cfg
 
 
-def spawn(tmp: Path, procs: int, spec: dict, *, kill_watch: bool = False, limit: float = 150):
-    """Runs `procs` workers on `spec`; returns each rank's output (None for a killed rank)."""
+def spawn(
+    tmp: Path, procs: int, spec: dict, *, kill_watch: bool = False, rejoin: bool = False,
+    limit: float = 150,
+):
+    """Runs `procs` workers on `spec`; returns each rank's output (None for a killed rank; with
+    `rejoin`, a new process for the killed rank joins the survivors and its output is there)."""
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     spec = dict(spec, procs=procs, out=str(out), store=str(tmp / "store"))
@@ -111,6 +115,16 @@ def spawn(tmp: Path, procs: int, spec: dict, *, kill_watch: bool = False, limit:
                     dead = r
                     (out / "dead.tmp").write_text(str(r))
                     os.replace(out / "dead.tmp", out / "dead")
+                    if rejoin:
+                        # The engine restarts the rank: a fresh process, told it joins.
+                        logs[f"{r} (killed)"] = logs.pop(r)
+                        ps[r] = subprocess.Popen(
+                            [sys.executable, str(WORKER), str(spec_path), str(r), "join"],
+                            env=env,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                        )
+                        pending.add(r)
             if time.monotonic() > deadline:
                 raise AssertionError(f"ranks {sorted(pending)} still running after {limit} s")
             time.sleep(0.02)
@@ -122,7 +136,7 @@ def spawn(tmp: Path, procs: int, spec: dict, *, kill_watch: bool = False, limit:
     results = []
     for r in range(procs):
         f = out / f"rank{r}.json"
-        if r == dead:
+        if r == dead and not rejoin:
             results.append(None)
             continue
         assert f.is_file(), f"rank {r} wrote no result; its output:\n{logs.get(r, '')[-3000:]}"
@@ -266,6 +280,47 @@ def test_a_rank_killed_mid_walk_is_removed_and_the_survivors_serve_every_expert(
     if survivors[0]["lost"] > 0:
         assert sum(s["loads"] for s in stats) >= 1, stats
     assert stats[0]["membership_changes"] >= 1
+
+
+def test_a_killed_rank_comes_back_in_a_new_process_and_balancing_goes_on_over_four(tmp_path):
+    # Rank 2 is SIGKILLed mid-walk; the survivors remove it and balance over three ranks. Then
+    # the parent (the engine) starts a new process for rank 2; once the survivors took a plan
+    # after the removal they hand it their placement and live ranks, leave their process groups
+    # and form a new world of four with it; it builds its runtime from the hand-over (empty
+    # rows of its own) and all four call add_ranks at the same iteration. Every rank checks
+    # after every iteration that its slots hold the experts its rows name (byte-equal) and that
+    # log2phy names only live slots holding the expert.
+    trace = make_trace(tmp_path / "trace.json", windows=80)
+    kill = {"rank": 2, "cycle": 2, "after_commits": 1}
+    spec = {"trace": str(trace), "config": config(8), "kill": kill, "timeout": 10,
+            "rejoin": True}
+    results = spawn(tmp_path, 4, spec, kill_watch=True, rejoin=True)
+    assert_clean(results)
+    joiner = results[2]
+    assert joiner["live_at_join"] == [0, 1, 3]
+    assert joiner["health_at_join"] == "running"
+    at = joiner["joined_at"]
+    for r, res in enumerate(results):
+        assert res["live"] == [0, 1, 2, 3], f"rank {r}"
+        assert res["health"] == "running", f"rank {r}"
+        assert res["joined_at"] == at, f"rank {r} let the rank in at another iteration"
+        assert any(it > at for it in res.get("plans", [])), f"rank {r}: no plan after the join"
+        assert any(it > at for it, _ in res.get("commits", [])), f"rank {r}: nothing moved"
+        # Every live rank holds the same placement at every iteration after the join.
+        assert res["hashes"][-len(joiner["hashes"]):] == joiner["hashes"], f"rank {r}"
+        assert res["placement"] == joiner["placement"], f"rank {r}"
+    # The joiner's slots were filled by the walks after the join.
+    p = np.array(joiner["placement"])
+    s = p.shape[1] // 4
+    assert (p[:, 2 * s : 3 * s] >= 0).all(), p[:, 2 * s : 3 * s]
+    for layer in p:
+        assert set(layer.tolist()) == set(range(EXPERTS))
+    # Its counters: it took the peers' cycle number and saw one membership change.
+    js, ps = joiner["stats"], results[0]["stats"]
+    assert js["cycles"] == ps["cycles"], (js, ps)
+    assert js["membership_changes"] == 1, js
+    assert ps["membership_changes"] == 2, ps
+    assert js["bytes_received"] > 0, js
 
 
 def test_bad_counts_raise_on_the_rank_that_got_them_and_a_new_group_carries_on(tmp_path):

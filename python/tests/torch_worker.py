@@ -3,7 +3,11 @@ layers whose expert weights are real tensors, routing replayed from an `eplb-tra
 through `log2phy`, over gloo on the CPU. Checks after every iteration and writes what it saw to
 `<out>/rank<r>.json`.
 
-Usage: python torch_worker.py SPEC.json RANK
+Usage: python torch_worker.py SPEC.json RANK [join]
+
+With `join`, the process is rank RANK coming back after it was killed: it waits for the
+survivors' hand-over (`<out>/handover.json`: their placement, live ranks, window and cycle
+start), joins the new world they form (`<store>.2`) and serves from there.
 """
 
 from __future__ import annotations
@@ -122,16 +126,21 @@ class Replay:
 def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
     rank = int(sys.argv[2])
+    joining = sys.argv[3:] == ["join"]
     world = spec["procs"]
     os.environ["DYNAMIC_EPLB"] = "true"
-    timeout = datetime.timedelta(seconds=spec.get("timeout", 20))
-    dist.init_process_group(
-        "gloo", init_method=f"file://{spec['store']}", rank=rank, world_size=world, timeout=timeout
-    )
     rep = Replay(spec, rank)
     out_path = os.path.join(spec["out"], f"rank{rank}.json")
     try:
-        run(spec, rank, rep)
+        if joining:
+            join(spec, rank, rep)
+        else:
+            timeout = datetime.timedelta(seconds=spec.get("timeout", 20))
+            dist.init_process_group(
+                "gloo", init_method=f"file://{spec['store']}", rank=rank, world_size=world,
+                timeout=timeout,
+            )
+            run(spec, rank, rep)
     except Exception as e:  # written for the test to read
         rep.out["errors"].append(f"{type(e).__name__}: {e}")
         rep.out["traceback"] = traceback.format_exc()
@@ -177,18 +186,94 @@ def run(spec: dict, rank: int, rep: Replay) -> None:
     fault = spec.get("fault")
     if fault and fault["rank"] == rank:
         arm_fault(rt, fault, rep)
+    serve(spec, rank, rep, rt, counts, slots, dist.group.WORLD, list(range(world)), 0, 0, 0)
+
+
+def new_world(spec: dict, rank: int) -> None:
+    """The world of the ranks after a join: a process group cannot take in a new process, so
+    the survivors leave theirs and every rank of the new set forms a new one (a new store)."""
+    timeout = datetime.timedelta(seconds=spec.get("timeout", 20))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{spec['store']}.2", rank=rank, world_size=spec["procs"],
+        timeout=timeout,
+    )
+
+
+def join(spec: dict, rank: int, rep: Replay) -> None:
+    """Rank `rank` comes back: the peers' placement and live ranks from the hand-over, a new
+    world, a runtime built from them, add_ranks with every peer, then serving."""
+    trace = json.loads(open(spec["trace"]).read())
+    counts = np.array(trace["counts"], dtype=np.int64)
+    _, layers, experts = counts.shape
+    cfg = spec["config"]
+    path = os.path.join(spec["out"], "handover.json")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no hand-over from the survivors")
+        time.sleep(0.01)
+    h = json.loads(open(path).read())
+    placement = np.array(h["placement"], dtype=np.int64)
+    slots = placement.shape[1] // spec["procs"]
+    # Its slots hold nothing yet (the placement's rows of this rank are empty).
+    weights = [
+        [torch.zeros((slots, *shape), dtype=dtype) for shape, dtype in SHAPES]
+        for _ in range(layers)
+    ]
+    new_world(spec, rank)
+    rt = Runtime(
+        cfg, layers=layers, experts=experts, weights=weights, placement=placement,
+        live=h["live"], timeout=spec.get("timeout", 20),
+    )
+    for l in range(layers):
+        for e in range(experts):
+            rt.register_backup(l, e, rep.ref(l, e))
+    spec = dict(spec, kill=None)  # the kill is behind; this process serves to the end
+    rep.out["joined_at"] = h["it"]
+    rep.out["first_it"] = h["it"]
+    rep.out["health_at_join"] = rt.health
+    rep.out["live_at_join"] = rt.live()
+    rt.add_ranks([rank], group=dist.group.WORLD)
+    serve(
+        spec, rank, rep, rt, counts, slots, dist.group.WORLD, list(range(spec["procs"])),
+        h["window"], h["it"], h["cycle_start"],
+    )
+
+
+def serve(
+    spec: dict, rank: int, rep: Replay, rt: Runtime, counts: np.ndarray, slots: int, group,
+    ranks: list[int], first_window: int, it: int, cycle_start: int,
+) -> None:
+    windows, layers, _ = counts.shape
+    cfg = spec["config"]
     h, a = cfg.get("expert_heat_collection_interval", 1), cfg.get("algorithm_execution_interval", 1)
-    group = dist.group.WORLD
-    ranks = list(range(world))
     kill = spec.get("kill")
     killed_at = None
-    cycle_start, driving, it = 0, True, 0
+    driving = True
     zeros = np.zeros((layers, slots), dtype=np.int64)
-    for w in range(windows):
+    for w in range(first_window, windows):
         if driving and w == cycle_start and w + h + a >= windows and spec.get("sim_stop", True):
             driving = False
         if not driving:
             break
+        if spec.get("rejoin") and rejoin_due(rt, rep):
+            # The parent started a new process for the dead rank: hand it this iteration's
+            # placement and live set, form the new world with it, and let it in.
+            gone = [q for q in range(spec["procs"]) if q not in ranks]
+            if rank == ranks[0]:
+                path = os.path.join(spec["out"], "handover.json")
+                doc = {
+                    "window": w, "it": it, "cycle_start": cycle_start,
+                    "placement": rt.placement().tolist(), "live": rt.live(),
+                }
+                with open(path + ".tmp", "w") as f:
+                    json.dump(doc, f)
+                os.replace(path + ".tmp", path)
+            dist.destroy_process_group()
+            new_world(spec, rank)
+            group, ranks = dist.group.WORLD, list(range(spec["procs"]))
+            rt.add_ranks(gone, group=group)
+            rep.out["joined_at"] = it
         if spec.get("regroup_at") == w:
             # The engine's group timed out and was rebuilt: hand over a new one (same ranks).
             # Every rank creates the same groups in the same order (torch's rule).
@@ -263,6 +348,14 @@ def step_done(rt: Runtime, rep: Replay, it: int) -> int:
         rep.out.setdefault("plans", []).append(it)
     rep.out["iterations"] = it + 1
     return it + 1
+
+
+def rejoin_due(rt: Runtime, rep: Replay) -> bool:
+    """Between cycles, once the survivors took a plan after the removal (every rank sees the
+    same events at the same iteration)."""
+    if "removed_at" not in rep.out or "joined_at" in rep.out or rt.is_updating:
+        return False
+    return any(p > rep.out["removed_at"] for p in rep.out.get("plans", []))
 
 
 def should_die(rt: Runtime, kill: dict, rep: Replay) -> bool:
