@@ -14,8 +14,11 @@ from the time model, not a clock); timings are measured by hand and written outs
 
 Inputs: Zipf heat made here (the generator of `BENCHMARKS.md`, "The incremental policy at wide
 EP"), the golden DeepSeek-V3 cases of `../shared/data/golden` (their loads, the default layout;
-upstream FlashLB's PAR is the golden file's own `vllm_ascend_flashlb` metric) and the vendored
-ESFT trace `data/esft_chain.json`.
+upstream FlashLB's PAR is the golden file's own `vllm_ascend_flashlb` metric), the vendored
+ESFT trace `data/esft_chain.json`, the DeepSeek-V3 drift series
+`../shared/data/series/dsv3_drift_perm.json` (the dynamic loop: `eplb simulate --json`) and the
+published rows of `../shared/research/dynamic-anchors.md` (upstream FlashLB and the clairvoyant
+cycle in that loop, which `eplb simulate` does not compute).
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT.parent / "shared" / "data" / "golden"
+SERIES = ROOT.parent / "shared" / "data" / "series"
+ANCHORS = ROOT.parent / "shared" / "research" / "dynamic-anchors.md"
 
 #: Zipf shapes: (name, layers, experts, ranks); X = R.
 ZIPF = [
@@ -45,6 +51,18 @@ ZIPF = [
 ]
 GOLDEN_CASES = ["dsv3_prefill_ep32", "dsv3_decode_ep32", "dsv3_prefill_ep64", "dsv3_decode_ep64",
                 "dsv3_drift_ep32"]
+#: The dynamic loop of `BENCHMARKS.md`, "Every policy in the dynamic loop, next to the anchors":
+#: (label, series name, trace, ranks = redundant experts, the anchors' section id).
+DYNAMIC = [
+    ("esft_chain R8 X8", "ESFT", ROOT / "data" / "esft_chain.json", 8, "esft_chain_r8x8"),
+    ("esft_chain R16 X16", "ESFT", ROOT / "data" / "esft_chain.json", 16, "esft_chain_r16x16"),
+    ("dsv3_drift_perm R32 X32", "DeepSeek-V3 drift", SERIES / "dsv3_drift_perm.json", 32,
+     "dsv3_drift_r32x32_perm"),
+    ("dsv3_drift_perm R64 X64", "DeepSeek-V3 drift", SERIES / "dsv3_drift_perm.json", 64,
+     "dsv3_drift_r64x64_perm"),
+]
+#: The loop's cadence: a new placement from every 10 windows of heat, active one window later.
+SIMULATE = ["--heat-interval", "10", "--algo-interval", "1", "--json"]
 ADVISE = ["advise", "--trace", "data/esft_chain.json", "--ranks", "8", "--policies",
           "flashlb,incremental", "--heat-intervals", "10,20", "--algo-intervals", "1",
           "--config-out", "eplb_config.json"]
@@ -74,6 +92,47 @@ def plan(eplb: str, loads: Path, ranks: int, policy: str) -> tuple:
     r = json.loads(out.stdout)
     pa = r["par_after"]
     return sum(pa) / len(pa), r["moves"]
+
+
+def simulate(eplb: str, trace: Path, ranks: int, policy: str) -> dict:
+    """The figures of one `eplb simulate --json` run of the dynamic loop."""
+    if not trace.is_file():
+        raise SystemExit(f"error: missing {trace} (the figures read ../shared)")
+    out = subprocess.run(
+        [eplb, "simulate", "--trace", str(trace), "--ranks", str(ranks), "--redundant", str(ranks),
+         "--policy", policy, *SIMULATE],
+        capture_output=True, text=True, check=True,
+    )
+    r = json.loads(out.stdout)
+    return {
+        "par": r["mean_par_from_first_activation"],
+        "fetches": r["moves_total"],
+        "colocated": r["same_rank_duplicate_rows_max"],
+        "changes": r["changes"],
+    }
+
+
+def anchor_par(section: str, row: str) -> float:
+    """The published `mean PAR w>=11` of the row starting with `row` in the section of
+    `dynamic-anchors.md` whose heading ends with (`section`)."""
+    if not ANCHORS.is_file():
+        raise SystemExit(f"error: missing {ANCHORS} (the figures read ../shared)")
+    lines = ANCHORS.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("### ") and line.endswith(f"(`{section}`)")), None)
+    if start is None:
+        raise SystemExit(f"error: no section `{section}` in {ANCHORS}")
+    column = None
+    for line in lines[start + 1:]:
+        if line.startswith("#"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if column is None and "mean PAR w>=11" in cells:
+            column = cells.index("mean PAR w>=11")
+        elif column is not None and cells[0].startswith(row):
+            return float(cells[column])
+    raise SystemExit(f"error: no row '{row}' with a 'mean PAR w>=11' in section `{section}` of "
+                     f"{ANCHORS}")
 
 
 def compute(eplb: str) -> dict:
@@ -107,6 +166,22 @@ def _compute(eplb: str, tmp: Path) -> dict:
             "flashlb": plan(eplb, loads, ranks, "flashlb"),
             "incremental": plan(eplb, loads, ranks, "incremental"),
         }
+    # The eight loop runs take most of the time (about 40 s with the gate's debug binary): two at
+    # once, one per core; each run is deterministic and lands under its own key.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {(label, policy): pool.submit(simulate, eplb, trace, ranks, policy)
+                for label, _, trace, ranks, _ in DYNAMIC for policy in ("incremental", "flashlb")}
+        dynamic_rows = {
+            label: {
+                "series": series,
+                "ranks": ranks,
+                "incremental": runs[label, "incremental"].result(),
+                "flashlb": runs[label, "flashlb"].result(),
+                "upstream": anchor_par(section, "vllm-ascend FlashLB"),
+                "clairvoyant": anchor_par(section, "clairvoyant cycle"),
+            }
+            for label, series, _, ranks, section in DYNAMIC
+        }
     work = tmp / "advise"
     work.mkdir()
     (work / "data").symlink_to(ROOT / "data")
@@ -115,6 +190,8 @@ def _compute(eplb: str, tmp: Path) -> dict:
     parts = {
         "policy-tables": "\n" + policy_tables(zipf_rows, golden_rows) + "\n",
         "readme-standing": readme_standing(zipf_rows, golden_rows),
+        "dynamic-table": "\n" + dynamic_table(dynamic_rows) + "\n",
+        "readme-dynamic": readme_dynamic(dynamic_rows),
         "readme-advise": "\n```text\n$ eplb " + " ".join(ADVISE[:9]) + " \\\n    "
         + " ".join(ADVISE[9:]) + "\n" + adv.stdout + "```\n",
     }
@@ -188,6 +265,76 @@ def readme_standing(zipf_rows: dict, golden_rows: dict) -> str:
         + f". On the golden DeepSeek-V3 cases it reaches {span(inc_g)} and our FlashLB, "
         f"polished since issue 28, {span(fl_g)}, against upstream FlashLB's {span(up_g)} "
         "(`BENCHMARKS.md`, \"Figures the README quotes\")."
+    )
+
+
+def dynamic_table(rows: dict) -> str:
+    out = [
+        "`eplb simulate --trace T --ranks R --redundant R --policy P --heat-interval 10",
+        "--algo-interval 1 --json`, T the vendored `data/esft_chain.json` or",
+        "`../shared/data/series/dsv3_drift_perm.json`. PAR is `mean_par_from_first_activation`",
+        "(mean PAR w>=11), fetches `moves_total`, co-located `same_rank_duplicate_rows_max` (the",
+        "most rows of one layer holding two copies of an expert on one rank). vLLM-Ascend's FlashLB",
+        "and the clairvoyant cycle (each placement solved on the windows it serves) are the",
+        "published rows of `../shared/research/dynamic-anchors.md` (`eplb simulate` runs neither).",
+        "",
+        "| case | incremental PAR, fetches, co-located | flashlb (ours) PAR, fetches, co-located "
+        "| incremental fetches / flashlb's | vLLM-Ascend FlashLB PAR | clairvoyant cycle PAR |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for label, r in rows.items():
+        inc, fl = r["incremental"], r["flashlb"]
+        out.append(
+            f"| {label} | {f4(inc['par'])}, {inc['fetches']:,}, {inc['colocated']} | "
+            f"{f4(fl['par'])}, {fl['fetches']:,}, {fl['colocated']} | "
+            f"{pct(inc['fetches'] / fl['fetches'])} | {f4(r['upstream'])} | {f4(r['clairvoyant'])} |"
+        )
+    return "\n".join(out)
+
+
+def pct(x: float) -> str:
+    return f"{round(100 * x)}%"
+
+
+def readme_dynamic(rows: dict) -> str:
+    """The README's sentence on the dynamic loop; every claim in it is tested here."""
+    series = list(dict.fromkeys(r["series"] for r in rows.values()))
+    better = lambda r: (r["incremental"]["par"] < r["flashlb"]["par"]  # noqa: E731
+                        and r["incremental"]["par"] < r["upstream"])
+    wins = [s for s in series if all(better(r) for r in rows.values() if r["series"] == s)]
+    if wins == series:
+        where = f"on the {' and '.join(series)} series"
+    elif wins:
+        where = (f"on the {' and '.join(wins)} series (not on every case of the "
+                 f"{' and '.join(s for s in series if s not in wins)} series)")
+    else:
+        where = None
+    # More than half-way from FlashLB (ours and upstream's) to the clairvoyant cycle, or past it.
+    nearer = all(r["incremental"]["par"] < (fl + r["clairvoyant"]) / 2
+                 for r in rows.values() for fl in (r["flashlb"]["par"], r["upstream"]))
+    below = [label for label, r in rows.items() if r["incremental"]["par"] < r["clairvoyant"]]
+    ratios = [r["incremental"]["fetches"] / r["flashlb"]["fetches"] for r in rows.values()]
+    lo, hi = pct(min(ratios)), pct(max(ratios))
+    colocated = max(r["incremental"]["colocated"] for r in rows.values())
+    pars = "; ".join(
+        f"{s} " + ", ".join(f"EP{r['ranks']} {f4(r['incremental']['par'])} / "
+                            f"{f4(r['flashlb']['par'])}"
+                            for r in rows.values() if r["series"] == s)
+        for s in series
+    )
+    head = ("in the dynamic loop our `incremental` policy "
+            + (f"balances better than vLLM-Ascend's FlashLB (its published rows and our "
+               f"re-implementation) {where}" if where else
+               "does not balance better than vLLM-Ascend's FlashLB on any series"))
+    return (
+        head
+        + f" (mean PAR from the first activation, ours / our FlashLB: {pars})"
+        + (", more than half-way from FlashLB to the clairvoyant cycle" if nearer else "")
+        + (f" (below it on {', '.join(below)})" if nearer and below else "")
+        + f", with {lo if lo == hi else lo[:-1] + '-' + hi} of our FlashLB's weight fetches, and "
+        + ("never co-locates replicas" if colocated == 0
+           else f"co-locates replicas in up to {colocated} rows of a layer")
+        + " (`BENCHMARKS.md`, \"Figures the README quotes\")."
     )
 
 
