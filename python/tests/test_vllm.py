@@ -289,7 +289,7 @@ def _bad_weights(c):
     nan[0, 3] = np.nan
     return {
         "NaN loads": FakeTensor(nan),
-        "bfloat16 loads": bf16_tensor(c.loads),
+        "complex loads": FakeTensor(c.loads.astype(np.complex64)),
         "loads [1, L, N]": FakeTensor(c.loads[None]),
     }
 
@@ -317,6 +317,26 @@ def test_a_failure_falls_back_to_vllms_own_policy(vllm_registry, monkeypatch, ca
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1, (what, errors)
         assert "vLLM's own policy plans this rearrangement" in errors[0], what
+
+
+def test_bfloat16_loads_are_planned_by_our_policy(vllm_registry, monkeypatch, caplog):
+    """vLLM's own policy reads the loads through ``.float()``; so does the adapter: a bfloat16
+    tensor is planned by our policy exactly as its float32 values are, with no fallback."""
+    vllm_registry["default"] = WorkingUpstream
+    monkeypatch.setenv("EPLB_POLICY", "default")
+    adapter.register()
+    c = golden("esft_law_ep8")
+    old = FakeTensor(c.current.reshape(c.layers, -1))
+    WorkingUpstream.calls = 0
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        bf16 = vllm_registry["default"].rebalance_experts(
+            bf16_tensor(c.loads), c.replicas, 1, 1, c.ranks, old)
+        f32 = vllm_registry["default"].rebalance_experts(
+            bf16_tensor(c.loads).float(), c.replicas, 1, 1, c.ranks, old)
+    assert WorkingUpstream.calls == 0
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    np.testing.assert_array_equal(bf16.numpy(), f32.numpy())
+    assert (bf16.numpy() != c.current.reshape(c.layers, -1)).any()  # it planned
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first call", "later call"])

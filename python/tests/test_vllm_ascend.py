@@ -276,7 +276,7 @@ def _bad_inputs(c):
         "workload [R, S]": (table, sl[0]),
         "float table": (table.astype(np.float64), sl),
         "negative id": (np.where(table == 0, -1, table), sl),
-        "bfloat16 workload": (table, bf16_tensor(sl)),
+        "complex workload": (table, sl.astype(np.complex64)),
         "string workload": (table, sl.astype(str)),
         "NaN workload": (table, np.where(sl == sl.max(), np.nan, sl.astype(np.float64))),
     }
@@ -296,6 +296,21 @@ def test_no_input_raises_into_the_engines_loop(ascend, policy, caplog):
         caplog.clear()
 
 
+def test_bfloat16_workload_is_planned_by_our_policy(ascend, caplog):
+    """A bfloat16 workload tensor is read through ``.float()``, as vLLM-Ascend's own policies
+    read it: our policy plans it exactly as its float32 values, with no fallback."""
+    c = golden("esft_law_ep8")
+    p = adapter.Policy("swift")
+    sl = slot_loads(c)
+    with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
+        a = p.rebalance_experts(FakeTensor(c.current), bf16_tensor(sl))
+        b = p.rebalance_experts(FakeTensor(c.current), bf16_tensor(sl).float())
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert a[0] == 1 and b[0] == 1  # it planned a change
+    np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+    np.testing.assert_array_equal(a[2].numpy(), b[2].numpy())
+
+
 def test_when_the_own_policy_fails_too_the_table_is_kept(ascend, caplog):
     class Broken:
         def rebalance_experts(self, current_expert_table, expert_workload):
@@ -309,7 +324,8 @@ def test_when_the_own_policy_fails_too_the_table_is_kept(ascend, caplog):
     c = golden("esft_law_ep8")
     t = FakeTensor(c.current)
     with caplog.at_level(logging.ERROR, logger="vllm.eplb_rs"):
-        changed, priority, new = p.rebalance_experts(t, bf16_tensor(slot_loads(c)))
+        changed, priority, new = p.rebalance_experts(
+            t, FakeTensor(slot_loads(c).astype(np.complex64)))
     assert changed == 0 and len(priority) == 0 and new is t
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, errors

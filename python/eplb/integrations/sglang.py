@@ -25,7 +25,7 @@ import numpy as np
 from .. import _api
 from .. import _native
 from .._native import EplbError
-from .._tensor import to_numpy, to_torch
+from .._tensor import numeric_array, to_numpy, to_torch
 from . import _common, _record
 
 logger = logging.getLogger("sglang.eplb_rs")
@@ -140,7 +140,7 @@ def rebalance_experts(
     if chosen is None:
         raise EplbError(f"algorithm {algorithm!r} is not an {PREFIX}<policy> algorithm")
     phy2log, log2phy, logcnt = plan(
-        to_numpy(tokens_per_expert),
+        numeric_array(tokens_per_expert, "tokens_per_expert"),
         int(num_physical_experts),
         int(num_local_physical_experts),
         num_groups,

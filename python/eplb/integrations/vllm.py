@@ -22,7 +22,7 @@ import numpy as np
 from .. import _api, _native
 from .._check import PreconditionError
 from .._native import EplbError
-from .._tensor import to_numpy, to_torch
+from .._tensor import numeric_array, to_numpy, to_torch
 from . import _common, _record
 
 logger = logging.getLogger("vllm.eplb_rs")
@@ -74,13 +74,15 @@ class Policy:
         old_global_expert_indices=None,
     ):
         """Never raises into vLLM, on its first rearrangement (no previous placement) as on any
-        later one: when our policy fails (a dtype torch cannot hand to numpy, NaN loads, a
-        tensor of the wrong rank, sizes that do not divide, ...), vLLM's own policy (the one
+        later one: when our policy fails (NaN loads, a
+        tensor of the wrong rank, loads that are not numbers, sizes that do not divide, ...), vLLM's own policy (the one
         :func:`register` replaced) plans this rearrangement; when that fails too, the engine's
         current table comes back (``old_global_expert_indices``, or on the first call vLLM's
         initial map: slot ``p`` holds expert ``p mod N``). One log line says which."""
         try:
-            w = to_numpy(weight)
+            # Loads of any numeric dtype; a floating tensor (bfloat16 too) through `.float()`,
+            # as vLLM's own policy reads them.
+            w = numeric_array(weight, "weight")
             _record.record("vllm", w)
             phy2log = cls.plan(
                 w,

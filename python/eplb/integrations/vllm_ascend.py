@@ -27,7 +27,7 @@ import numpy as np
 from .._check import integer
 from .. import _native
 from .._native import EplbError
-from .._tensor import like, to_numpy
+from .._tensor import like, numeric_array, to_numpy
 from . import _common, _record
 from ._common import keep_slots  # noqa: F401 - part of this module's API
 
@@ -126,7 +126,7 @@ class Policy:
         current table comes back unchanged. One log line says which."""
         try:
             table = np.asarray(to_numpy(current_expert_table))
-            new = self.plan(table, np.asarray(to_numpy(expert_workload)))
+            new = self.plan(table, numeric_array(expert_workload, "expert_workload"))
             if new.shape != table.shape:  # another EP size: every layer is new
                 changed_layers = np.ones(new.shape[0], dtype=bool)
             else:
