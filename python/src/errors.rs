@@ -127,6 +127,15 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     format!("internal error (a Rust panic, please report): {what}")
 }
 
+/// Runs `f` on the calling thread with the GIL held (work that calls back into Python, such as
+/// the runtime's transport); a panic becomes an `EplbError`.
+pub(crate) fn guarded_held<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => Err(err(panic_message(panic.as_ref()))),
+    }
+}
+
 /// Runs `f` on the calling thread with the GIL released; a panic becomes an `EplbError`. For
 /// short calls only (a per-step call of an engine, a few microseconds to milliseconds), and for
 /// work that must borrow: the calling thread does not run signal handlers until `f` returns,

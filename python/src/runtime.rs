@@ -30,7 +30,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::{dtype_name, untyped};
-use crate::errors::err;
+use crate::errors::{err, guarded_held};
 
 /// One rank's part of one layer's exchange, as the transport's callbacks receive it
 /// (`eplb_runtime::transfer::RankPlan`).
@@ -362,22 +362,15 @@ pub(crate) struct NativeRuntime {
     moves: u64,
 }
 
-/// Runs `f`, turning a Rust panic into `EplbError` (the GIL stays held: the transport's
-/// callbacks need it).
-fn no_panic<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            Err(err(format!(
-                "internal error (a Rust panic, please report): {what}"
-            )))
-        }
+/// The `eplb_config` of `config`: a JSON text, or a file's path when `config_is_path` (read as
+/// the runtime and `eplb check-config` read it, env guards from the process environment).
+fn read_config(config: &str, config_is_path: bool) -> PyResult<EplbConfig> {
+    if config_is_path {
+        EplbConfig::from_file(&PathBuf::from(config), &ProcessEnv, None)
+    } else {
+        EplbConfig::from_json_str(config, &ProcessEnv)
     }
+    .map_err(|e| err(format!("eplb_config: {e}")))
 }
 
 fn fixed(shape: Shape, placement: Vec<u16>, rank: usize) -> PyResult<Fixed> {
@@ -544,13 +537,8 @@ impl NativeRuntime {
                 ));
             }
         };
-        let made = no_panic(|| {
-            let cfg = if config_is_path {
-                EplbConfig::from_file(&PathBuf::from(config), &ProcessEnv, None)
-            } else {
-                EplbConfig::from_json_str(config, &ProcessEnv)
-            }
-            .map_err(|e| err(format!("eplb_config: {e}")))?;
+        let made = guarded_held(|| {
+            let cfg = read_config(config, config_is_path)?;
             if usize::from(ranks) <= rank {
                 return Err(err(format!(
                     "rank {rank} is not below the number of ranks {ranks}"
@@ -665,7 +653,7 @@ impl NativeRuntime {
         if let Engine::Dynamic(c) = &mut self.engine {
             self.cycle
                 .store(c.machine().cycle_number(), Ordering::Relaxed);
-            r = no_panic(|| {
+            r = guarded_held(|| {
                 c.before_forward();
                 Ok(())
             });
@@ -691,7 +679,7 @@ impl NativeRuntime {
         crate::logs::begin(py);
         self.cycle
             .store(c.machine().cycle_number(), Ordering::Relaxed);
-        let ev = no_panic(|| {
+        let ev = guarded_held(|| {
             c.after_forward(counts, padded_tokens)
                 .map_err(|e| err(format!("rank {}: {e}", c.rank())))
         });
@@ -774,7 +762,7 @@ impl NativeRuntime {
     fn remove_ranks(&mut self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<()> {
         let c = self.dynamic()?;
         crate::logs::begin(py);
-        let r = no_panic(|| c.remove_ranks(&ranks).map_err(|e| err(e.to_string())));
+        let r = guarded_held(|| c.remove_ranks(&ranks).map_err(|e| err(e.to_string())));
         crate::logs::flush(py);
         r
     }
@@ -784,7 +772,7 @@ impl NativeRuntime {
     fn add_ranks(&mut self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<()> {
         let c = self.dynamic()?;
         crate::logs::begin(py);
-        let r = no_panic(|| c.add_ranks(&ranks).map_err(|e| err(e.to_string())));
+        let r = guarded_held(|| c.add_ranks(&ranks).map_err(|e| err(e.to_string())));
         crate::logs::flush(py);
         r
     }
@@ -916,13 +904,8 @@ pub(crate) fn startup_placement<'py>(
     groups: u16,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
     crate::logs::begin(py);
-    let made = no_panic(|| {
-        let cfg = if config_is_path {
-            EplbConfig::from_file(&PathBuf::from(config), &ProcessEnv, None)
-        } else {
-            EplbConfig::from_json_str(config, &ProcessEnv)
-        }
-        .map_err(|e| err(format!("eplb_config: {e}")))?;
+    let made = guarded_held(|| {
+        let cfg = read_config(config, config_is_path)?;
         let model = ModelInfo {
             layers,
             experts,
